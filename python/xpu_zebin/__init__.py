@@ -1,0 +1,212 @@
+"""xpu-zebin: SPIR-V to Intel GPU zebin with automatic large-GRF fallback.
+
+Kernels that need too many registers fail to build in the default GRF mode ("total scratch
+space exceeds HW supported limit ... PTSS") or build and spill. :func:`compile` retries them
+in large GRF mode, says what happened, and raises a classified :class:`BuildError` when
+nothing works. The engine is Rust (``xpu_zebin._core``); this module is a thin front.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from concurrent.futures import Executor
+from typing import Callable, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import Attempt, CompileResult
+from .errors import (
+    BuildError,
+    CancelledError,
+    CompilerCrashError,
+    CompileTimeoutError,
+    DegenerateBinaryError,
+    InvalidArgumentError,
+    InvalidSpirvError,
+    KernelNotFoundError,
+    ScratchOverflowError,
+    ToolchainNotFound,
+    UnsupportedDeviceError,
+)
+
+__version__: str = _core.__version__
+
+__all__ = [
+    "Attempt",
+    "BuildError",
+    "CancelledError",
+    "CompileResult",
+    "CompileTimeoutError",
+    "CompilerCrashError",
+    "DegenerateBinaryError",
+    "InvalidArgumentError",
+    "InvalidSpirvError",
+    "KernelNotFoundError",
+    "ScratchOverflowError",
+    "ToolchainNotFound",
+    "UnsupportedDeviceError",
+    "compile",
+    "compile_many",
+    "error_kinds",
+    "find_ocloc",
+    "opencl_to_spirv",
+    "validate_spirv",
+    "zebin_info",
+]
+
+logger = logging.getLogger("xpu_zebin")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+validate_spirv = _core.validate_spirv
+zebin_info = _core.zebin_info
+opencl_to_spirv = _core.opencl_to_spirv
+
+
+def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
+    """The ocloc :func:`compile` would use: ``ocloc``, ``$XPU_ZEBIN_OCLOC``, or PATH."""
+    return str(_core.find_ocloc(ocloc))
+
+
+def error_kinds() -> List[tuple]:
+    """Every ``BuildError.kind`` with a one-line description."""
+    return _core.error_kinds()
+
+
+def _report(result: CompileResult) -> CompileResult:
+    """Log what the engine did, and print upstream's recovery line on a fresh recovery."""
+    for note in result.notes:
+        logger.info("%s", note)
+    if result.recovered and not result.cached:
+        # The same line upstream Triton's XPU driver prints, so existing log scrapers work.
+        print(
+            f'(I): Build failure recovered by retrying with large GRF mode for "{result.kernel}"',
+            file=sys.stderr,
+        )
+        logger.info(
+            "kernel %r: default GRF build failed (%s); built with %r",
+            result.kernel,
+            result.attempts[0].error,
+            result.build_flags,
+        )
+    elif len(result.attempts) > 1:
+        logger.info(
+            "kernel %r: spilled %s with default GRF; chose %r (spill %s)",
+            result.kernel,
+            result.attempts[0].spill_size,
+            result.build_flags,
+            result.spill_size,
+        )
+    return result
+
+
+def _request(
+    spirv: bytes,
+    device: str,
+    build_flags: str = "",
+    grf_mode: str = "default",
+    num_warps: Optional[int] = None,
+    kernel_name: Optional[str] = None,
+    ocloc: Optional[PathLike] = None,
+    timeout: Optional[float] = None,
+    cache: bool = True,
+    cache_dir: Optional[PathLike] = None,
+    spill_threshold: int = 0,
+) -> dict:
+    return dict(
+        spirv=bytes(spirv),
+        device=device,
+        build_flags=build_flags,
+        grf_mode=grf_mode,
+        num_warps=num_warps,
+        kernel_name=kernel_name,
+        ocloc=None if ocloc is None else os.fspath(ocloc),
+        timeout=timeout,
+        cache=cache,
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        spill_threshold=spill_threshold,
+    )
+
+
+def compile(
+    spirv: bytes,
+    *,
+    device: str,
+    build_flags: str = "",
+    grf_mode: str = "default",
+    num_warps: Optional[int] = None,
+    kernel_name: Optional[str] = None,
+    ocloc: Optional[PathLike] = None,
+    timeout: Optional[float] = None,
+    cache: bool = True,
+    cache_dir: Optional[PathLike] = None,
+    spill_threshold: int = 0,
+) -> CompileResult:
+    """Compile SPIR-V to a zebin for ``device`` (an ocloc device name such as ``pvc``).
+
+    With ``grf_mode="default"`` and no GRF flag in ``build_flags``, a build that fails, or
+    that spills more than ``spill_threshold`` bytes, is retried in large GRF mode (256
+    registers; 512 on ``cri``), unless ``num_warps > 32``. Raises a :class:`BuildError`
+    subclass naming the cause; when both attempts fail, the first attempt's error.
+    """
+    req = _request(
+        spirv, device, build_flags, grf_mode, num_warps, kernel_name, ocloc, timeout, cache,
+        cache_dir, spill_threshold,
+    )
+    return _report(_core.compile(**req))
+
+
+def compile_many(
+    requests: Sequence[dict],
+    *,
+    jobs: Optional[int] = None,
+    executor: Optional[Executor] = None,
+    progress: Union[bool, Callable[[int], None]] = False,
+) -> List[Union[CompileResult, BuildError]]:
+    """Compile many kernels concurrently; results in input order.
+
+    Each request is a dict of :func:`compile`'s arguments (``spirv`` and ``device``
+    required). A failure is returned in its slot as the :class:`BuildError`, never raised,
+    so one bad kernel does not sink the batch. ``jobs`` bounds the parallel compilers
+    (default: cores). With ``executor`` (any ``concurrent.futures.Executor``: a process
+    pool, Ray's or Dask's), each request runs there as a :func:`compile` call instead.
+    ``progress=True`` shows a progress bar; a callable is called with each finished index.
+    """
+    reqs = [_request(**r) for r in requests]
+    bar = None
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(reqs), desc="xpu-zebin", unit="kernel", file=sys.stderr)
+        callback: Optional[Callable[[int], None]] = lambda _i: bar.update(1)  # noqa: E731
+    else:
+        callback = progress or None
+    try:
+        if executor is not None:
+            results = _run_on_executor(executor, reqs, callback)
+        else:
+            results = _core.compile_many(reqs, jobs=jobs, progress=callback)
+    finally:
+        if bar is not None:
+            bar.close()
+    for r in results:
+        if isinstance(r, CompileResult):
+            _report(r)
+    return results
+
+
+def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:
+    try:
+        return _core.compile(**req)
+    except BuildError as e:
+        return e
+
+
+def _run_on_executor(
+    executor: Executor, reqs: List[dict], callback: Optional[Callable[[int], None]]
+) -> List[Union[CompileResult, BuildError]]:
+    futures = [executor.submit(_compile_or_error, r) for r in reqs]
+    for i, f in enumerate(futures):
+        f.add_done_callback(lambda _f, i=i: callback(i) if callback else None)
+    return [f.result() for f in futures]

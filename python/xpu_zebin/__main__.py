@@ -1,0 +1,5 @@
+import sys
+
+from xpu_zebin.cli import main
+
+sys.exit(main())

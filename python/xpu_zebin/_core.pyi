@@ -1,0 +1,83 @@
+"""Type stubs for the native module (Rust, PyO3)."""
+
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .errors import BuildError
+
+__version__: str
+GRF_FLAGS: List[str]
+OCLOC_ENV: str
+CACHE_DIR_ENV: str
+TIMEOUT_ENV: str
+
+class Attempt:
+    @property
+    def build_flags(self) -> str: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def spill_size(self) -> Optional[int]: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def error(self) -> Optional[str]: ...
+
+class CompileResult:
+    @property
+    def binary(self) -> bytes: ...
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def build_flags(self) -> str: ...
+    @property
+    def grf_mode(self) -> str: ...
+    @property
+    def n_regs(self) -> int: ...
+    @property
+    def spill_size(self) -> int: ...
+    @property
+    def recovered(self) -> bool: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def attempts(self) -> List[Attempt]: ...
+    @property
+    def log(self) -> str: ...
+    @property
+    def notes(self) -> List[str]: ...
+
+def compile(
+    spirv: bytes,
+    *,
+    device: str,
+    build_flags: str = "",
+    grf_mode: str = "default",
+    num_warps: Optional[int] = None,
+    kernel_name: Optional[str] = None,
+    ocloc: Optional[Union[str, os.PathLike[str]]] = None,
+    timeout: Optional[float] = None,
+    cache: bool = True,
+    cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
+    spill_threshold: int = 0,
+) -> CompileResult: ...
+def compile_many(
+    requests: Sequence[Dict[str, Any]],
+    *,
+    jobs: Optional[int] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> List[Union[CompileResult, BuildError]]: ...
+def validate_spirv(spirv: bytes) -> List[str]: ...
+def zebin_info(binary: bytes) -> Dict[str, Any]: ...
+def find_ocloc(ocloc: Optional[Union[str, os.PathLike[str]]] = None) -> str: ...
+def opencl_to_spirv(
+    source: str,
+    *,
+    device: str = "pvc",
+    options: str = "",
+    ocloc: Optional[Union[str, os.PathLike[str]]] = None,
+) -> bytes: ...
+def error_kinds() -> List[Tuple[str, str]]: ...
+def default_jobs() -> int: ...

@@ -1,0 +1,261 @@
+"""The ``xpu-zebin`` command: compile, batch, info, demo, kinds.
+
+Exit codes: 0 built, 1 build error, 2 usage error (bad arguments, unreadable input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Union
+
+import xpu_zebin
+from xpu_zebin import BuildError, CompileResult, samples
+
+EXIT_OK, EXIT_BUILD_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _read_input(path: str, device: str, ocloc: Optional[str]) -> bytes:
+    """SPIR-V from a file; OpenCL C (``.cl``) is first turned into SPIR-V by ocloc."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise _UsageError(f"cannot read {path}: {e.strerror}") from e
+    if path.endswith(".cl"):
+        return xpu_zebin.opencl_to_spirv(data.decode(), device=device, ocloc=ocloc)
+    return data
+
+
+def _attempt_json(a: Any) -> dict:
+    return dict(
+        build_flags=a.build_flags, ok=a.ok, spill_size=a.spill_size,
+        seconds=round(a.seconds, 3), error=a.error,
+    )
+
+
+def result_json(
+    outcome: Union[CompileResult, BuildError], kernel: Optional[str], device: str,
+    grf_mode: str,
+) -> dict:
+    """The ``--json`` object for one compile."""
+    if isinstance(outcome, CompileResult):
+        return dict(
+            ok=True, kernel=outcome.kernel, device=outcome.device,
+            build_flags=outcome.build_flags, grf_mode=outcome.grf_mode, n_regs=outcome.n_regs,
+            spill_size=outcome.spill_size, recovered=outcome.recovered, cached=outcome.cached,
+            attempts=[_attempt_json(a) for a in outcome.attempts], error=None,
+        )
+    error: dict = dict(kind=outcome.kind, message=outcome.message, log=outcome.log)
+    if isinstance(outcome, xpu_zebin.ScratchOverflowError):
+        error.update(required=outcome.required, limit=outcome.limit)
+    return dict(
+        ok=False, kernel=kernel, device=device, build_flags=None, grf_mode=grf_mode,
+        n_regs=None, spill_size=None, recovered=False, cached=False,
+        attempts=[_attempt_json(a) for a in outcome.attempts], error=error,
+    )
+
+
+def _describe(outcome: Union[CompileResult, BuildError], label: str) -> str:
+    lines = []
+    if isinstance(outcome, CompileResult):
+        how = "recovered with large GRF" if outcome.recovered else "built"
+        lines.append(
+            f"{label}: {how}: kernel '{outcome.kernel}' on {outcome.device}, "
+            f"flags '{outcome.build_flags}' ({outcome.n_regs} GRF), spill_size "
+            f"{outcome.spill_size}{' (cached)' if outcome.cached else ''}"
+        )
+    else:
+        lines.append(f"{label}: FAILED: {outcome}")
+    for i, a in enumerate(outcome.attempts, 1):
+        state = f"ok, spill_size {a.spill_size}" if a.ok else f"failed: {a.error}"
+        lines.append(f"  attempt {i}: flags '{a.build_flags}': {state} ({a.seconds:.2f} s)")
+    if isinstance(outcome, BuildError) and outcome.log.strip():
+        tail = outcome.log.strip().splitlines()[-12:]
+        lines.append("  compiler log (last lines):")
+        lines += [f"    {line}" for line in tail]
+    return "\n".join(lines)
+
+
+def _compile_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        device=args.device, build_flags=args.build_flags, grf_mode=args.grf_mode,
+        num_warps=args.num_warps, ocloc=args.ocloc, timeout=args.timeout,
+        cache=not args.no_cache, spill_threshold=args.spill_threshold,
+    )
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    spirv = _read_input(args.input, args.device, args.ocloc)
+    try:
+        outcome: Union[CompileResult, BuildError] = xpu_zebin.compile(
+            spirv, kernel_name=args.kernel, **_compile_kwargs(args)
+        )
+    except xpu_zebin.InvalidArgumentError as e:
+        raise _UsageError(e.message) from e
+    except BuildError as e:
+        outcome = e
+    if isinstance(outcome, CompileResult) and args.output:
+        Path(args.output).write_bytes(outcome.binary)
+    if args.json:
+        print(json.dumps(result_json(outcome, args.kernel, args.device, args.grf_mode)))
+    else:
+        print(_describe(outcome, args.input))
+        if isinstance(outcome, CompileResult) and args.output:
+            print(f"wrote {args.output} ({len(outcome.binary)} bytes)")
+    return EXIT_OK if isinstance(outcome, CompileResult) else EXIT_BUILD_ERROR
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    inputs = [_read_input(f, args.device, args.ocloc) for f in args.files]
+    reqs = [dict(spirv=s, **_compile_kwargs(args)) for s in inputs]
+    results = xpu_zebin.compile_many(reqs, jobs=args.jobs, progress=not args.json)
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+    for path, outcome in zip(args.files, results):
+        if isinstance(outcome, CompileResult) and args.output_dir:
+            out = Path(args.output_dir) / (Path(path).stem + ".zebin")
+            out.write_bytes(outcome.binary)
+        if args.json:
+            print(json.dumps(dict(input=path, **result_json(outcome, None, args.device,
+                                                             args.grf_mode))))
+        else:
+            print(_describe(outcome, path))
+    failed = sum(isinstance(r, BuildError) for r in results)
+    if not args.json:
+        print(f"{len(results) - failed} built, {failed} failed")
+    return EXIT_OK if failed == 0 else EXIT_BUILD_ERROR
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    try:
+        data = Path(args.zebin).read_bytes()
+    except OSError as e:
+        raise _UsageError(f"cannot read {args.zebin}: {e.strerror}") from e
+    try:
+        info = xpu_zebin.zebin_info(data)
+    except BuildError as e:
+        print(f"{args.zebin}: {e}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    if args.json:
+        print(json.dumps(info))
+        return EXIT_OK
+    print(f"{args.zebin}: zebin, .ze_info version {info['version']}")
+    for k in info["kernels"]:
+        print(
+            f"  kernel {k['name']}: grf_count {k['grf_count']}, simd {k['simd_size']}, "
+            f"spill_size {k['spill_size']}, private_size {k['private_size']}, "
+            f"scratch {k['scratch_size']}"
+        )
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build the register-pressure sample and show the GRF fallback at work."""
+    ocloc = xpu_zebin.find_ocloc(args.ocloc)
+    print(f"ocloc: {ocloc}")
+    print(f"sample: OpenCL C kernel keeping {args.values} floats live across a loop (SIMD32)")
+    source = samples.register_pressure_kernel(args.values)
+    spirv = xpu_zebin.opencl_to_spirv(source, device=args.device, ocloc=ocloc)
+    print(f"SPIR-V: {len(spirv)} bytes, kernels {xpu_zebin.validate_spirv(spirv)}")
+    try:
+        outcome: Union[CompileResult, BuildError] = xpu_zebin.compile(
+            spirv, device=args.device, ocloc=ocloc, cache=False
+        )
+    except BuildError as e:
+        outcome = e
+    print(_describe(outcome, "demo"))
+    return EXIT_OK if isinstance(outcome, CompileResult) else EXIT_BUILD_ERROR
+
+
+def cmd_kinds(args: argparse.Namespace) -> int:
+    for kind, description in xpu_zebin.error_kinds():
+        print(f"{kind:20} {description}")
+    return EXIT_OK
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="xpu-zebin",
+        description="SPIR-V to Intel GPU zebin with automatic large-GRF fallback.",
+    )
+    p.add_argument("--version", action="version", version=f"xpu-zebin {xpu_zebin.__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def compile_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--device", required=True, help="ocloc device, e.g. pvc, bmg, cri")
+        sp.add_argument("--build-flags", default="", help="IGC options, e.g. '-cl-intel-256-GRF-per-thread'")
+        sp.add_argument("--grf-mode", default="default", help="default, 128, 256, 512 or auto")
+        sp.add_argument("--num-warps", type=int, default=None, help="Triton num_warps (>32: no large GRF retry)")
+        sp.add_argument("--spill-threshold", type=int, default=0, help="retry in large GRF above this spill size")
+        sp.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)")
+        sp.add_argument("--timeout", type=_positive_float, default=None, help="seconds per compiler run (0: none)")
+        sp.add_argument("--no-cache", action="store_true", help="neither read nor write the binary cache")
+        sp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    c = sub.add_parser("compile", help="compile one SPIR-V (or .cl) file")
+    c.add_argument("input")
+    c.add_argument("--kernel", default=None, help="kernel that must be an entry point")
+    c.add_argument("-o", "--output", default=None, help="write the zebin here")
+    compile_options(c)
+    c.set_defaults(func=cmd_compile)
+
+    b = sub.add_parser("batch", help="compile many files concurrently")
+    b.add_argument("files", nargs="+")
+    b.add_argument("--jobs", type=int, default=None, help="parallel compilers (default: cores)")
+    b.add_argument("--output-dir", default=None, help="write <stem>.zebin files here")
+    compile_options(b)
+    b.set_defaults(func=cmd_batch)
+
+    i = sub.add_parser("info", help="summarise a zebin's .ze_info")
+    i.add_argument("zebin")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_info)
+
+    d = sub.add_parser("demo", help="build a sample that needs the large-GRF fallback")
+    d.add_argument("--device", default="pvc")
+    d.add_argument("--values", type=int, default=samples.PTSS_OVERFLOW_VALUES,
+                   help="live values in the sample kernel (register pressure)")
+    d.add_argument("--ocloc", default=None)
+    d.set_defaults(func=cmd_demo)
+
+    k = sub.add_parser("kinds", help="list the error kinds")
+    k.set_defaults(func=cmd_kinds)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except _UsageError as e:
+        print(f"xpu-zebin: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BuildError as e:  # from reading inputs (.cl conversion, ocloc discovery)
+        print(f"xpu-zebin: {e}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    except KeyboardInterrupt:
+        print("xpu-zebin: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

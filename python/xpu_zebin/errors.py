@@ -1,0 +1,124 @@
+"""Exceptions raised by xpu-zebin.
+
+Every failure is a :class:`BuildError` with a ``kind`` (one of :func:`error_kinds`), a
+message that names the cause, and the compiler's ``log``. Subclasses let callers catch the
+kinds they handle; ``ScratchOverflowError`` adds the PTSS ``required`` and ``limit`` bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+
+class BuildError(Exception):
+    """A compile or load failed; ``kind`` says why and ``log`` holds the compiler's output."""
+
+    kind: str = "build_failure"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: Optional[str] = None,
+        log: str = "",
+        attempts: Sequence[Any] = (),
+        notes: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if kind is not None:
+            self.kind = kind
+        self.log = log
+        self.attempts = list(attempts)
+        self.notes = list(notes)
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.message}"
+
+
+class ScratchOverflowError(BuildError):
+    """Per-thread scratch space (PTSS) exceeds the hardware limit."""
+
+    kind = "scratch_overflow"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        required: Optional[int] = None,
+        limit: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.required = required
+        self.limit = limit
+
+
+class InvalidSpirvError(BuildError, ValueError):
+    kind = "invalid_spirv"
+
+
+class KernelNotFoundError(BuildError, LookupError):
+    kind = "kernel_not_found"
+
+
+class UnsupportedDeviceError(BuildError):
+    kind = "unsupported_device"
+
+
+class CompilerCrashError(BuildError):
+    kind = "compiler_crash"
+
+
+class CompileTimeoutError(BuildError, TimeoutError):
+    kind = "timeout"
+
+
+class ToolchainNotFound(BuildError, FileNotFoundError):
+    kind = "toolchain_missing"
+
+
+class DegenerateBinaryError(BuildError):
+    kind = "degenerate_binary"
+
+
+class InvalidArgumentError(BuildError, ValueError):
+    kind = "invalid_argument"
+
+
+class CancelledError(BuildError):
+    kind = "cancelled"
+
+
+_BY_KIND = {
+    cls.kind: cls
+    for cls in (
+        ScratchOverflowError,
+        InvalidSpirvError,
+        KernelNotFoundError,
+        UnsupportedDeviceError,
+        CompilerCrashError,
+        CompileTimeoutError,
+        ToolchainNotFound,
+        DegenerateBinaryError,
+        InvalidArgumentError,
+        CancelledError,
+    )
+}
+
+
+def _from_core(
+    kind: str,
+    message: str,
+    log: str,
+    required: Optional[int],
+    limit: Optional[int],
+    attempts: Sequence[Any],
+    notes: Sequence[str],
+) -> BuildError:
+    """Called by the native module to build the exception for a failure."""
+    cls = _BY_KIND.get(kind, BuildError)
+    kwargs: dict = dict(kind=kind, log=log, attempts=attempts, notes=notes)
+    if cls is ScratchOverflowError:
+        kwargs.update(required=required, limit=limit)
+    return cls(message, **kwargs)

@@ -1,0 +1,215 @@
+//! Content-addressed native-binary cache.
+//!
+//! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | blake3(all before)`.
+//! Writes go to a temp file in the same directory and are renamed into place, so readers in
+//! other processes see either nothing or a whole entry. A checksum mismatch means a torn or
+//! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
+//! fail a compile; every problem comes back as a note.
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+const MAGIC: &[u8; 8] = b"XZCACHE1";
+const CHECKSUM_BYTES: usize = 32;
+/// Environment variable for the cache directory (default: the user cache dir).
+pub const CACHE_DIR_ENV: &str = "XPU_ZEBIN_CACHE_DIR";
+/// Environment variable for the size bound in bytes (default 1 GiB).
+pub const CACHE_MAX_ENV: &str = "XPU_ZEBIN_CACHE_MAX_BYTES";
+const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// The cache directory: `$XPU_ZEBIN_CACHE_DIR`, else `$XDG_CACHE_HOME/xpu-zebin`, else
+/// `~/.cache/xpu-zebin`.
+pub fn default_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("xpu-zebin")
+}
+
+fn max_bytes() -> u64 {
+    std::env::var(CACHE_MAX_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_BYTES)
+}
+
+/// A key: blake3 over every input that can change the output.
+pub fn key(parts: &[&[u8]]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for part in parts {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+pub struct Cache {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+/// What a lookup found.
+pub enum Lookup<M> {
+    Hit(M, Vec<u8>),
+    Miss,
+    /// The entry was unreadable or failed its checksum; it has been removed.
+    Corrupt(String),
+}
+
+impl Cache {
+    pub fn open(dir: Option<&Path>) -> Cache {
+        Cache {
+            dir: dir.map(Path::to_path_buf).unwrap_or_else(default_dir).join("zebin-v1"),
+            max_bytes: max_bytes(),
+        }
+    }
+
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Cache {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.zeentry"))
+    }
+
+    pub fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
+        let path = self.path(key);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+            Err(e) => return Lookup::Corrupt(format!("cache entry {} unreadable: {e}", path.display())),
+        };
+        match decode(&bytes) {
+            Ok((meta, binary)) => {
+                // Mark as recently used for eviction; failure to do so is harmless.
+                let _ = std::fs::File::options()
+                    .append(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(SystemTime::now()));
+                Lookup::Hit(meta, binary)
+            }
+            Err(why) => {
+                let _ = std::fs::remove_file(&path);
+                Lookup::Corrupt(format!("cache entry {} was corrupt ({why}); removed", path.display()))
+            }
+        }
+    }
+
+    /// Store an entry; returns a note when it could not (the compile still succeeds).
+    pub fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
+        let result = (|| -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let mut tmp = tempfile::Builder::new()
+                .prefix(".tmp-")
+                .tempfile_in(&self.dir)?;
+            use std::io::Write;
+            tmp.write_all(&encode(meta, binary)?)?;
+            tmp.as_file().sync_data()?;
+            tmp.persist(self.path(key)).map_err(|e| e.error)?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => self.evict(),
+            Err(e) => Some(format!("cache write to {} failed: {e}", self.dir.display())),
+        }
+    }
+
+    /// Remove least recently used entries until the directory fits its bound.
+    fn evict(&self) -> Option<String> {
+        let entries = std::fs::read_dir(&self.dir).ok()?;
+        let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "zeentry"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        if total <= self.max_bytes {
+            return None;
+        }
+        files.sort();
+        let mut removed = 0;
+        for (_, len, path) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+                removed += 1;
+            }
+        }
+        Some(format!("cache over {} bytes: evicted {removed} least recently used entries", self.max_bytes))
+    }
+}
+
+fn encode<M: Serialize>(meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
+    let meta = serde_json::to_vec(meta)?;
+    let mut out = Vec::with_capacity(MAGIC.len() + 4 + meta.len() + binary.len() + CHECKSUM_BYTES);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(binary);
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    Ok(out)
+}
+
+fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+    let head = MAGIC.len() + 4;
+    if bytes.len() < head + CHECKSUM_BYTES || &bytes[..MAGIC.len()] != MAGIC {
+        return Err("bad header".into());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+    if blake3::hash(body).as_bytes() != sum {
+        return Err("checksum mismatch".into());
+    }
+    let meta_len = u32::from_le_bytes(body[MAGIC.len()..head].try_into().unwrap()) as usize;
+    if head + meta_len > body.len() {
+        return Err("metadata runs past the end".into());
+    }
+    let meta = serde_json::from_slice(&body[head..head + meta_len]).map_err(|e| format!("metadata: {e}"))?;
+    Ok((meta, body[head + meta_len..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_corruption_and_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(Some(dir.path())).with_max_bytes(10_000);
+        assert!(matches!(cache.get::<String>("k"), Lookup::Miss));
+        assert!(cache.put("k", &"meta".to_string(), b"binary").is_none());
+        match cache.get::<String>("k") {
+            Lookup::Hit(m, b) => assert_eq!((m.as_str(), b.as_slice()), ("meta", &b"binary"[..])),
+            _ => panic!("expected a hit"),
+        }
+        // Flip one byte: the entry must be reported and removed, never returned.
+        let path = cache.path("k");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[MAGIC.len() + 6] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        assert!(matches!(cache.get::<String>("k"), Lookup::Corrupt(_)));
+        assert!(!path.exists());
+        // Eviction keeps the directory under its bound.
+        for i in 0..10 {
+            cache.put(&format!("e{i}"), &"m".to_string(), &[0u8; 3000]);
+        }
+        let total: u64 = std::fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert!(total <= 10_000, "{total}");
+    }
+}

@@ -1,0 +1,203 @@
+//! Compiler output -> typed outcome. Works on the text both ocloc generations print and on
+//! Level Zero build logs, so every backend names its failures the same way.
+
+use crate::error::{BuildError, ErrorKind};
+use regex::Regex;
+use std::sync::LazyLock;
+
+/// How a compiler process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    TimedOut { seconds: u64 },
+    Cancelled,
+}
+
+// Upstream's wording ("... limit for kernel K: N bytes (max permitted PTSS M bytes)") and
+// IGC 2.x's ("in kernel 'K': total scratch space exceeds HW supported limit: N bytes (max
+// permitted PTSS M bytes)") share this shape.
+static PTSS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?is)total scratch space exceeds HW supported limit[^\n]*?(\d+)\s*bytes\s*\(\s*max permitted PTSS\s*(\d+)\s*bytes",
+    )
+    .unwrap()
+});
+static PTSS_LOOSE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)scratch space exceeds[^\n]*limit|max permitted PTSS").unwrap());
+// "warning: kernel K  compiled SIMD16 allocated 128 regs and spilled around 859" (IGC 1.x)
+// "warning: in kernel 'K': compiled SIMD32 allocated 256 regs and spilled around 4046" (2.x)
+static SPILLED: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)allocated\s+(\d+)\s+regs\s+and\s+spilled\s+around\s+(\d+)").unwrap());
+static UNSUPPORTED_DEVICE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)Cannot get HW Info for device|Could not determine device target|Unknown device|Invalid device").unwrap()
+});
+static INVALID_SPIRV: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)invalid spir-?v|spir-?v (?:parsing|parser|reader) error|failed to (?:parse|read) spir-?v|SPIRV consumption failed").unwrap()
+});
+static MISSING_LIBRARY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)error while loading shared libraries|cannot open shared object|Error! Loading of (?:IGC|FCL) library has failed|not found: /").unwrap()
+});
+
+/// PTSS overflow in a log: (required bytes, limit bytes).
+pub fn scratch_overflow(log: &str) -> Option<(u64, u64)> {
+    let caps = PTSS.captures(log)?;
+    Some((caps[1].parse().ok()?, caps[2].parse().ok()?))
+}
+
+/// The largest "spilled around N" a compiler warned about, if any.
+pub fn spills_from_log(log: &str) -> Option<u64> {
+    SPILLED
+        .captures_iter(log)
+        .filter_map(|c| c[2].parse::<u64>().ok())
+        .max()
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        _ => "signal",
+    }
+}
+
+/// The line a human should read first: the first `error:` line, else the last line said.
+fn headline(log: &str) -> Option<&str> {
+    let lines = log.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines
+        .clone()
+        .find(|l| l.to_ascii_lowercase().contains("error"))
+        .or_else(|| lines.filter(|l| !l.starts_with("Command was:")).last())
+}
+
+/// Name the cause of a failed compile from how it ended and what it printed.
+pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
+    let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
+    match exit {
+        Exit::TimedOut { seconds } => {
+            return err(
+                ErrorKind::Timeout,
+                format!("the compiler did not finish within {seconds} s and was killed"),
+            )
+        }
+        Exit::Cancelled => return err(ErrorKind::Cancelled, "cancelled; the compiler was killed".into()),
+        Exit::Signal(sig) => {
+            return err(
+                ErrorKind::CompilerCrash,
+                format!("the compiler crashed: killed by {} ({sig})", signal_name(sig)),
+            )
+        }
+        Exit::Code(_) => {}
+    }
+    let Exit::Code(code) = exit else { unreachable!() };
+    if let Some((required, limit)) = scratch_overflow(log) {
+        let mut e = err(
+            ErrorKind::ScratchOverflow,
+            format!(
+                "per-thread scratch space (PTSS) exceeds the hardware limit: {required} bytes required, {limit} bytes permitted"
+            ),
+        );
+        e.required = Some(required);
+        e.limit = Some(limit);
+        return e;
+    }
+    if PTSS_LOOSE.is_match(log) {
+        return err(
+            ErrorKind::ScratchOverflow,
+            format!("per-thread scratch space (PTSS) exceeds the hardware limit: {}", headline(log).unwrap_or("")),
+        );
+    }
+    if code == 127 || MISSING_LIBRARY.is_match(log) {
+        return err(
+            ErrorKind::ToolchainMissing,
+            format!(
+                "the compiler could not start (exit {code}): {}",
+                headline(log).unwrap_or("no output")
+            ),
+        );
+    }
+    if UNSUPPORTED_DEVICE.is_match(log) {
+        return err(
+            ErrorKind::UnsupportedDevice,
+            format!("the compiler does not support this device: {}", headline(log).unwrap_or("")),
+        );
+    }
+    // A shell wrapper reports a child's death by signal N as exit 128+N.
+    if (129..=159).contains(&code) {
+        let sig = code - 128;
+        if matches!(sig, libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) {
+            return err(
+                ErrorKind::CompilerCrash,
+                format!("the compiler crashed: {} (exit {code})", signal_name(sig)),
+            );
+        }
+    }
+    if code == 255 || code == -1 {
+        return err(
+            ErrorKind::CompilerCrash,
+            format!(
+                "internal compiler error (ocloc exit {code}): {}",
+                headline(log).unwrap_or("no output")
+            ),
+        );
+    }
+    if INVALID_SPIRV.is_match(log) {
+        return err(
+            ErrorKind::InvalidSpirv,
+            format!("the compiler rejected the SPIR-V: {}", headline(log).unwrap_or("")),
+        );
+    }
+    err(
+        ErrorKind::BuildFailure,
+        format!(
+            "build failed (exit {code}): {}",
+            headline(log).unwrap_or("the compiler printed nothing")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptss_both_wordings() {
+        let igc2 = "error: in kernel 'K': total scratch space exceeds HW supported limit: 265792 bytes (max permitted PTSS 262144 bytes)";
+        assert_eq!(scratch_overflow(igc2), Some((265792, 262144)));
+        let upstream = "error: total scratch space exceeds HW supported limit for kernel K: 300000 bytes (max permitted PTSS 262144 bytes)";
+        assert_eq!(scratch_overflow(upstream), Some((300000, 262144)));
+        let e = classify_failure(Exit::Code(245), igc2);
+        assert_eq!(e.kind, ErrorKind::ScratchOverflow);
+        assert_eq!((e.required, e.limit), (Some(265792), Some(262144)));
+        assert_eq!(e.log, igc2);
+    }
+
+    #[test]
+    fn spills_take_the_largest() {
+        let log = "warning: kernel k  compiled SIMD16 allocated 128 regs and spilled around 859\n\
+                   warning: in kernel 'k': compiled SIMD32 allocated 256 regs and spilled around 4046";
+        assert_eq!(spills_from_log(log), Some(4046));
+        assert_eq!(spills_from_log("Build succeeded."), None);
+    }
+
+    #[test]
+    fn exits_and_signals() {
+        assert_eq!(classify_failure(Exit::Signal(11), "").kind, ErrorKind::CompilerCrash);
+        assert_eq!(classify_failure(Exit::Code(139), "").kind, ErrorKind::CompilerCrash);
+        assert_eq!(classify_failure(Exit::Code(255), "x").kind, ErrorKind::CompilerCrash);
+        assert_eq!(classify_failure(Exit::TimedOut { seconds: 3 }, "").kind, ErrorKind::Timeout);
+        assert_eq!(
+            classify_failure(Exit::Code(223), "Error: Cannot get HW Info for device nosuch.").kind,
+            ErrorKind::UnsupportedDevice
+        );
+        let e = classify_failure(Exit::Code(1), "noise\nerror: something broke\nmore");
+        assert_eq!(e.kind, ErrorKind::BuildFailure);
+        assert!(e.message.contains("error: something broke"), "{}", e.message);
+    }
+}

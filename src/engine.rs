@@ -1,0 +1,342 @@
+//! The offline compile engine: validate, consult the cache, run the GRF ladder through
+//! ocloc, classify, choose. `compile_many` runs requests with bounded parallelism.
+
+use crate::cache::{self, Cache, Lookup};
+use crate::classify::{classify_failure, spills_from_log, Exit};
+use crate::error::{BuildError, ErrorKind, Result};
+use crate::grf::{self, GrfMode};
+use crate::ocloc::{self, JobSpec};
+use crate::spirv;
+use crate::zebin::{self, ZebinInfo};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Environment variable for the default compile timeout in seconds (0: none).
+pub const TIMEOUT_ENV: &str = "XPU_ZEBIN_TIMEOUT";
+/// Without a setting, a compile that runs this long is considered hung.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(900);
+
+#[derive(Debug, Clone)]
+pub struct CompileRequest {
+    pub spirv: Vec<u8>,
+    pub device: String,
+    pub build_flags: String,
+    pub grf_mode: String,
+    pub num_warps: Option<u32>,
+    pub kernel_name: Option<String>,
+    pub ocloc: Option<PathBuf>,
+    pub timeout: Option<Duration>,
+    pub cache: bool,
+    pub cache_dir: Option<PathBuf>,
+    /// Spill size above which a successful default-GRF build is retried in large GRF.
+    pub spill_threshold: u64,
+}
+
+impl CompileRequest {
+    pub fn new(spirv: Vec<u8>, device: &str) -> Self {
+        CompileRequest {
+            spirv,
+            device: device.to_string(),
+            build_flags: String::new(),
+            grf_mode: "default".to_string(),
+            num_warps: None,
+            kernel_name: None,
+            ocloc: None,
+            timeout: None,
+            cache: true,
+            cache_dir: None,
+            spill_threshold: 0,
+        }
+    }
+}
+
+/// One ocloc run of the ladder.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub build_flags: String,
+    pub ok: bool,
+    pub spill_size: Option<u64>,
+    pub seconds: f64,
+    /// `kind: message` of the failure, when it failed.
+    pub error: Option<String>,
+}
+
+/// A successful compile.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Compiled {
+    pub kernel: String,
+    pub device: String,
+    #[serde(skip)]
+    pub binary: Vec<u8>,
+    pub build_flags: String,
+    pub grf_mode: String,
+    pub n_regs: u32,
+    pub spill_size: u64,
+    /// The first attempt failed and a large-GRF attempt rescued the build.
+    pub recovered: bool,
+    pub cached: bool,
+    pub attempts: Vec<Attempt>,
+    /// The chosen attempt's compiler output.
+    pub log: String,
+    /// Things worth logging that are not failures (cache problems, spill retries).
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+/// A failed compile: the error to raise and the attempts that led to it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub error: BuildError,
+    pub attempts: Vec<Attempt>,
+    pub notes: Vec<String>,
+}
+
+impl From<BuildError> for Failure {
+    fn from(error: BuildError) -> Self {
+        Failure {
+            error,
+            attempts: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
+    if requested.is_some() {
+        return requested.filter(|t| !t.is_zero());
+    }
+    match std::env::var(TIMEOUT_ENV).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
+        Some(s) if s <= 0.0 => None,
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => Some(DEFAULT_TIMEOUT),
+    }
+}
+
+/// Failures worth a large-GRF retry; the rest would fail the same way again.
+fn retryable(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::ScratchOverflow
+            | ErrorKind::BuildFailure
+            | ErrorKind::CompilerCrash
+            | ErrorKind::DegenerateBinary
+    )
+}
+
+struct Built {
+    binary: Vec<u8>,
+    spill_size: u64,
+    log: String,
+}
+
+/// Spills from `.ze_info`'s spill_size, else from the compiler's warnings, else scratch.
+fn spill_size(info: &ZebinInfo, kernel: &str, log: &str) -> u64 {
+    let k = info.kernel(kernel).or(info.kernels.first());
+    k.and_then(|k| k.spill_size)
+        .or_else(|| spills_from_log(log))
+        .or_else(|| k.map(|k| k.scratch_size))
+        .unwrap_or(0)
+}
+
+fn build_once(
+    ocloc_path: &std::path::Path,
+    req: &CompileRequest,
+    kernel: &str,
+    flags: &str,
+    timeout: Option<Duration>,
+    cancel: &AtomicBool,
+) -> (Attempt, Result<Built>) {
+    let mut args = vec!["-spirv_input".to_string(), "-device".to_string(), req.device.clone()];
+    if !flags.is_empty() {
+        args.extend(["-options".to_string(), flags.to_string()]);
+    }
+    let spec = JobSpec {
+        input: &req.spirv,
+        input_name: "kernel.spv",
+        args,
+        timeout,
+        cancel: Some(cancel),
+    };
+    let (result, seconds) = match ocloc::run(ocloc_path, &spec) {
+        Err(e) => (Err(e), 0.0),
+        Ok(run) => {
+            let seconds = run.seconds;
+            let result = match (run.exit, run.output) {
+                (Exit::Code(0), Some(binary)) => match zebin::parse(&binary) {
+                    Ok(info) => Ok(Built {
+                        spill_size: spill_size(&info, kernel, &run.log),
+                        binary,
+                        log: run.log,
+                    }),
+                    Err(e) => Err(e.with_log(run.log)),
+                },
+                (Exit::Code(0), None) => Err(BuildError::new(
+                    ErrorKind::DegenerateBinary,
+                    "ocloc reported success but wrote no binary",
+                )
+                .with_log(run.log)),
+                (exit, _) => Err(classify_failure(exit, &run.log)),
+            };
+            (result, seconds)
+        }
+    };
+    let attempt = Attempt {
+        build_flags: flags.to_string(),
+        ok: result.is_ok(),
+        spill_size: result.as_ref().ok().map(|b| b.spill_size),
+        seconds,
+        error: result.as_ref().err().map(|e| e.to_string()),
+    };
+    (attempt, result)
+}
+
+/// Compile one request. `cancel` stops it (the running ocloc is killed).
+pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> std::result::Result<Compiled, Failure> {
+    let info = spirv::validate(&req.spirv)?;
+    let kernel = info.select_kernel(req.kernel_name.as_deref())?;
+    let mode = GrfMode::parse(&req.grf_mode)?;
+    if req.device.trim().is_empty() {
+        return Err(BuildError::new(ErrorKind::InvalidArgument, "device is empty: name a target such as pvc").into());
+    }
+    let ocloc_path = ocloc::discover(req.ocloc.as_deref())?;
+    let ladder = grf::ladder(&req.build_flags, mode, req.num_warps, &req.device);
+    let mut notes = Vec::new();
+
+    let cache = req.cache.then(|| Cache::open(req.cache_dir.as_deref()));
+    let key = match &cache {
+        Some(_) => {
+            let identity = ocloc::identity(&ocloc_path)?;
+            Some(cache::key(&[
+                b"offline-ocloc-v1",
+                &req.spirv,
+                req.device.as_bytes(),
+                ladder.join("\n").as_bytes(),
+                &req.spill_threshold.to_le_bytes(),
+                identity.as_bytes(),
+            ]))
+        }
+        None => None,
+    };
+    if let (Some(cache), Some(key)) = (&cache, &key) {
+        match cache.get::<Compiled>(key) {
+            Lookup::Hit(mut hit, binary) => {
+                hit.binary = binary;
+                hit.cached = true;
+                hit.kernel = kernel;
+                return Ok(hit);
+            }
+            Lookup::Corrupt(note) => notes.push(note),
+            Lookup::Miss => {}
+        }
+    }
+
+    let timeout = effective_timeout(req.timeout);
+    let mut attempts = Vec::new();
+    let (first_attempt, first) = build_once(&ocloc_path, req, &kernel, &ladder[0], timeout, cancel);
+    attempts.push(first_attempt);
+    let mut chosen = 0;
+    let mut built = match first {
+        Ok(b) => b,
+        Err(e) if ladder.len() < 2 || !retryable(e.kind) => {
+            return Err(Failure { error: e, attempts, notes })
+        }
+        Err(first_error) => {
+            let (a, retry) = build_once(&ocloc_path, req, &kernel, &ladder[1], timeout, cancel);
+            attempts.push(a);
+            match retry {
+                Ok(b) => {
+                    chosen = 1;
+                    b
+                }
+                // Both failed: the first error is the one that explains the kernel.
+                Err(_) => {
+                    return Err(Failure {
+                        error: first_error,
+                        attempts,
+                        notes,
+                    })
+                }
+            }
+        }
+    };
+    if chosen == 0 && ladder.len() > 1 && !grf::accepts(built.spill_size, req.spill_threshold) {
+        notes.push(format!(
+            "kernel '{kernel}' spills {} bytes with default GRF; retrying with {}",
+            built.spill_size, ladder[1]
+        ));
+        let (a, retry) = build_once(&ocloc_path, req, &kernel, &ladder[1], timeout, cancel);
+        attempts.push(a);
+        // A failed retry keeps the first kernel; a retry that spills more is no better.
+        if let Ok(b) = retry {
+            if b.spill_size <= built.spill_size {
+                built = b;
+                chosen = 1;
+            }
+        }
+    }
+    let build_flags = ladder[chosen].clone();
+    let compiled = Compiled {
+        kernel,
+        device: req.device.clone(),
+        n_regs: grf::n_regs(&build_flags),
+        grf_mode: req.grf_mode.clone(),
+        build_flags,
+        spill_size: built.spill_size,
+        recovered: chosen > 0 && !attempts[0].ok,
+        cached: false,
+        attempts,
+        log: built.log,
+        binary: built.binary,
+        notes,
+    };
+    let mut compiled = compiled;
+    if let (Some(cache), Some(key)) = (&cache, &key) {
+        if let Some(note) = cache.put(key, &compiled, &compiled.binary) {
+            compiled.notes.push(note);
+        }
+    }
+    Ok(compiled)
+}
+
+/// Number of parallel jobs when none is given: the machine's cores.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Compile every request with at most `jobs` at once; results in input order. One failure
+/// never stops the others. `on_done(index)` is called as each finishes.
+pub fn compile_many(
+    reqs: &[CompileRequest],
+    jobs: usize,
+    cancel: &AtomicBool,
+    on_done: &(dyn Fn(usize) + Sync),
+) -> Vec<std::result::Result<Compiled, Failure>> {
+    let slots: Vec<Mutex<Option<std::result::Result<Compiled, Failure>>>> =
+        reqs.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = jobs.max(1).min(reqs.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= reqs.len() {
+                    break;
+                }
+                let result = if cancel.load(Ordering::Relaxed) {
+                    Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into())
+                } else {
+                    compile(&reqs[i], cancel)
+                };
+                *slots[i].lock().unwrap() = Some(result);
+                on_done(i);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap().expect("every slot is filled"))
+        .collect()
+}

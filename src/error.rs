@@ -1,0 +1,106 @@
+//! The one error type of the engine: a kind (data Python can list), a message, and the
+//! compiler's log. Every failure path builds one of these, so nothing is lost on the way up.
+
+use serde::Serialize;
+
+/// What went wrong, as data. `name()` is the stable string Python sees as `BuildError.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    ScratchOverflow,
+    BuildFailure,
+    InvalidSpirv,
+    KernelNotFound,
+    UnsupportedDevice,
+    CompilerCrash,
+    Timeout,
+    ToolchainMissing,
+    DegenerateBinary,
+    InvalidArgument,
+    Cancelled,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 11] = [
+        ErrorKind::ScratchOverflow,
+        ErrorKind::BuildFailure,
+        ErrorKind::InvalidSpirv,
+        ErrorKind::KernelNotFound,
+        ErrorKind::UnsupportedDevice,
+        ErrorKind::CompilerCrash,
+        ErrorKind::Timeout,
+        ErrorKind::ToolchainMissing,
+        ErrorKind::DegenerateBinary,
+        ErrorKind::InvalidArgument,
+        ErrorKind::Cancelled,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::ScratchOverflow => "scratch_overflow",
+            ErrorKind::BuildFailure => "build_failure",
+            ErrorKind::InvalidSpirv => "invalid_spirv",
+            ErrorKind::KernelNotFound => "kernel_not_found",
+            ErrorKind::UnsupportedDevice => "unsupported_device",
+            ErrorKind::CompilerCrash => "compiler_crash",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ToolchainMissing => "toolchain_missing",
+            ErrorKind::DegenerateBinary => "degenerate_binary",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            ErrorKind::ScratchOverflow => {
+                "per-thread scratch space (PTSS) exceeds the hardware limit; carries required and limit bytes"
+            }
+            ErrorKind::BuildFailure => "the compiler rejected the kernel",
+            ErrorKind::InvalidSpirv => "the input is not a well-formed SPIR-V module",
+            ErrorKind::KernelNotFound => "the requested kernel is not an entry point of the module",
+            ErrorKind::UnsupportedDevice => "the compiler does not know the target device",
+            ErrorKind::CompilerCrash => "the compiler died (signal or internal error)",
+            ErrorKind::Timeout => "the compiler ran past its time limit and was killed",
+            ErrorKind::ToolchainMissing => "no usable ocloc / Intel compiler was found",
+            ErrorKind::DegenerateBinary => {
+                "the compiler reported success but wrote no usable zebin (.ze_info, .text.*, .symtab)"
+            }
+            ErrorKind::InvalidArgument => "an argument is out of its domain",
+            ErrorKind::Cancelled => "the job was cancelled (Ctrl-C)",
+        }
+    }
+}
+
+/// A classified failure with everything the user needs to act on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[error("{kind_name}: {message}", kind_name = kind.name())]
+pub struct BuildError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The compiler's own output (stdout and stderr, interleaved), empty when it never ran.
+    pub log: String,
+    /// PTSS bytes the kernel needs (scratch_overflow only).
+    pub required: Option<u64>,
+    /// PTSS bytes the hardware allows (scratch_overflow only).
+    pub limit: Option<u64>,
+}
+
+impl BuildError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        BuildError {
+            kind,
+            message: message.into(),
+            log: String::new(),
+            required: None,
+            limit: None,
+        }
+    }
+
+    pub fn with_log(mut self, log: impl Into<String>) -> Self {
+        self.log = log.into();
+        self
+    }
+}
+
+pub type Result<T, E = BuildError> = std::result::Result<T, E>;

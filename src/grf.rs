@@ -1,0 +1,122 @@
+//! GRF policy: which build flags to try, in which order, and which attempt wins.
+//! Upstream's contract (DESIGN.md §2), kept in one place so every backend agrees.
+
+use crate::error::{BuildError, ErrorKind, Result};
+
+pub const GRF_128: &str = "-cl-intel-128-GRF-per-thread";
+pub const GRF_256: &str = "-cl-intel-256-GRF-per-thread";
+pub const GRF_512: &str = "-cl-intel-512-GRF-per-thread";
+pub const GRF_AUTO: &str = "-cl-intel-enable-auto-large-GRF-mode";
+pub const GRF_FLAGS: [&str; 4] = [GRF_128, GRF_256, GRF_512, GRF_AUTO];
+
+/// Larger GRF halves the maximum work-group size; beyond this many warps the large-GRF
+/// kernel could not launch, so it is never tried automatically.
+pub const MAX_WARPS_FOR_LARGE_GRF: u32 = 32;
+
+/// Does `flags` already choose a GRF mode? Then it is respected and never retried.
+pub fn has_explicit_grf_flag(flags: &str) -> bool {
+    flags.split_whitespace().any(|f| GRF_FLAGS.contains(&f))
+}
+
+/// The large-GRF flag for a device: 512 on `cri`, 256 elsewhere.
+pub fn large_grf_flag(device_arch: &str) -> &'static str {
+    if device_arch.trim().eq_ignore_ascii_case("cri") {
+        GRF_512
+    } else {
+        GRF_256
+    }
+}
+
+/// Registers per thread implied by the flags (128 when none).
+pub fn n_regs(flags: &str) -> u32 {
+    let words: Vec<&str> = flags.split_whitespace().collect();
+    if words.contains(&GRF_512) {
+        512
+    } else if words.contains(&GRF_256) {
+        256
+    } else {
+        128
+    }
+}
+
+/// `grf_mode` as Triton spells it: "default", "128", "256", "512", "auto"
+/// (also "small" / "large", older Triton spellings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrfMode {
+    Default,
+    Fixed(&'static str),
+}
+
+impl GrfMode {
+    pub fn parse(mode: &str) -> Result<Self> {
+        Ok(match mode.trim() {
+            "" | "default" => GrfMode::Default,
+            "128" | "small" => GrfMode::Fixed(GRF_128),
+            "256" | "large" => GrfMode::Fixed(GRF_256),
+            "512" => GrfMode::Fixed(GRF_512),
+            "auto" => GrfMode::Fixed(GRF_AUTO),
+            other => {
+                return Err(BuildError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("unknown grf_mode '{other}': use default, 128, 256, 512 or auto"),
+                ))
+            }
+        })
+    }
+}
+
+fn join(base: &str, extra: &str) -> String {
+    format!("{} {}", base.trim(), extra).trim().to_string()
+}
+
+/// The build flags to try, in order. Two entries mean "default, then large GRF".
+pub fn ladder(
+    build_flags: &str,
+    grf_mode: GrfMode,
+    num_warps: Option<u32>,
+    device_arch: &str,
+) -> Vec<String> {
+    let base = build_flags.split_whitespace().collect::<Vec<_>>().join(" ");
+    match grf_mode {
+        GrfMode::Fixed(flag) if !has_explicit_grf_flag(&base) => vec![join(&base, flag)],
+        GrfMode::Fixed(_) => vec![base],
+        GrfMode::Default if has_explicit_grf_flag(&base) => vec![base],
+        GrfMode::Default if num_warps.is_some_and(|w| w > MAX_WARPS_FOR_LARGE_GRF) => vec![base],
+        GrfMode::Default => {
+            let large = join(&base, large_grf_flag(device_arch));
+            vec![base, large]
+        }
+    }
+}
+
+/// Is a successful first attempt with these spills good enough to skip the large-GRF retry?
+pub fn accepts(spill_size: u64, spill_threshold: u64) -> bool {
+    spill_size <= spill_threshold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ladder_follows_upstream() {
+        let d = GrfMode::Default;
+        assert_eq!(ladder("", d, None, "pvc"), vec!["", GRF_256]);
+        assert_eq!(ladder("-O2", d, Some(32), "cri"), vec!["-O2", &format!("-O2 {GRF_512}")]);
+        assert_eq!(ladder("", d, Some(64), "pvc"), vec![""]);
+        assert_eq!(ladder(GRF_128, d, None, "pvc"), vec![GRF_128]);
+        assert_eq!(ladder(&format!("-x {GRF_256}"), d, None, "pvc").len(), 1);
+        let fixed = GrfMode::parse("256").unwrap();
+        assert_eq!(ladder("", fixed, None, "pvc"), vec![GRF_256]);
+        assert_eq!(ladder("", GrfMode::parse("auto").unwrap(), None, "pvc"), vec![GRF_AUTO]);
+        assert!(GrfMode::parse("huge").is_err());
+    }
+
+    #[test]
+    fn regs_from_flags() {
+        assert_eq!(n_regs(""), 128);
+        assert_eq!(n_regs(GRF_256), 256);
+        assert_eq!(n_regs(&format!("-a {GRF_512}")), 512);
+        assert_eq!(n_regs(GRF_AUTO), 128);
+    }
+}

@@ -1,0 +1,340 @@
+//! xpu-zebin: SPIR-V to Intel GPU zebin with automatic large-GRF fallback.
+//!
+//! The engine lives in its own modules (one concern each); this file only declares them and,
+//! with the `python` feature (maturin turns it on), binds them as `xpu_zebin._core`.
+
+pub mod cache;
+pub mod classify;
+pub mod engine;
+pub mod error;
+pub mod grf;
+pub mod ocloc;
+pub mod spirv;
+pub mod zebin;
+
+#[cfg(feature = "python")]
+#[pyo3::pymodule]
+mod _core {
+    use crate::engine::{self, CompileRequest, Compiled, Failure};
+    use crate::error::ErrorKind;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict};
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// One build of the GRF ladder.
+    #[pyclass(frozen, get_all, skip_from_py_object, module = "xpu_zebin._core")]
+    #[derive(Clone)]
+    pub struct Attempt {
+        build_flags: String,
+        ok: bool,
+        spill_size: Option<u64>,
+        seconds: f64,
+        error: Option<String>,
+    }
+
+    #[pymethods]
+    impl Attempt {
+        fn __repr__(&self) -> String {
+            format!(
+                "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={:?})",
+                self.build_flags, self.ok, self.spill_size, self.seconds, self.error
+            )
+        }
+    }
+
+    fn attempts(list: &[engine::Attempt]) -> Vec<Attempt> {
+        list.iter()
+            .map(|a| Attempt {
+                build_flags: a.build_flags.clone(),
+                ok: a.ok,
+                spill_size: a.spill_size,
+                seconds: a.seconds,
+                error: a.error.clone(),
+            })
+            .collect()
+    }
+
+    /// A successful compile: the zebin and how it was obtained.
+    #[pyclass(frozen, get_all, module = "xpu_zebin._core")]
+    pub struct CompileResult {
+        binary: Py<PyBytes>,
+        kernel: String,
+        device: String,
+        build_flags: String,
+        grf_mode: String,
+        n_regs: u32,
+        spill_size: u64,
+        recovered: bool,
+        cached: bool,
+        attempts: Vec<Attempt>,
+        log: String,
+        notes: Vec<String>,
+    }
+
+    #[pymethods]
+    impl CompileResult {
+        fn __repr__(&self) -> String {
+            format!(
+                "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, recovered={}, cached={}, attempts={})",
+                self.kernel, self.device, self.build_flags, self.n_regs, self.spill_size,
+                self.recovered, self.cached, self.attempts.len()
+            )
+        }
+    }
+
+    fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
+        CompileResult {
+            binary: PyBytes::new(py, &c.binary).unbind(),
+            kernel: c.kernel,
+            device: c.device,
+            build_flags: c.build_flags,
+            grf_mode: c.grf_mode,
+            n_regs: c.n_regs,
+            spill_size: c.spill_size,
+            recovered: c.recovered,
+            cached: c.cached,
+            attempts: attempts(&c.attempts),
+            log: c.log,
+            notes: c.notes,
+        }
+    }
+
+    /// Build the Python exception (a subclass of `xpu_zebin.BuildError`) for a failure.
+    fn to_exception(py: Python<'_>, f: Failure) -> PyResult<Bound<'_, PyAny>> {
+        let e = f.error;
+        py.import("xpu_zebin.errors")?.getattr("_from_core")?.call1((
+            e.kind.name(),
+            e.message,
+            e.log,
+            e.required,
+            e.limit,
+            attempts(&f.attempts),
+            f.notes,
+        ))
+    }
+
+    fn to_pyerr(py: Python<'_>, f: Failure) -> PyErr {
+        match to_exception(py, f) {
+            Ok(value) => PyErr::from_value(value),
+            Err(e) => e,
+        }
+    }
+
+    /// Run `work` on another thread with the GIL released, checking for Ctrl-C meanwhile;
+    /// on a signal, `cancel` is raised so running compilers are killed, and the signal's
+    /// exception propagates.
+    fn interruptible<T: Send>(
+        py: Python<'_>,
+        work: impl FnOnce(&AtomicBool) -> T + Send,
+    ) -> PyResult<T> {
+        let cancel = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let handle = scope.spawn(|| work(&cancel));
+            let mut interrupted = None;
+            while !handle.is_finished() {
+                py.detach(|| std::thread::sleep(Duration::from_millis(20)));
+                if interrupted.is_none() {
+                    if let Err(e) = py.check_signals() {
+                        cancel.store(true, Ordering::Relaxed);
+                        interrupted = Some(e);
+                    }
+                }
+            }
+            let out = py.detach(|| handle.join()).map_err(|_| {
+                PyErr::new::<pyo3::exceptions::PyRuntimeError, _>("compile worker panicked")
+            })?;
+            match interrupted {
+                Some(e) => Err(e),
+                None => Ok(out),
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn request(
+        spirv: Vec<u8>,
+        device: String,
+        build_flags: String,
+        grf_mode: String,
+        num_warps: Option<u32>,
+        kernel_name: Option<String>,
+        ocloc: Option<PathBuf>,
+        timeout: Option<f64>,
+        cache: bool,
+        cache_dir: Option<PathBuf>,
+        spill_threshold: u64,
+    ) -> PyResult<CompileRequest> {
+        let timeout = match timeout {
+            Some(t) if !t.is_finite() || t < 0.0 => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout must be a non-negative number of seconds, got {t}"
+                )))
+            }
+            Some(t) => Some(Duration::from_secs_f64(t)),
+            None => None,
+        };
+        Ok(CompileRequest {
+            spirv,
+            device,
+            build_flags,
+            grf_mode,
+            num_warps,
+            kernel_name,
+            ocloc,
+            timeout,
+            cache,
+            cache_dir,
+            spill_threshold,
+        })
+    }
+
+    /// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed.
+    #[pyfunction]
+    #[pyo3(signature = (spirv, *, device, build_flags=String::new(), grf_mode="default".to_string(),
+        num_warps=None, kernel_name=None, ocloc=None, timeout=None, cache=true, cache_dir=None,
+        spill_threshold=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn compile(
+        py: Python<'_>,
+        spirv: Vec<u8>,
+        device: String,
+        build_flags: String,
+        grf_mode: String,
+        num_warps: Option<u32>,
+        kernel_name: Option<String>,
+        ocloc: Option<PathBuf>,
+        timeout: Option<f64>,
+        cache: bool,
+        cache_dir: Option<PathBuf>,
+        spill_threshold: u64,
+    ) -> PyResult<CompileResult> {
+        let req = request(
+            spirv, device, build_flags, grf_mode, num_warps, kernel_name, ocloc, timeout, cache,
+            cache_dir, spill_threshold,
+        )?;
+        match interruptible(py, |cancel| engine::compile(&req, cancel))? {
+            Ok(c) => Ok(to_result(py, c)),
+            Err(f) => Err(to_pyerr(py, f)),
+        }
+    }
+
+    /// Compile many requests (dicts with `compile`'s keyword names, all present) with at
+    /// most `jobs` at once. Returns, in input order, a CompileResult or a BuildError each.
+    #[pyfunction]
+    #[pyo3(signature = (requests, *, jobs=None, progress=None))]
+    fn compile_many(
+        py: Python<'_>,
+        requests: Vec<Bound<'_, PyDict>>,
+        jobs: Option<usize>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
+        let mut reqs = Vec::with_capacity(requests.len());
+        for d in &requests {
+            let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+                d.get_item(k)?.ok_or_else(|| {
+                    pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{k}'"))
+                })
+            };
+            reqs.push(request(
+                get("spirv")?.extract()?,
+                get("device")?.extract()?,
+                get("build_flags")?.extract()?,
+                get("grf_mode")?.extract()?,
+                get("num_warps")?.extract()?,
+                get("kernel_name")?.extract()?,
+                get("ocloc")?.extract()?,
+                get("timeout")?.extract()?,
+                get("cache")?.extract()?,
+                get("cache_dir")?.extract()?,
+                get("spill_threshold")?.extract()?,
+            )?);
+        }
+        let jobs = jobs.unwrap_or_else(engine::default_jobs);
+        if jobs == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err("jobs must be at least 1"));
+        }
+        let on_done = |i: usize| {
+            if let Some(cb) = &progress {
+                Python::attach(|py| {
+                    if let Err(e) = cb.call1(py, (i,)) {
+                        e.write_unraisable(py, None);
+                    }
+                });
+            }
+        };
+        let results = interruptible(py, |cancel| engine::compile_many(&reqs, jobs, cancel, &on_done))?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(c) => Ok(Py::new(py, to_result(py, c))?.into_any()),
+                Err(f) => Ok(to_exception(py, f)?.unbind()),
+            })
+            .collect()
+    }
+
+    /// Validate SPIR-V; returns its kernel entry points or raises InvalidSpirvError.
+    #[pyfunction]
+    fn validate_spirv(py: Python<'_>, spirv: &[u8]) -> PyResult<Vec<String>> {
+        crate::spirv::validate(spirv)
+            .map(|i| i.kernels)
+            .map_err(|e| to_pyerr(py, e.into()))
+    }
+
+    /// Summarise a zebin's `.ze_info` as a dict.
+    #[pyfunction]
+    fn zebin_info<'py>(py: Python<'py>, binary: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        let info = crate::zebin::parse(binary).map_err(|e| to_pyerr(py, e.into()))?;
+        Ok(pythonize::pythonize(py, &info)?)
+    }
+
+    /// Resolve ocloc as `compile` would: explicit path, $XPU_ZEBIN_OCLOC, PATH.
+    #[pyfunction]
+    #[pyo3(signature = (ocloc=None))]
+    fn find_ocloc(py: Python<'_>, ocloc: Option<PathBuf>) -> PyResult<PathBuf> {
+        crate::ocloc::discover(ocloc.as_deref()).map_err(|e| to_pyerr(py, e.into()))
+    }
+
+    /// OpenCL C to SPIR-V with `ocloc -spv_only` (samples, fixtures).
+    #[pyfunction]
+    #[pyo3(signature = (source, *, device="pvc".to_string(), options=String::new(), ocloc=None))]
+    fn opencl_to_spirv(
+        py: Python<'_>,
+        source: String,
+        device: String,
+        options: String,
+        ocloc: Option<PathBuf>,
+    ) -> PyResult<Py<PyBytes>> {
+        let result = py.detach(|| {
+            let path = crate::ocloc::discover(ocloc.as_deref())?;
+            crate::ocloc::opencl_to_spirv(&path, &source, &device, &options)
+        });
+        match result {
+            Ok(spirv) => Ok(PyBytes::new(py, &spirv).unbind()),
+            Err(e) => Err(to_pyerr(py, e.into())),
+        }
+    }
+
+    /// The error kinds as (name, description) pairs.
+    #[pyfunction]
+    fn error_kinds() -> Vec<(&'static str, &'static str)> {
+        ErrorKind::ALL.iter().map(|k| (k.name(), k.description())).collect()
+    }
+
+    /// Parallel jobs `compile_many` uses by default: the machine's cores.
+    #[pyfunction]
+    fn default_jobs() -> usize {
+        engine::default_jobs()
+    }
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("GRF_FLAGS", crate::grf::GRF_FLAGS.to_vec())?;
+        m.add("OCLOC_ENV", crate::ocloc::OCLOC_ENV)?;
+        m.add("CACHE_DIR_ENV", crate::cache::CACHE_DIR_ENV)?;
+        m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
+        Ok(())
+    }
+}

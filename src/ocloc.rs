@@ -1,0 +1,242 @@
+//! ocloc as a subprocess: discovery, compiler identity, and one compile job.
+//!
+//! A job runs with argv only (never a shell), in a private temp dir removed afterwards, in
+//! its own process group so a timeout or Ctrl-C kills ocloc and anything it started.
+
+use crate::classify::{classify_failure, Exit};
+use crate::error::{BuildError, ErrorKind, Result};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+/// Environment variable naming the ocloc to use when no explicit path is given.
+pub const OCLOC_ENV: &str = "XPU_ZEBIN_OCLOC";
+
+fn missing(message: String) -> BuildError {
+    BuildError::new(ErrorKind::ToolchainMissing, message)
+}
+
+fn is_executable(path: &Path) -> bool {
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn search_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+}
+
+/// Resolve a user-given ocloc (a path, or a bare command name looked up on PATH).
+fn resolve(given: &Path, origin: &str) -> Result<PathBuf> {
+    let found = if given.components().count() == 1 && !given.is_absolute() {
+        search_path(&given.to_string_lossy())
+    } else {
+        Some(given.to_path_buf()).filter(|p| is_executable(p))
+    };
+    found.ok_or_else(|| {
+        missing(format!(
+            "ocloc from {origin} ('{}') does not exist or is not executable",
+            given.display()
+        ))
+    })
+}
+
+/// Find ocloc: an explicit argument, then `$XPU_ZEBIN_OCLOC`, then `ocloc` on PATH.
+pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(given) = explicit {
+        return resolve(given, "the explicit argument");
+    }
+    if let Some(env) = std::env::var_os(OCLOC_ENV).filter(|v| !v.is_empty()) {
+        return resolve(Path::new(&env), &format!("${OCLOC_ENV}"));
+    }
+    search_path("ocloc").ok_or_else(|| {
+        missing(format!(
+            "no ocloc found: pass one explicitly (ocloc=... / --ocloc), set ${OCLOC_ENV}, or put `ocloc` on PATH \
+             (Debian: apt-get install intel-opencl-icd)"
+        ))
+    })
+}
+
+static IDENTITIES: LazyLock<Mutex<HashMap<(PathBuf, u64, i64), String>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// A string that changes whenever the compiler does: its path, size, mtime and the driver
+/// version it reports (`ocloc query OCL_DRIVER_VERSION`). Part of every cache key.
+pub fn identity(ocloc: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(ocloc)
+        .map_err(|e| missing(format!("cannot stat ocloc '{}': {e}", ocloc.display())))?;
+    let key = (ocloc.to_path_buf(), meta.len(), meta.mtime());
+    if let Some(found) = IDENTITIES.lock().unwrap().get(&key) {
+        return Ok(found.clone());
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("xpu-zebin-query-")
+        .tempdir()
+        .map_err(|e| missing(format!("cannot create a temp dir: {e}")))?;
+    let out = Command::new(ocloc)
+        .args(["query", "OCL_DRIVER_VERSION"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| missing(format!("cannot run ocloc '{}': {e}", ocloc.display())))?;
+    let version = std::fs::read_to_string(dir.path().join("OCL_DRIVER_VERSION"))
+        .unwrap_or_else(|_| String::from_utf8_lossy(&out.stdout).into_owned());
+    let version = version.trim();
+    if !out.status.success() || version.is_empty() {
+        return Err(classify_failure(
+            exit_of(out.status),
+            &String::from_utf8_lossy(&[out.stdout, out.stderr].concat()),
+        ));
+    }
+    let id = format!("{}|{}|{}|{}", ocloc.display(), meta.len(), meta.mtime(), version);
+    IDENTITIES.lock().unwrap().insert(key, id.clone());
+    Ok(id)
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Code(code),
+        (None, Some(sig)) => Exit::Signal(sig),
+        _ => Exit::Code(-1),
+    }
+}
+
+/// One ocloc invocation's result, before classification.
+#[derive(Debug)]
+pub struct RawRun {
+    pub exit: Exit,
+    /// stdout and stderr, interleaved as ocloc wrote them.
+    pub log: String,
+    /// The file ocloc wrote into its output directory, if any.
+    pub output: Option<Vec<u8>>,
+    pub seconds: f64,
+}
+
+/// What a compile job needs; `cancel` is polled so a batch can stop on Ctrl-C.
+pub struct JobSpec<'a> {
+    pub input: &'a [u8],
+    pub input_name: &'a str,
+    /// ocloc arguments after `compile -file <input> -output kernel -out_dir <dir> -output_no_suffix`.
+    pub args: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// Run `ocloc compile` on `spec.input` and collect what it wrote.
+pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
+    let io = |what: &str, e: std::io::Error| {
+        BuildError::new(ErrorKind::BuildFailure, format!("{what}: {e}"))
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("xpu-zebin-job-")
+        .tempdir()
+        .map_err(|e| io("cannot create the job's temp dir", e))?;
+    let input = dir.path().join(spec.input_name);
+    let out_dir = dir.path().join("out");
+    std::fs::write(&input, spec.input).map_err(|e| io("cannot write the compiler input", e))?;
+    std::fs::create_dir(&out_dir).map_err(|e| io("cannot create the output dir", e))?;
+    let log_path = dir.path().join("ocloc.log");
+    let log_file = File::create(&log_path).map_err(|e| io("cannot create the log", e))?;
+    let log_err = log_file.try_clone().map_err(|e| io("cannot share the log", e))?;
+
+    let started = Instant::now();
+    let mut command = Command::new(ocloc);
+    command
+        .arg("compile")
+        .arg("-file")
+        .arg(&input)
+        .args(["-output", "kernel", "-output_no_suffix", "-out_dir"])
+        .arg(&out_dir)
+        .args(&spec.args)
+        .current_dir(dir.path())
+        // Old IGC writes a legacy patch-token binary for pvc unless asked for zebin.
+        .env("IGC_EnableZEBinary", "1")
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .process_group(0);
+    let mut child = command.spawn().map_err(|e| {
+        missing(format!("cannot start ocloc '{}': {e}", ocloc.display()))
+    })?;
+
+    let deadline = spec.timeout.map(|t| started + t);
+    let mut pause = Duration::from_micros(500);
+    let exit = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break exit_of(status),
+            Ok(None) => {}
+            Err(e) => return Err(io("cannot wait for ocloc", e)),
+        }
+        let cancelled = spec.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+        let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+        if cancelled || timed_out {
+            // SAFETY: killpg on the group we created for this child; no memory is involved.
+            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
+            let _ = child.wait();
+            break if timed_out {
+                Exit::TimedOut {
+                    seconds: spec.timeout.unwrap_or_default().as_secs(),
+                }
+            } else {
+                Exit::Cancelled
+            };
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let log = String::from_utf8_lossy(&std::fs::read(&log_path).unwrap_or_default()).into_owned();
+    // ocloc names its output differently across versions ("kernel", "kernel.bin", "kernel.spv").
+    let output = std::fs::read_dir(&out_dir)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("kernel")))
+        })
+        .and_then(|p| std::fs::read(p).ok());
+    Ok(RawRun {
+        exit,
+        log,
+        output,
+        seconds,
+    })
+}
+
+/// OpenCL C -> SPIR-V with `ocloc -spv_only` (samples and test fixtures).
+pub fn opencl_to_spirv(ocloc: &Path, source: &str, device: &str, options: &str) -> Result<Vec<u8>> {
+    let mut args = vec!["-device".to_string(), device.to_string(), "-spv_only".to_string()];
+    if !options.is_empty() {
+        args.extend(["-options".to_string(), options.to_string()]);
+    }
+    let run = run(
+        ocloc,
+        &JobSpec {
+            input: source.as_bytes(),
+            input_name: "kernel.cl",
+            args,
+            timeout: None,
+            cancel: None,
+        },
+    )?;
+    match (run.exit, run.output) {
+        (Exit::Code(0), Some(spirv)) => Ok(spirv),
+        (Exit::Code(0), None) => Err(BuildError::new(
+            ErrorKind::BuildFailure,
+            "ocloc -spv_only reported success but wrote no SPIR-V",
+        )
+        .with_log(run.log)),
+        (exit, _) => Err(classify_failure(exit, &run.log)),
+    }
+}

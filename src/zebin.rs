@@ -1,0 +1,150 @@
+//! Reading a zebin: an ELF file whose `.ze_info` section is YAML describing each kernel.
+//!
+//! Only the fields the GRF policy and the user need are read; unknown keys are ignored so a
+//! newer IGC (new `.ze_info` versions) keeps working.
+
+use crate::error::{BuildError, ErrorKind, Result};
+use object::{Object, ObjectSection};
+use serde::{Deserialize, Serialize};
+
+/// Per-kernel facts from `.ze_info`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KernelInfo {
+    pub name: String,
+    pub grf_count: Option<u32>,
+    pub simd_size: Option<u32>,
+    /// `execution_env.spill_size` (IGC 2.x); absent from older compilers.
+    pub spill_size: Option<u64>,
+    /// `execution_env.private_size`, when present.
+    pub private_size: Option<u64>,
+    /// Sum of the `scratch` buffers under `per_thread_memory_buffers`.
+    pub scratch_size: u64,
+    /// Sum of the `private_space` buffers under `per_thread_memory_buffers`.
+    pub private_space_size: u64,
+}
+
+/// What a zebin holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ZebinInfo {
+    /// `.ze_info` format version, e.g. "1.20".
+    pub version: String,
+    pub kernels: Vec<KernelInfo>,
+    /// Names of the ELF sections, in file order.
+    pub sections: Vec<String>,
+}
+
+impl ZebinInfo {
+    pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+}
+
+#[derive(Deserialize)]
+struct ZeInfoDoc {
+    version: Option<serde_norway::Value>,
+    #[serde(default)]
+    kernels: Vec<ZeKernel>,
+}
+
+#[derive(Deserialize)]
+struct ZeKernel {
+    name: String,
+    #[serde(default)]
+    execution_env: ZeExecutionEnv,
+    #[serde(default)]
+    per_thread_memory_buffers: Vec<ZeMemoryBuffer>,
+}
+
+#[derive(Deserialize, Default)]
+struct ZeExecutionEnv {
+    grf_count: Option<u32>,
+    simd_size: Option<u32>,
+    spill_size: Option<u64>,
+    private_size: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ZeMemoryBuffer {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    size: u64,
+}
+
+fn degenerate(message: impl Into<String>) -> BuildError {
+    BuildError::new(ErrorKind::DegenerateBinary, message)
+}
+
+/// Parse a zebin and check it is usable: an ELF with `.ze_info`, `.symtab` and `.text.*`.
+/// A binary failing these checks is what IGC leaves behind when it fails silently.
+pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
+    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+        return Err(degenerate(
+            "output is not an ELF zebin (legacy patch-token binary or garbage)",
+        ));
+    }
+    let file = object::File::parse(bytes)
+        .map_err(|e| degenerate(format!("output is not a readable ELF file: {e}")))?;
+    let mut sections = Vec::new();
+    let mut ze_info = None;
+    for section in file.sections() {
+        let name = section.name().unwrap_or("").to_string();
+        if name == ".ze_info" {
+            let data = section
+                .data()
+                .map_err(|e| degenerate(format!(".ze_info cannot be read: {e}")))?;
+            ze_info = Some(data);
+        }
+        sections.push(name);
+    }
+    let has_text = sections.iter().any(|s| s.starts_with(".text."));
+    let has_symtab = sections.iter().any(|s| s == ".symtab");
+    if !has_text || !has_symtab {
+        return Err(degenerate(format!(
+            "zebin lacks {}: IGC likely failed without reporting an error (sections: [{}])",
+            match (has_text, has_symtab) {
+                (false, false) => ".text.* and .symtab",
+                (false, true) => ".text.*",
+                _ => ".symtab",
+            },
+            sections.join(", ")
+        )));
+    }
+    let ze_info = ze_info.ok_or_else(|| degenerate("zebin has no .ze_info section"))?;
+    let text = std::str::from_utf8(ze_info)
+        .map_err(|_| degenerate(".ze_info is not UTF-8 text"))?;
+    let doc: ZeInfoDoc = serde_norway::from_str(text)
+        .map_err(|e| degenerate(format!(".ze_info is not the YAML IGC writes: {e}")))?;
+    let version = match doc.version {
+        Some(serde_norway::Value::String(s)) => s,
+        Some(serde_norway::Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    let kernels = doc
+        .kernels
+        .into_iter()
+        .map(|k| {
+            let sum = |kind: &str| {
+                k.per_thread_memory_buffers
+                    .iter()
+                    .filter(|b| b.kind == kind)
+                    .map(|b| b.size)
+                    .sum()
+            };
+            KernelInfo {
+                grf_count: k.execution_env.grf_count,
+                simd_size: k.execution_env.simd_size,
+                spill_size: k.execution_env.spill_size,
+                private_size: k.execution_env.private_size,
+                scratch_size: sum("scratch"),
+                private_space_size: sum("private_space"),
+                name: k.name,
+            }
+        })
+        .collect();
+    Ok(ZebinInfo {
+        version,
+        kernels,
+        sections,
+    })
+}
