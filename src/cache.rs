@@ -65,7 +65,10 @@ pub enum Lookup<M> {
 impl Cache {
     pub fn open(dir: Option<&Path>) -> Cache {
         Cache {
-            dir: dir.map(Path::to_path_buf).unwrap_or_else(default_dir).join("zebin-v1"),
+            dir: dir
+                .map(Path::to_path_buf)
+                .unwrap_or_else(default_dir)
+                .join("zebin-v1"),
             max_bytes: max_bytes(),
         }
     }
@@ -88,7 +91,9 @@ impl Cache {
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
-            Err(e) => return Lookup::Corrupt(format!("cache entry {} unreadable: {e}", path.display())),
+            Err(e) => {
+                return Lookup::Corrupt(format!("cache entry {} unreadable: {e}", path.display()))
+            }
         };
         match decode(&bytes) {
             Ok((meta, binary)) => {
@@ -101,7 +106,10 @@ impl Cache {
             }
             Err(why) => {
                 let _ = std::fs::remove_file(&path);
-                Lookup::Corrupt(format!("cache entry {} was corrupt ({why}); removed", path.display()))
+                Lookup::Corrupt(format!(
+                    "cache entry {} was corrupt ({why}); removed",
+                    path.display()
+                ))
             }
         }
     }
@@ -151,7 +159,10 @@ impl Cache {
                 removed += 1;
             }
         }
-        Some(format!("cache over {} bytes: evicted {removed} least recently used entries", self.max_bytes))
+        Some(format!(
+            "cache over {} bytes: evicted {removed} least recently used entries",
+            self.max_bytes
+        ))
     }
 }
 
@@ -180,7 +191,8 @@ fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
     if head + meta_len > body.len() {
         return Err("metadata runs past the end".into());
     }
-    let meta = serde_json::from_slice(&body[head..head + meta_len]).map_err(|e| format!("metadata: {e}"))?;
+    let meta = serde_json::from_slice(&body[head..head + meta_len])
+        .map_err(|e| format!("metadata: {e}"))?;
     Ok((meta, body[head + meta_len..].to_vec()))
 }
 
@@ -209,7 +221,10 @@ mod tests {
         for i in 0..10 {
             cache.put(&format!("e{i}"), &"m".to_string(), &[0u8; 3000]);
         }
-        let total: u64 = std::fs::read_dir(cache.dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        let total: u64 = std::fs::read_dir(cache.dir())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
         assert!(total <= 10_000, "{total}");
     }
 }

@@ -23,12 +23,14 @@ static PTSS: LazyLock<Regex> = LazyLock::new(|| {
     )
     .unwrap()
 });
-static PTSS_LOOSE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)scratch space exceeds[^\n]*limit|max permitted PTSS").unwrap());
+static PTSS_LOOSE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)scratch space exceeds[^\n]*limit|max permitted PTSS").unwrap()
+});
 // "warning: kernel K  compiled SIMD16 allocated 128 regs and spilled around 859" (IGC 1.x)
 // "warning: in kernel 'K': compiled SIMD32 allocated 256 regs and spilled around 4046" (2.x)
-static SPILLED: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)allocated\s+(\d+)\s+regs\s+and\s+spilled\s+around\s+(\d+)").unwrap());
+static SPILLED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)allocated\s+(\d+)\s+regs\s+and\s+spilled\s+around\s+(\d+)").unwrap()
+});
 static UNSUPPORTED_DEVICE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)Cannot get HW Info for device|Could not determine device target|Unknown device|Invalid device").unwrap()
 });
@@ -69,11 +71,11 @@ fn signal_name(signal: i32) -> &'static str {
 
 /// The line a human should read first: the first `error:` line, else the last line said.
 fn headline(log: &str) -> Option<&str> {
-    let lines = log.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut lines = log.lines().map(str::trim).filter(|l| !l.is_empty());
     lines
         .clone()
         .find(|l| l.to_ascii_lowercase().contains("error"))
-        .or_else(|| lines.filter(|l| !l.starts_with("Command was:")).last())
+        .or_else(|| lines.rfind(|l| !l.starts_with("Command was:")))
 }
 
 /// Name the cause of a failed compile from how it ended and what it printed.
@@ -86,16 +88,26 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
                 format!("the compiler did not finish within {seconds} s and was killed"),
             )
         }
-        Exit::Cancelled => return err(ErrorKind::Cancelled, "cancelled; the compiler was killed".into()),
+        Exit::Cancelled => {
+            return err(
+                ErrorKind::Cancelled,
+                "cancelled; the compiler was killed".into(),
+            )
+        }
         Exit::Signal(sig) => {
             return err(
                 ErrorKind::CompilerCrash,
-                format!("the compiler crashed: killed by {} ({sig})", signal_name(sig)),
+                format!(
+                    "the compiler crashed: killed by {} ({sig})",
+                    signal_name(sig)
+                ),
             )
         }
         Exit::Code(_) => {}
     }
-    let Exit::Code(code) = exit else { unreachable!() };
+    let Exit::Code(code) = exit else {
+        unreachable!()
+    };
     if let Some((required, limit)) = scratch_overflow(log) {
         let mut e = err(
             ErrorKind::ScratchOverflow,
@@ -110,7 +122,10 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     if PTSS_LOOSE.is_match(log) {
         return err(
             ErrorKind::ScratchOverflow,
-            format!("per-thread scratch space (PTSS) exceeds the hardware limit: {}", headline(log).unwrap_or("")),
+            format!(
+                "per-thread scratch space (PTSS) exceeds the hardware limit: {}",
+                headline(log).unwrap_or("")
+            ),
         );
     }
     if code == 127 || MISSING_LIBRARY.is_match(log) {
@@ -125,13 +140,19 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     if UNSUPPORTED_DEVICE.is_match(log) {
         return err(
             ErrorKind::UnsupportedDevice,
-            format!("the compiler does not support this device: {}", headline(log).unwrap_or("")),
+            format!(
+                "the compiler does not support this device: {}",
+                headline(log).unwrap_or("")
+            ),
         );
     }
     // A shell wrapper reports a child's death by signal N as exit 128+N.
     if (129..=159).contains(&code) {
         let sig = code - 128;
-        if matches!(sig, libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS | libc::SIGILL | libc::SIGFPE) {
+        if matches!(
+            sig,
+            libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS | libc::SIGILL | libc::SIGFPE
+        ) {
             return err(
                 ErrorKind::CompilerCrash,
                 format!("the compiler crashed: {} (exit {code})", signal_name(sig)),
@@ -150,7 +171,10 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     if INVALID_SPIRV.is_match(log) {
         return err(
             ErrorKind::InvalidSpirv,
-            format!("the compiler rejected the SPIR-V: {}", headline(log).unwrap_or("")),
+            format!(
+                "the compiler rejected the SPIR-V: {}",
+                headline(log).unwrap_or("")
+            ),
         );
     }
     err(
@@ -188,16 +212,36 @@ mod tests {
 
     #[test]
     fn exits_and_signals() {
-        assert_eq!(classify_failure(Exit::Signal(11), "").kind, ErrorKind::CompilerCrash);
-        assert_eq!(classify_failure(Exit::Code(139), "").kind, ErrorKind::CompilerCrash);
-        assert_eq!(classify_failure(Exit::Code(255), "x").kind, ErrorKind::CompilerCrash);
-        assert_eq!(classify_failure(Exit::TimedOut { seconds: 3 }, "").kind, ErrorKind::Timeout);
         assert_eq!(
-            classify_failure(Exit::Code(223), "Error: Cannot get HW Info for device nosuch.").kind,
+            classify_failure(Exit::Signal(11), "").kind,
+            ErrorKind::CompilerCrash
+        );
+        assert_eq!(
+            classify_failure(Exit::Code(139), "").kind,
+            ErrorKind::CompilerCrash
+        );
+        assert_eq!(
+            classify_failure(Exit::Code(255), "x").kind,
+            ErrorKind::CompilerCrash
+        );
+        assert_eq!(
+            classify_failure(Exit::TimedOut { seconds: 3 }, "").kind,
+            ErrorKind::Timeout
+        );
+        assert_eq!(
+            classify_failure(
+                Exit::Code(223),
+                "Error: Cannot get HW Info for device nosuch."
+            )
+            .kind,
             ErrorKind::UnsupportedDevice
         );
         let e = classify_failure(Exit::Code(1), "noise\nerror: something broke\nmore");
         assert_eq!(e.kind, ErrorKind::BuildFailure);
-        assert!(e.message.contains("error: something broke"), "{}", e.message);
+        assert!(
+            e.message.contains("error: something broke"),
+            "{}",
+            e.message
+        );
     }
 }

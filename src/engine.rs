@@ -94,6 +94,9 @@ pub struct Failure {
     pub notes: Vec<String>,
 }
 
+/// What `compile` returns; the failure is boxed because it is large and rare.
+pub type Outcome = std::result::Result<Compiled, Box<Failure>>;
+
 impl From<BuildError> for Failure {
     fn from(error: BuildError) -> Self {
         Failure {
@@ -104,11 +107,20 @@ impl From<BuildError> for Failure {
     }
 }
 
+impl From<BuildError> for Box<Failure> {
+    fn from(error: BuildError) -> Self {
+        Box::new(error.into())
+    }
+}
+
 fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
     if requested.is_some() {
         return requested.filter(|t| !t.is_zero());
     }
-    match std::env::var(TIMEOUT_ENV).ok().and_then(|v| v.trim().parse::<f64>().ok()) {
+    match std::env::var(TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
         Some(s) if s <= 0.0 => None,
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => Some(DEFAULT_TIMEOUT),
@@ -149,7 +161,11 @@ fn build_once(
     timeout: Option<Duration>,
     cancel: &AtomicBool,
 ) -> (Attempt, Result<Built>) {
-    let mut args = vec!["-spirv_input".to_string(), "-device".to_string(), req.device.clone()];
+    let mut args = vec![
+        "-spirv_input".to_string(),
+        "-device".to_string(),
+        req.device.clone(),
+    ];
     if !flags.is_empty() {
         args.extend(["-options".to_string(), flags.to_string()]);
     }
@@ -194,12 +210,16 @@ fn build_once(
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
-pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> std::result::Result<Compiled, Failure> {
+pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
     let info = spirv::validate(&req.spirv)?;
     let kernel = info.select_kernel(req.kernel_name.as_deref())?;
     let mode = GrfMode::parse(&req.grf_mode)?;
     if req.device.trim().is_empty() {
-        return Err(BuildError::new(ErrorKind::InvalidArgument, "device is empty: name a target such as pvc").into());
+        return Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            "device is empty: name a target such as pvc",
+        )
+        .into());
     }
     let ocloc_path = ocloc::discover(req.ocloc.as_deref())?;
     let ladder = grf::ladder(&req.build_flags, mode, req.num_warps, &req.device);
@@ -241,7 +261,11 @@ pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> std::result::Result
     let mut built = match first {
         Ok(b) => b,
         Err(e) if ladder.len() < 2 || !retryable(e.kind) => {
-            return Err(Failure { error: e, attempts, notes })
+            return Err(Box::new(Failure {
+                error: e,
+                attempts,
+                notes,
+            }))
         }
         Err(first_error) => {
             let (a, retry) = build_once(&ocloc_path, req, &kernel, &ladder[1], timeout, cancel);
@@ -253,11 +277,11 @@ pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> std::result::Result
                 }
                 // Both failed: the first error is the one that explains the kernel.
                 Err(_) => {
-                    return Err(Failure {
+                    return Err(Box::new(Failure {
                         error: first_error,
                         attempts,
                         notes,
-                    })
+                    }))
                 }
             }
         }
@@ -303,7 +327,9 @@ pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> std::result::Result
 
 /// Number of parallel jobs when none is given: the machine's cores.
 pub fn default_jobs() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Compile every request with at most `jobs` at once; results in input order. One failure
@@ -313,9 +339,8 @@ pub fn compile_many(
     jobs: usize,
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
-) -> Vec<std::result::Result<Compiled, Failure>> {
-    let slots: Vec<Mutex<Option<std::result::Result<Compiled, Failure>>>> =
-        reqs.iter().map(|_| Mutex::new(None)).collect();
+) -> Vec<Outcome> {
+    let slots: Vec<Mutex<Option<Outcome>>> = reqs.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
     let workers = jobs.max(1).min(reqs.len().max(1));
     std::thread::scope(|scope| {

@@ -102,13 +102,19 @@ mod tests {
     fn ladder_follows_upstream() {
         let d = GrfMode::Default;
         assert_eq!(ladder("", d, None, "pvc"), vec!["", GRF_256]);
-        assert_eq!(ladder("-O2", d, Some(32), "cri"), vec!["-O2", &format!("-O2 {GRF_512}")]);
+        assert_eq!(
+            ladder("-O2", d, Some(32), "cri"),
+            vec!["-O2", &format!("-O2 {GRF_512}")]
+        );
         assert_eq!(ladder("", d, Some(64), "pvc"), vec![""]);
         assert_eq!(ladder(GRF_128, d, None, "pvc"), vec![GRF_128]);
         assert_eq!(ladder(&format!("-x {GRF_256}"), d, None, "pvc").len(), 1);
         let fixed = GrfMode::parse("256").unwrap();
         assert_eq!(ladder("", fixed, None, "pvc"), vec![GRF_256]);
-        assert_eq!(ladder("", GrfMode::parse("auto").unwrap(), None, "pvc"), vec![GRF_AUTO]);
+        assert_eq!(
+            ladder("", GrfMode::parse("auto").unwrap(), None, "pvc"),
+            vec![GRF_AUTO]
+        );
         assert!(GrfMode::parse("huge").is_err());
     }
 

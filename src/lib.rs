@@ -103,16 +103,22 @@ mod _core {
 
     /// Build the Python exception (a subclass of `xpu_zebin.BuildError`) for a failure.
     fn to_exception(py: Python<'_>, f: Failure) -> PyResult<Bound<'_, PyAny>> {
-        let e = f.error;
-        py.import("xpu_zebin.errors")?.getattr("_from_core")?.call1((
-            e.kind.name(),
-            e.message,
-            e.log,
-            e.required,
-            e.limit,
-            attempts(&f.attempts),
-            f.notes,
-        ))
+        let Failure {
+            error: e,
+            attempts: tried,
+            notes,
+        } = f;
+        py.import("xpu_zebin.errors")?
+            .getattr("_from_core")?
+            .call1((
+                e.kind.name(),
+                e.message,
+                e.log,
+                e.required,
+                e.limit,
+                attempts(&tried),
+                notes,
+            ))
     }
 
     fn to_pyerr(py: Python<'_>, f: Failure) -> PyErr {
@@ -211,12 +217,21 @@ mod _core {
         spill_threshold: u64,
     ) -> PyResult<CompileResult> {
         let req = request(
-            spirv, device, build_flags, grf_mode, num_warps, kernel_name, ocloc, timeout, cache,
-            cache_dir, spill_threshold,
+            spirv,
+            device,
+            build_flags,
+            grf_mode,
+            num_warps,
+            kernel_name,
+            ocloc,
+            timeout,
+            cache,
+            cache_dir,
+            spill_threshold,
         )?;
         match interruptible(py, |cancel| engine::compile(&req, cancel))? {
             Ok(c) => Ok(to_result(py, c)),
-            Err(f) => Err(to_pyerr(py, f)),
+            Err(f) => Err(to_pyerr(py, *f)),
         }
     }
 
@@ -253,7 +268,9 @@ mod _core {
         }
         let jobs = jobs.unwrap_or_else(engine::default_jobs);
         if jobs == 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err("jobs must be at least 1"));
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "jobs must be at least 1",
+            ));
         }
         let on_done = |i: usize| {
             if let Some(cb) = &progress {
@@ -264,12 +281,14 @@ mod _core {
                 });
             }
         };
-        let results = interruptible(py, |cancel| engine::compile_many(&reqs, jobs, cancel, &on_done))?;
+        let results = interruptible(py, |cancel| {
+            engine::compile_many(&reqs, jobs, cancel, &on_done)
+        })?;
         results
             .into_iter()
             .map(|r| match r {
                 Ok(c) => Ok(Py::new(py, to_result(py, c))?.into_any()),
-                Err(f) => Ok(to_exception(py, f)?.unbind()),
+                Err(f) => Ok(to_exception(py, *f)?.unbind()),
             })
             .collect()
     }
@@ -319,7 +338,10 @@ mod _core {
     /// The error kinds as (name, description) pairs.
     #[pyfunction]
     fn error_kinds() -> Vec<(&'static str, &'static str)> {
-        ErrorKind::ALL.iter().map(|k| (k.name(), k.description())).collect()
+        ErrorKind::ALL
+            .iter()
+            .map(|k| (k.name(), k.description()))
+            .collect()
     }
 
     /// Parallel jobs `compile_many` uses by default: the machine's cores.

@@ -66,8 +66,9 @@ pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
     })
 }
 
-static IDENTITIES: LazyLock<Mutex<HashMap<(PathBuf, u64, i64), String>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// (path, size, mtime) of an ocloc -> its identity string, so `query` runs once per compiler.
+type IdentityCache = Mutex<HashMap<(PathBuf, u64, i64), String>>;
+static IDENTITIES: LazyLock<IdentityCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// A string that changes whenever the compiler does: its path, size, mtime and the driver
 /// version it reports (`ocloc query OCL_DRIVER_VERSION`). Part of every cache key.
@@ -98,7 +99,13 @@ pub fn identity(ocloc: &Path) -> Result<String> {
             &String::from_utf8_lossy(&[out.stdout, out.stderr].concat()),
         ));
     }
-    let id = format!("{}|{}|{}|{}", ocloc.display(), meta.len(), meta.mtime(), version);
+    let id = format!(
+        "{}|{}|{}|{}",
+        ocloc.display(),
+        meta.len(),
+        meta.mtime(),
+        version
+    );
     IDENTITIES.lock().unwrap().insert(key, id.clone());
     Ok(id)
 }
@@ -147,7 +154,9 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     std::fs::create_dir(&out_dir).map_err(|e| io("cannot create the output dir", e))?;
     let log_path = dir.path().join("ocloc.log");
     let log_file = File::create(&log_path).map_err(|e| io("cannot create the log", e))?;
-    let log_err = log_file.try_clone().map_err(|e| io("cannot share the log", e))?;
+    let log_err = log_file
+        .try_clone()
+        .map_err(|e| io("cannot share the log", e))?;
 
     let started = Instant::now();
     let mut command = Command::new(ocloc);
@@ -165,9 +174,9 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
         .stdout(log_file)
         .stderr(log_err)
         .process_group(0);
-    let mut child = command.spawn().map_err(|e| {
-        missing(format!("cannot start ocloc '{}': {e}", ocloc.display()))
-    })?;
+    let mut child = command
+        .spawn()
+        .map_err(|e| missing(format!("cannot start ocloc '{}': {e}", ocloc.display())))?;
 
     let deadline = spec.timeout.map(|t| started + t);
     let mut pause = Duration::from_micros(500);
@@ -200,10 +209,10 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     let output = std::fs::read_dir(&out_dir)
         .ok()
         .and_then(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("kernel")))
+            entries.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("kernel"))
+            })
         })
         .and_then(|p| std::fs::read(p).ok());
     Ok(RawRun {
@@ -216,7 +225,11 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
 
 /// OpenCL C -> SPIR-V with `ocloc -spv_only` (samples and test fixtures).
 pub fn opencl_to_spirv(ocloc: &Path, source: &str, device: &str, options: &str) -> Result<Vec<u8>> {
-    let mut args = vec!["-device".to_string(), device.to_string(), "-spv_only".to_string()];
+    let mut args = vec![
+        "-device".to_string(),
+        device.to_string(),
+        "-spv_only".to_string(),
+    ];
     if !options.is_empty() {
         args.extend(["-options".to_string(), options.to_string()]);
     }

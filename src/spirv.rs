@@ -45,7 +45,9 @@ fn invalid(message: impl Into<String>) -> BuildError {
 /// Cheap checks with precise messages, before the full parse.
 fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
     if bytes.is_empty() {
-        return Err(invalid("empty input: a SPIR-V module needs at least a 20-byte header"));
+        return Err(invalid(
+            "empty input: a SPIR-V module needs at least a 20-byte header",
+        ));
     }
     if bytes.len() % 4 != 0 {
         return Err(invalid(format!(
@@ -79,7 +81,9 @@ fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
         )));
     }
     if word(3) == 0 {
-        return Err(invalid("id bound is 0: the header is not from a real module"));
+        return Err(invalid(
+            "id bound is 0: the header is not from a real module",
+        ));
     }
     if bytes.len() == HEADER_BYTES {
         return Err(invalid("header only: the module has no instructions"));
@@ -87,9 +91,36 @@ fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
     Ok((major, minor))
 }
 
+/// Walk the instruction stream by word counts alone, so a cut-off or corrupted module gets a
+/// message with its position (rspirv's operand errors only say "expected more bytes").
+fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
+    let words = bytes.len() / 4;
+    let (mut at, mut index) = (HEADER_BYTES / 4, 1usize);
+    while at < words {
+        let first = u32::from_le_bytes(bytes[4 * at..4 * at + 4].try_into().unwrap());
+        let (count, opcode) = ((first >> 16) as usize, first & 0xffff);
+        if count == 0 {
+            return Err(invalid(format!(
+                "instruction #{index} at word {at} (opcode {opcode}) has word count 0"
+            )));
+        }
+        if at + count > words {
+            return Err(invalid(format!(
+                "truncated: instruction #{index} at word {at} (opcode {opcode}) needs {count} words, \
+                 only {} remain",
+                words - at
+            )));
+        }
+        at += count;
+        index += 1;
+    }
+    Ok(())
+}
+
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;
+    check_instruction_stream(bytes)?;
     let module = dr::load_bytes(bytes).map_err(|state| match state {
         // The loader reports unclosed functions and blocks through the consumer error.
         ParseState::ConsumerError(e) => invalid(format!("malformed module structure: {e}")),

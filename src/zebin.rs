@@ -111,8 +111,8 @@ pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
         )));
     }
     let ze_info = ze_info.ok_or_else(|| degenerate("zebin has no .ze_info section"))?;
-    let text = std::str::from_utf8(ze_info)
-        .map_err(|_| degenerate(".ze_info is not UTF-8 text"))?;
+    let text =
+        std::str::from_utf8(ze_info).map_err(|_| degenerate(".ze_info is not UTF-8 text"))?;
     let doc: ZeInfoDoc = serde_norway::from_str(text)
         .map_err(|e| degenerate(format!(".ze_info is not the YAML IGC writes: {e}")))?;
     let version = match doc.version {

@@ -151,8 +151,17 @@ def compile(
     subclass naming the cause; when both attempts fail, the first attempt's error.
     """
     req = _request(
-        spirv, device, build_flags, grf_mode, num_warps, kernel_name, ocloc, timeout, cache,
-        cache_dir, spill_threshold,
+        spirv,
+        device,
+        build_flags,
+        grf_mode,
+        num_warps,
+        kernel_name,
+        ocloc,
+        timeout,
+        cache,
+        cache_dir,
+        spill_threshold,
     )
     return _report(_core.compile(**req))
 

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import xpu_zebin
 from xpu_zebin import BuildError, CompileResult, samples
@@ -36,30 +36,50 @@ def _read_input(path: str, device: str, ocloc: Optional[str]) -> bytes:
 
 def _attempt_json(a: Any) -> dict:
     return dict(
-        build_flags=a.build_flags, ok=a.ok, spill_size=a.spill_size,
-        seconds=round(a.seconds, 3), error=a.error,
+        build_flags=a.build_flags,
+        ok=a.ok,
+        spill_size=a.spill_size,
+        seconds=round(a.seconds, 3),
+        error=a.error,
     )
 
 
 def result_json(
-    outcome: Union[CompileResult, BuildError], kernel: Optional[str], device: str,
+    outcome: Union[CompileResult, BuildError],
+    kernel: Optional[str],
+    device: str,
     grf_mode: str,
 ) -> dict:
     """The ``--json`` object for one compile."""
     if isinstance(outcome, CompileResult):
         return dict(
-            ok=True, kernel=outcome.kernel, device=outcome.device,
-            build_flags=outcome.build_flags, grf_mode=outcome.grf_mode, n_regs=outcome.n_regs,
-            spill_size=outcome.spill_size, recovered=outcome.recovered, cached=outcome.cached,
-            attempts=[_attempt_json(a) for a in outcome.attempts], error=None,
+            ok=True,
+            kernel=outcome.kernel,
+            device=outcome.device,
+            build_flags=outcome.build_flags,
+            grf_mode=outcome.grf_mode,
+            n_regs=outcome.n_regs,
+            spill_size=outcome.spill_size,
+            recovered=outcome.recovered,
+            cached=outcome.cached,
+            attempts=[_attempt_json(a) for a in outcome.attempts],
+            error=None,
         )
     error: dict = dict(kind=outcome.kind, message=outcome.message, log=outcome.log)
     if isinstance(outcome, xpu_zebin.ScratchOverflowError):
         error.update(required=outcome.required, limit=outcome.limit)
     return dict(
-        ok=False, kernel=kernel, device=device, build_flags=None, grf_mode=grf_mode,
-        n_regs=None, spill_size=None, recovered=False, cached=False,
-        attempts=[_attempt_json(a) for a in outcome.attempts], error=error,
+        ok=False,
+        kernel=kernel,
+        device=device,
+        build_flags=None,
+        grf_mode=grf_mode,
+        n_regs=None,
+        spill_size=None,
+        recovered=False,
+        cached=False,
+        attempts=[_attempt_json(a) for a in outcome.attempts],
+        error=error,
     )
 
 
@@ -86,9 +106,14 @@ def _describe(outcome: Union[CompileResult, BuildError], label: str) -> str:
 
 def _compile_kwargs(args: argparse.Namespace) -> dict:
     return dict(
-        device=args.device, build_flags=args.build_flags, grf_mode=args.grf_mode,
-        num_warps=args.num_warps, ocloc=args.ocloc, timeout=args.timeout,
-        cache=not args.no_cache, spill_threshold=args.spill_threshold,
+        device=args.device,
+        build_flags=args.build_flags,
+        grf_mode=args.grf_mode,
+        num_warps=args.num_warps,
+        ocloc=args.ocloc,
+        timeout=args.timeout,
+        cache=not args.no_cache,
+        spill_threshold=args.spill_threshold,
     )
 
 
@@ -124,8 +149,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
             out = Path(args.output_dir) / (Path(path).stem + ".zebin")
             out.write_bytes(outcome.binary)
         if args.json:
-            print(json.dumps(dict(input=path, **result_json(outcome, None, args.device,
-                                                             args.grf_mode))))
+            print(
+                json.dumps(
+                    dict(input=path, **result_json(outcome, None, args.device, args.grf_mode))
+                )
+            )
         else:
             print(_describe(outcome, path))
     failed = sum(isinstance(r, BuildError) for r in results)
@@ -199,13 +227,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     def compile_options(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--device", required=True, help="ocloc device, e.g. pvc, bmg, cri")
-        sp.add_argument("--build-flags", default="", help="IGC options, e.g. '-cl-intel-256-GRF-per-thread'")
+        sp.add_argument(
+            "--build-flags", default="", help="IGC options, e.g. '-cl-intel-256-GRF-per-thread'"
+        )
         sp.add_argument("--grf-mode", default="default", help="default, 128, 256, 512 or auto")
-        sp.add_argument("--num-warps", type=int, default=None, help="Triton num_warps (>32: no large GRF retry)")
-        sp.add_argument("--spill-threshold", type=int, default=0, help="retry in large GRF above this spill size")
-        sp.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)")
-        sp.add_argument("--timeout", type=_positive_float, default=None, help="seconds per compiler run (0: none)")
-        sp.add_argument("--no-cache", action="store_true", help="neither read nor write the binary cache")
+        sp.add_argument(
+            "--num-warps", type=int, default=None, help="Triton num_warps (>32: no large GRF retry)"
+        )
+        sp.add_argument(
+            "--spill-threshold",
+            type=int,
+            default=0,
+            help="retry in large GRF above this spill size",
+        )
+        sp.add_argument(
+            "--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)"
+        )
+        sp.add_argument(
+            "--timeout",
+            type=_positive_float,
+            default=None,
+            help="seconds per compiler run (0: none)",
+        )
+        sp.add_argument(
+            "--no-cache", action="store_true", help="neither read nor write the binary cache"
+        )
         sp.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     c = sub.add_parser("compile", help="compile one SPIR-V (or .cl) file")
@@ -229,8 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="build a sample that needs the large-GRF fallback")
     d.add_argument("--device", default="pvc")
-    d.add_argument("--values", type=int, default=samples.PTSS_OVERFLOW_VALUES,
-                   help="live values in the sample kernel (register pressure)")
+    d.add_argument(
+        "--values",
+        type=int,
+        default=samples.PTSS_OVERFLOW_VALUES,
+        help="live values in the sample kernel (register pressure)",
+    )
     d.add_argument("--ocloc", default=None)
     d.set_defaults(func=cmd_demo)
 
@@ -242,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except _UsageError as e:

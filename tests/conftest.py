@@ -1,0 +1,85 @@
+"""Fixtures: the two real Intel toolchains and SPIR-V generated with them.
+
+Nothing here fakes a compiler. A missing toolchain fails the tests that need it (install
+both with ``scripts/install-toolchain.sh``; the README's test command does).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import xpu_zebin
+from xpu_zebin import samples
+
+MODERN_DEFAULT = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "xpu-zebin/toolchain/modern/bin/ocloc"
+)
+
+
+def _system_ocloc() -> str | None:
+    return shutil.which("ocloc")
+
+
+def _modern_ocloc() -> str | None:
+    path = os.environ.get("XPU_ZEBIN_MODERN_OCLOC") or str(MODERN_DEFAULT)
+    return path if os.access(path, os.X_OK) else None
+
+
+TOOLCHAINS = {"system": _system_ocloc, "modern": _modern_ocloc}
+
+
+def require(name: str) -> str:
+    path = TOOLCHAINS[name]()
+    if path is None:
+        pytest.fail(
+            f"{name} ocloc not found; run scripts/install-toolchain.sh "
+            "(tests never skip a missing compiler)"
+        )
+    return path
+
+
+@pytest.fixture(params=sorted(TOOLCHAINS))
+def ocloc(request) -> str:
+    """Each real ocloc in turn: Debian's (IGC 1.x) and the modern one (IGC 2.x)."""
+    return require(request.param)
+
+
+@pytest.fixture(scope="session")
+def system_ocloc() -> str:
+    return require("system")
+
+
+@pytest.fixture(scope="session")
+def modern_ocloc() -> str:
+    return require("modern")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Each test gets its own binary cache, so nothing leaks between tests or to ~/.cache."""
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def add_spirv(system_ocloc) -> bytes:
+    return xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc", ocloc=system_ocloc)
+
+
+@pytest.fixture(scope="session")
+def spill_spirv(system_ocloc) -> bytes:
+    """Spills in default GRF on both compilers, builds cleanly with 256 GRF."""
+    source = samples.register_pressure_kernel(300, name="spill")
+    return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)
+
+
+@pytest.fixture(scope="session")
+def ptss_spirv(system_ocloc) -> bytes:
+    """Overflows PTSS at default GRF on IGC 2.x (the test proves it still does)."""
+    source = samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES)
+    return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)

@@ -1,0 +1,210 @@
+"""The offline engine against the real compilers: GRF policy, classification, bad input."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+
+import pytest
+
+import xpu_zebin
+
+GRF128 = "-cl-intel-128-GRF-per-thread"
+GRF256 = "-cl-intel-256-GRF-per-thread"
+RECOVERY_LINE = '(I): Build failure recovered by retrying with large GRF mode for "pressure"'
+
+
+def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys):
+    """The fixture sits in the window: it overflows PTSS at default GRF and builds at 256."""
+    result = xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False)
+    first, second = result.attempts
+    assert not first.ok and first.build_flags == ""
+    assert first.error.startswith("scratch_overflow:"), first.error
+    assert second.ok and second.build_flags == GRF256
+    assert result.recovered and result.build_flags == GRF256 and result.n_regs == 256
+    assert xpu_zebin.zebin_info(result.binary)["kernels"][0]["grf_count"] == 256
+    assert RECOVERY_LINE in capsys.readouterr().err
+
+
+def test_ptss_overflow_with_explicit_grf_raises_required_and_limit(modern_ocloc, ptss_spirv):
+    with pytest.raises(xpu_zebin.ScratchOverflowError) as e:
+        xpu_zebin.compile(
+            ptss_spirv, device="pvc", build_flags=GRF128, ocloc=modern_ocloc, cache=False
+        )
+    err = e.value
+    assert err.kind == "scratch_overflow"
+    assert err.limit == 262144 and err.required > err.limit
+    assert "max permitted PTSS" in err.log
+    assert len(err.attempts) == 1 and err.attempts[0].build_flags == GRF128
+
+
+def test_spilling_kernel_retried_into_large_grf(ocloc, spill_spirv):
+    result = xpu_zebin.compile(spill_spirv, device="pvc", ocloc=ocloc, cache=False)
+    first, second = result.attempts
+    assert first.ok and first.spill_size > 0
+    assert second.ok and second.build_flags == GRF256
+    assert result.build_flags == GRF256 and result.n_regs == 256
+    assert result.spill_size == second.spill_size < first.spill_size
+    assert not result.recovered  # nothing failed; the retry was for spills
+
+
+def test_spill_threshold_accepts_default_build(ocloc, spill_spirv):
+    result = xpu_zebin.compile(
+        spill_spirv, device="pvc", ocloc=ocloc, cache=False, spill_threshold=10**9
+    )
+    assert [a.build_flags for a in result.attempts] == [""]
+    assert result.n_regs == 128 and result.spill_size > 0
+
+
+def test_clean_kernel_not_retried(ocloc, add_spirv):
+    result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False)
+    assert len(result.attempts) == 1 and result.build_flags == ""
+
+
+@pytest.mark.parametrize(
+    "build_flags, grf_mode, expected",
+    [
+        (GRF128, "default", GRF128),  # explicit 128: kept, even though it spills
+        (GRF256, "default", GRF256),  # explicit 256: kept
+        ("", "256", GRF256),  # Triton's grf_mode='256'
+        ("", "auto", "-cl-intel-enable-auto-large-GRF-mode"),
+    ],
+)
+def test_explicit_grf_is_respected(system_ocloc, spill_spirv, build_flags, grf_mode, expected):
+    result = xpu_zebin.compile(
+        spill_spirv,
+        device="pvc",
+        build_flags=build_flags,
+        grf_mode=grf_mode,
+        ocloc=system_ocloc,
+        cache=False,
+    )
+    assert [a.build_flags for a in result.attempts] == [expected]
+    assert result.build_flags == expected
+
+
+def test_many_warps_never_retried(system_ocloc, spill_spirv):
+    result = xpu_zebin.compile(
+        spill_spirv, device="pvc", num_warps=64, ocloc=system_ocloc, cache=False
+    )
+    assert [a.build_flags for a in result.attempts] == [""]
+    result = xpu_zebin.compile(
+        spill_spirv, device="pvc", num_warps=32, ocloc=system_ocloc, cache=False
+    )
+    assert len(result.attempts) == 2
+
+
+def test_large_grf_on_cri_is_512(modern_ocloc, spill_spirv):
+    result = xpu_zebin.compile(spill_spirv, device="cri", ocloc=modern_ocloc, cache=False)
+    assert [a.build_flags for a in result.attempts] == ["", "-cl-intel-512-GRF-per-thread"]
+
+
+def _header(bound: int = 10) -> bytes:
+    return struct.pack("<5I", 0x07230203, 0x00010000, 0, bound, 0)
+
+
+@pytest.mark.parametrize(
+    "name, make, message",
+    [
+        ("random bytes", lambda s: os.urandom(4096), "magic"),
+        ("empty", lambda s: b"", "empty"),
+        ("header only", lambda s: _header(), "header only"),
+        ("truncated mid-instruction", lambda s: s[: len(s) // 2], "truncated"),
+        ("odd length", lambda s: s[:-1], "32-bit words"),
+        ("wrong magic", lambda s: b"\x00\x00\x00\x00" + s[4:], "magic"),
+        ("big endian", lambda s: struct.pack(">I", 0x07230203) + s[4:], "big-endian"),
+        ("bad version", lambda s: s[:4] + struct.pack("<I", 0x00090000) + s[8:], "version"),
+    ],
+)
+def test_bad_spirv_is_rejected_before_the_compiler(ocloc, add_spirv, name, make, message):
+    with pytest.raises(xpu_zebin.InvalidSpirvError, match=message) as e:
+        xpu_zebin.compile(make(add_spirv), device="pvc", ocloc=ocloc, cache=False)
+    assert e.value.kind == "invalid_spirv"
+    assert e.value.attempts == []  # never reached ocloc
+
+
+def test_unknown_kernel_lists_entry_points(ocloc, add_spirv):
+    with pytest.raises(xpu_zebin.KernelNotFoundError, match=r"entry points: \[add\]"):
+        xpu_zebin.compile(add_spirv, device="pvc", kernel_name="nope", ocloc=ocloc)
+
+
+def test_unknown_device_is_classified(ocloc, add_spirv):
+    with pytest.raises(xpu_zebin.UnsupportedDeviceError) as e:
+        xpu_zebin.compile(add_spirv, device="no-such-gpu", ocloc=ocloc, cache=False)
+    assert "no-such-gpu" in e.value.log
+    assert len(e.value.attempts) == 1  # not worth a large-GRF retry
+
+
+def test_bad_grf_mode_is_an_argument_error(system_ocloc, add_spirv):
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="grf_mode"):
+        xpu_zebin.compile(add_spirv, device="pvc", grf_mode="huge", ocloc=system_ocloc)
+
+
+def test_timeout_kills_the_compiler(modern_ocloc, ptss_spirv):
+    with pytest.raises(xpu_zebin.CompileTimeoutError) as e:
+        xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, timeout=0.5, cache=False)
+    assert e.value.kind == "timeout"
+    assert len(e.value.attempts) == 1  # a timeout is not retried
+    # The whole process group is gone: no ocloc is left compiling in a job dir.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "xpu-zebin-job-" not in ps
+
+
+def test_pressure_sample_still_builds_on_old_igc(system_ocloc, ptss_spirv):
+    """IGC 1.x has no PTSS check: the same kernel builds there, spilling, and is retried."""
+    result = xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=system_ocloc, cache=False)
+    assert result.attempts[0].ok and result.attempts[0].spill_size > 0
+    assert not result.recovered
+
+
+def test_cli_compile_json_and_exit_codes(tmp_path, system_ocloc, add_spirv):
+    import json
+    import sys
+
+    spv = tmp_path / "add.spv"
+    spv.write_bytes(add_spirv)
+    out = tmp_path / "add.zebin"
+    cli = [sys.executable, "-m", "xpu_zebin"]
+    ok = subprocess.run(
+        [
+            *cli,
+            "compile",
+            str(spv),
+            "--device",
+            "pvc",
+            "--ocloc",
+            system_ocloc,
+            "--json",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert report["ok"] and report["kernel"] == "add" and report["n_regs"] == 128
+    assert report["attempts"][0]["ok"] and out.read_bytes()[:4] == b"\x7fELF"
+    info = subprocess.run([*cli, "info", str(out)], capture_output=True, text=True)
+    assert info.returncode == 0 and "kernel add" in info.stdout
+
+    bad = tmp_path / "bad.spv"
+    bad.write_bytes(b"garbage!")
+    fail = subprocess.run(
+        [*cli, "compile", str(bad), "--device", "pvc", "--ocloc", system_ocloc, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert fail.returncode == 1
+    report = json.loads(fail.stdout.strip().splitlines()[-1])
+    assert not report["ok"] and report["error"]["kind"] == "invalid_spirv"
+
+    usage = subprocess.run(
+        [*cli, "compile", str(tmp_path / "missing.spv"), "--device", "pvc"],
+        capture_output=True,
+        text=True,
+    )
+    assert usage.returncode == 2 and "cannot read" in usage.stderr
+    usage = subprocess.run([*cli, "compile", str(spv)], capture_output=True, text=True)
+    assert usage.returncode == 2  # --device is required
