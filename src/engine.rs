@@ -33,6 +33,8 @@ pub struct CompileRequest {
     pub cache_dir: Option<PathBuf>,
     /// Spill size above which a successful default-GRF build is retried in large GRF.
     pub spill_threshold: u64,
+    /// Run the default and large-GRF builds at once. `None`: only when a core is idle.
+    pub speculative: Option<bool>,
 }
 
 impl CompileRequest {
@@ -49,6 +51,7 @@ impl CompileRequest {
             cache: true,
             cache_dir: None,
             spill_threshold: 0,
+            speculative: None,
         }
     }
 }
@@ -159,7 +162,7 @@ fn build_once(
     kernel: &str,
     flags: &str,
     timeout: Option<Duration>,
-    cancel: &AtomicBool,
+    cancel: &[&AtomicBool],
 ) -> (Attempt, Result<Built>) {
     let mut args = vec![
         "-spirv_input".to_string(),
@@ -174,7 +177,7 @@ fn build_once(
         input_name: "kernel.spv",
         args,
         timeout,
-        cancel: Some(cancel),
+        cancel,
     };
     let (result, seconds) = match ocloc::run(ocloc_path, &spec) {
         Err(e) => (Err(e), 0.0),
@@ -209,8 +212,75 @@ fn build_once(
     (attempt, result)
 }
 
+/// Does this first attempt call for the large-GRF build?
+fn needs_large_grf(first: &Result<Built>, spill_threshold: u64) -> bool {
+    match first {
+        Ok(b) => !grf::accepts(b.spill_size, spill_threshold),
+        Err(e) => retryable(e.kind),
+    }
+}
+
+type Tried = (Attempt, Result<Built>);
+
+struct Choice {
+    chosen: usize,
+    built: Built,
+    attempts: Vec<Attempt>,
+}
+
+fn failed(error: BuildError, attempts: Vec<Attempt>) -> Box<Failure> {
+    Box::new(Failure {
+        error,
+        attempts,
+        notes: Vec::new(),
+    })
+}
+
+/// Upstream's choice between the default attempt and the optional large-GRF retry:
+/// a failed first build takes a good retry (a recovery); when both fail, the FIRST error
+/// is raised; a failed retry keeps a good first build; a retry that spills more than the
+/// first is no better.
+fn choose(first: Tried, retry: Option<Tried>) -> std::result::Result<Choice, Box<Failure>> {
+    let (a0, r0) = first;
+    let Some((a1, r1)) = retry else {
+        let attempts = vec![a0];
+        return match r0 {
+            Ok(built) => Ok(Choice {
+                chosen: 0,
+                built,
+                attempts,
+            }),
+            Err(e) => Err(failed(e, attempts)),
+        };
+    };
+    let attempts = vec![a0, a1];
+    let (chosen, built) = match (r0, r1) {
+        (Err(e), Err(_)) => return Err(failed(e, attempts)),
+        (Err(_), Ok(b)) => (1, b),
+        (Ok(b), Err(_)) => (0, b),
+        (Ok(b0), Ok(b1)) if b1.spill_size <= b0.spill_size => (1, b1),
+        (Ok(b0), Ok(_)) => (0, b0),
+    };
+    Ok(Choice {
+        chosen,
+        built,
+        attempts,
+    })
+}
+
+/// Speculate only when a core would otherwise sit idle: this job and its twin both fit.
+fn idle_core_for_speculation() -> bool {
+    ocloc::running() + 2 <= default_jobs()
+}
+
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
+    compile_inner(req, cancel, true)
+}
+
+/// `may_speculate` is false while more requests wait for a worker, so speculation would take a core
+/// from them; it is then off unless the request asked for it explicitly.
+fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool) -> Outcome {
     let info = spirv::validate(&req.spirv)?;
     let kernel = info.select_kernel(req.kernel_name.as_deref())?;
     let mode = GrfMode::parse(&req.grf_mode)?;
@@ -254,55 +324,58 @@ pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
     }
 
     let timeout = effective_timeout(req.timeout);
-    let mut attempts = Vec::new();
-    let (first_attempt, first) = build_once(&ocloc_path, req, &kernel, &ladder[0], timeout, cancel);
-    attempts.push(first_attempt);
-    let mut chosen = 0;
-    let mut built = match first {
-        Ok(b) => b,
-        Err(e) if ladder.len() < 2 || !retryable(e.kind) => {
-            return Err(Box::new(Failure {
-                error: e,
-                attempts,
-                notes,
-            }))
-        }
-        Err(first_error) => {
-            let (a, retry) = build_once(&ocloc_path, req, &kernel, &ladder[1], timeout, cancel);
-            attempts.push(a);
-            match retry {
-                Ok(b) => {
-                    chosen = 1;
-                    b
-                }
-                // Both failed: the first error is the one that explains the kernel.
-                Err(_) => {
-                    return Err(Box::new(Failure {
-                        error: first_error,
-                        attempts,
-                        notes,
-                    }))
-                }
-            }
-        }
+    let build = |flags: &str, cancel: &[&AtomicBool]| {
+        build_once(&ocloc_path, req, &kernel, flags, timeout, cancel)
     };
-    if chosen == 0 && ladder.len() > 1 && !grf::accepts(built.spill_size, req.spill_threshold) {
-        notes.push(format!(
-            "kernel '{kernel}' spills {} bytes with default GRF; retrying with {}",
-            built.spill_size, ladder[1]
-        ));
-        let (a, retry) = build_once(&ocloc_path, req, &kernel, &ladder[1], timeout, cancel);
-        attempts.push(a);
-        // A failed retry keeps the first kernel; a retry that spills more is no better.
-        if let Ok(b) = retry {
-            if b.spill_size <= built.spill_size {
-                built = b;
-                chosen = 1;
+    let speculate = ladder.len() == 2
+        && req
+            .speculative
+            .unwrap_or_else(|| may_speculate && idle_core_for_speculation());
+    let (first, retry) = if speculate {
+        // Both GRF modes at once; the large build is cancelled if the default one is accepted.
+        let lost = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let large = scope.spawn(|| build(&ladder[1], &[cancel, &lost]));
+            let first = build(&ladder[0], &[cancel]);
+            if needs_large_grf(&first.1, req.spill_threshold) {
+                (
+                    first,
+                    Some(large.join().expect("large-GRF attempt panicked")),
+                )
+            } else {
+                lost.store(true, Ordering::Relaxed);
+                let _ = large.join();
+                notes.push("speculative large-GRF build cancelled: default GRF accepted".into());
+                (first, None)
             }
+        })
+    } else {
+        let first = build(&ladder[0], &[cancel]);
+        let retry = (ladder.len() == 2 && needs_large_grf(&first.1, req.spill_threshold))
+            .then(|| build(&ladder[1], &[cancel]));
+        (first, retry)
+    };
+    if let Ok(b) = &first.1 {
+        if retry.is_some() {
+            notes.push(format!(
+                "kernel '{kernel}' spills {} with default GRF; tried {}",
+                b.spill_size, ladder[1]
+            ));
         }
     }
+    let Choice {
+        chosen,
+        built,
+        attempts,
+    } = match choose(first, retry) {
+        Ok(c) => c,
+        Err(mut failure) => {
+            failure.notes = notes;
+            return Err(failure);
+        }
+    };
     let build_flags = ladder[chosen].clone();
-    let compiled = Compiled {
+    let mut compiled = Compiled {
         kernel,
         device: req.device.clone(),
         n_regs: grf::n_regs(&build_flags),
@@ -316,7 +389,6 @@ pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
         binary: built.binary,
         notes,
     };
-    let mut compiled = compiled;
     if let (Some(cache), Some(key)) = (&cache, &key) {
         if let Some(note) = cache.put(key, &compiled, &compiled.binary) {
             compiled.notes.push(note);
@@ -353,7 +425,8 @@ pub fn compile_many(
                 let result = if cancel.load(Ordering::Relaxed) {
                     Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into())
                 } else {
-                    compile(&reqs[i], cancel)
+                    // Speculation only for the batch's tail, when no queued job needs the core.
+                    compile_inner(&reqs[i], cancel, i + workers >= reqs.len())
                 };
                 *slots[i].lock().unwrap() = Some(result);
                 on_done(i);

@@ -24,7 +24,7 @@ mod _core {
     use std::time::Duration;
 
     /// One build of the GRF ladder.
-    #[pyclass(frozen, get_all, skip_from_py_object, module = "xpu_zebin._core")]
+    #[pyclass(frozen, get_all, from_py_object, module = "xpu_zebin._core")]
     #[derive(Clone)]
     pub struct Attempt {
         build_flags: String,
@@ -36,6 +36,44 @@ mod _core {
 
     #[pymethods]
     impl Attempt {
+        #[new]
+        fn new(
+            build_flags: String,
+            ok: bool,
+            spill_size: Option<u64>,
+            seconds: f64,
+            error: Option<String>,
+        ) -> Self {
+            Attempt {
+                build_flags,
+                ok,
+                spill_size,
+                seconds,
+                error,
+            }
+        }
+
+        /// Picklable, so results can come back from process pools, Ray or Dask.
+        #[allow(clippy::type_complexity)]
+        fn __reduce__<'py>(
+            slf: &Bound<'py, Self>,
+        ) -> (
+            Bound<'py, pyo3::types::PyType>,
+            (String, bool, Option<u64>, f64, Option<String>),
+        ) {
+            let a = slf.get();
+            (
+                slf.get_type(),
+                (
+                    a.build_flags.clone(),
+                    a.ok,
+                    a.spill_size,
+                    a.seconds,
+                    a.error.clone(),
+                ),
+            )
+        }
+
         fn __repr__(&self) -> String {
             format!(
                 "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={:?})",
@@ -73,8 +111,80 @@ mod _core {
         notes: Vec<String>,
     }
 
+    type ResultFields = (
+        Py<PyBytes>,
+        String,
+        String,
+        String,
+        String,
+        u32,
+        u64,
+        bool,
+        bool,
+        Vec<Attempt>,
+        String,
+        Vec<String>,
+    );
+
     #[pymethods]
     impl CompileResult {
+        #[new]
+        #[allow(clippy::too_many_arguments)]
+        fn new(
+            binary: Py<PyBytes>,
+            kernel: String,
+            device: String,
+            build_flags: String,
+            grf_mode: String,
+            n_regs: u32,
+            spill_size: u64,
+            recovered: bool,
+            cached: bool,
+            attempts: Vec<Attempt>,
+            log: String,
+            notes: Vec<String>,
+        ) -> Self {
+            CompileResult {
+                binary,
+                kernel,
+                device,
+                build_flags,
+                grf_mode,
+                n_regs,
+                spill_size,
+                recovered,
+                cached,
+                attempts,
+                log,
+                notes,
+            }
+        }
+
+        /// Picklable, so results can come back from process pools, Ray or Dask.
+        fn __reduce__<'py>(
+            slf: &Bound<'py, Self>,
+        ) -> (Bound<'py, pyo3::types::PyType>, ResultFields) {
+            let r = slf.get();
+            let py = slf.py();
+            (
+                slf.get_type(),
+                (
+                    r.binary.clone_ref(py),
+                    r.kernel.clone(),
+                    r.device.clone(),
+                    r.build_flags.clone(),
+                    r.grf_mode.clone(),
+                    r.n_regs,
+                    r.spill_size,
+                    r.recovered,
+                    r.cached,
+                    r.attempts.clone(),
+                    r.log.clone(),
+                    r.notes.clone(),
+                ),
+            )
+        }
+
         fn __repr__(&self) -> String {
             format!(
                 "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, recovered={}, cached={}, attempts={})",
@@ -171,6 +281,7 @@ mod _core {
         cache: bool,
         cache_dir: Option<PathBuf>,
         spill_threshold: u64,
+        speculative: Option<bool>,
     ) -> PyResult<CompileRequest> {
         let timeout = match timeout {
             Some(t) if !t.is_finite() || t < 0.0 => {
@@ -193,6 +304,7 @@ mod _core {
             cache,
             cache_dir,
             spill_threshold,
+            speculative,
         })
     }
 
@@ -200,7 +312,7 @@ mod _core {
     #[pyfunction]
     #[pyo3(signature = (spirv, *, device, build_flags=String::new(), grf_mode="default".to_string(),
         num_warps=None, kernel_name=None, ocloc=None, timeout=None, cache=true, cache_dir=None,
-        spill_threshold=0))]
+        spill_threshold=0, speculative=None))]
     #[allow(clippy::too_many_arguments)]
     fn compile(
         py: Python<'_>,
@@ -215,6 +327,7 @@ mod _core {
         cache: bool,
         cache_dir: Option<PathBuf>,
         spill_threshold: u64,
+        speculative: Option<bool>,
     ) -> PyResult<CompileResult> {
         let req = request(
             spirv,
@@ -228,6 +341,7 @@ mod _core {
             cache,
             cache_dir,
             spill_threshold,
+            speculative,
         )?;
         match interruptible(py, |cancel| engine::compile(&req, cancel))? {
             Ok(c) => Ok(to_result(py, c)),
@@ -264,6 +378,7 @@ mod _core {
                 get("cache")?.extract()?,
                 get("cache_dir")?.extract()?,
                 get("spill_threshold")?.extract()?,
+                get("speculative")?.extract()?,
             )?);
         }
         let jobs = jobs.unwrap_or_else(engine::default_jobs);

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,14 +129,37 @@ pub struct RawRun {
     pub seconds: f64,
 }
 
-/// What a compile job needs; `cancel` is polled so a batch can stop on Ctrl-C.
+/// What a compile job needs. Every flag in `cancel` is polled; any one set kills the job
+/// (Ctrl-C for the whole batch, or a speculative attempt that lost).
 pub struct JobSpec<'a> {
     pub input: &'a [u8],
     pub input_name: &'a str,
     /// ocloc arguments after `compile -file <input> -output kernel -out_dir <dir> -output_no_suffix`.
     pub args: Vec<String>,
     pub timeout: Option<Duration>,
-    pub cancel: Option<&'a AtomicBool>,
+    pub cancel: &'a [&'a AtomicBool],
+}
+
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Compiler processes this process is running right now.
+pub fn running() -> usize {
+    RUNNING.load(Ordering::Relaxed)
+}
+
+struct RunningGuard;
+
+impl RunningGuard {
+    fn new() -> Self {
+        RUNNING.fetch_add(1, Ordering::Relaxed);
+        RunningGuard
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Run `ocloc compile` on `spec.input` and collect what it wrote.
@@ -158,6 +181,7 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
         .try_clone()
         .map_err(|e| io("cannot share the log", e))?;
 
+    let _running = RunningGuard::new();
     let started = Instant::now();
     let mut command = Command::new(ocloc);
     command
@@ -186,7 +210,7 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
             Ok(None) => {}
             Err(e) => return Err(io("cannot wait for ocloc", e)),
         }
-        let cancelled = spec.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+        let cancelled = spec.cancel.iter().any(|c| c.load(Ordering::Relaxed));
         let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
         if cancelled || timed_out {
             // SAFETY: killpg on the group we created for this child; no memory is involved.
@@ -240,7 +264,7 @@ pub fn opencl_to_spirv(ocloc: &Path, source: &str, device: &str, options: &str) 
             input_name: "kernel.cl",
             args,
             timeout: None,
-            cancel: None,
+            cancel: &[],
         },
     )?;
     match (run.exit, run.output) {

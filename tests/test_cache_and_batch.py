@@ -110,6 +110,22 @@ def test_compile_many_on_an_executor(system_ocloc, add_spirv, spill_spirv):
     ]
 
 
+def test_compile_many_on_a_process_pool(system_ocloc, add_spirv):
+    """Results and errors pickle, so any executor (process pool, Ray, Dask) can run a batch."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    requests = [
+        dict(spirv=s, device="pvc", ocloc=system_ocloc, cache=False)
+        for s in (add_spirv, b"\x03\x02\x23\x07")
+    ]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        ok, bad = xpu_zebin.compile_many(requests, executor=pool)
+    assert isinstance(ok, xpu_zebin.CompileResult) and ok.kernel == "add"
+    assert ok.binary[:4] == b"\x7fELF" and ok.attempts[0].ok
+    assert isinstance(bad, xpu_zebin.InvalidSpirvError) and bad.kind == "invalid_spirv"
+
+
 def test_compile_many_rejects_zero_jobs(system_ocloc, add_spirv):
     with pytest.raises(ValueError):
         xpu_zebin.compile_many([dict(spirv=add_spirv, device="pvc")], jobs=0)

@@ -15,9 +15,12 @@ GRF256 = "-cl-intel-256-GRF-per-thread"
 RECOVERY_LINE = '(I): Build failure recovered by retrying with large GRF mode for "pressure"'
 
 
-def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys):
+@pytest.mark.parametrize("speculative", [False, True], ids=["sequential", "speculative"])
+def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys, speculative):
     """The fixture sits in the window: it overflows PTSS at default GRF and builds at 256."""
-    result = xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False)
+    result = xpu_zebin.compile(
+        ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=speculative
+    )
     first, second = result.attempts
     assert not first.ok and first.build_flags == ""
     assert first.error.startswith("scratch_overflow:"), first.error
@@ -39,8 +42,11 @@ def test_ptss_overflow_with_explicit_grf_raises_required_and_limit(modern_ocloc,
     assert len(err.attempts) == 1 and err.attempts[0].build_flags == GRF128
 
 
-def test_spilling_kernel_retried_into_large_grf(ocloc, spill_spirv):
-    result = xpu_zebin.compile(spill_spirv, device="pvc", ocloc=ocloc, cache=False)
+@pytest.mark.parametrize("speculative", [False, True], ids=["sequential", "speculative"])
+def test_spilling_kernel_retried_into_large_grf(ocloc, spill_spirv, speculative):
+    result = xpu_zebin.compile(
+        spill_spirv, device="pvc", ocloc=ocloc, cache=False, speculative=speculative
+    )
     first, second = result.attempts
     assert first.ok and first.spill_size > 0
     assert second.ok and second.build_flags == GRF256
@@ -58,8 +64,14 @@ def test_spill_threshold_accepts_default_build(ocloc, spill_spirv):
 
 
 def test_clean_kernel_not_retried(ocloc, add_spirv):
-    result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False)
+    result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False, speculative=False)
     assert len(result.attempts) == 1 and result.build_flags == ""
+
+
+def test_speculative_large_grf_build_is_cancelled_when_default_wins(ocloc, add_spirv):
+    result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False, speculative=True)
+    assert [a.build_flags for a in result.attempts] == [""]
+    assert any("speculative large-GRF build cancelled" in n for n in result.notes)
 
 
 @pytest.mark.parametrize(
@@ -147,6 +159,36 @@ def test_timeout_kills_the_compiler(modern_ocloc, ptss_spirv):
     assert e.value.kind == "timeout"
     assert len(e.value.attempts) == 1  # a timeout is not retried
     # The whole process group is gone: no ocloc is left compiling in a job dir.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "xpu-zebin-job-" not in ps
+
+
+CTRL_C_SCRIPT = """
+import sys, xpu_zebin
+spirv = open(sys.argv[1], "rb").read()
+print("compiling", flush=True)
+xpu_zebin.compile(spirv, device="pvc", ocloc=sys.argv[2], cache=False)
+"""
+
+
+def test_ctrl_c_kills_the_compilers(modern_ocloc, ptss_spirv, tmp_path):
+    import signal
+    import sys
+    import time
+
+    spv = tmp_path / "pressure.spv"
+    spv.write_bytes(ptss_spirv)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT, str(spv), modern_ocloc],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == "compiling"
+    time.sleep(1.5)  # ocloc is running now (a build takes several seconds)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode != 0 and "KeyboardInterrupt" in err
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "xpu-zebin-job-" not in ps
 

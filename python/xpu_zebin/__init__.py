@@ -113,6 +113,7 @@ def _request(
     cache: bool = True,
     cache_dir: Optional[PathLike] = None,
     spill_threshold: int = 0,
+    speculative: Optional[bool] = None,
 ) -> dict:
     return dict(
         spirv=bytes(spirv),
@@ -126,6 +127,7 @@ def _request(
         cache=cache,
         cache_dir=None if cache_dir is None else os.fspath(cache_dir),
         spill_threshold=spill_threshold,
+        speculative=speculative,
     )
 
 
@@ -142,6 +144,7 @@ def compile(
     cache: bool = True,
     cache_dir: Optional[PathLike] = None,
     spill_threshold: int = 0,
+    speculative: Optional[bool] = None,
 ) -> CompileResult:
     """Compile SPIR-V to a zebin for ``device`` (an ocloc device name such as ``pvc``).
 
@@ -149,6 +152,10 @@ def compile(
     that spills more than ``spill_threshold`` bytes, is retried in large GRF mode (256
     registers; 512 on ``cri``), unless ``num_warps > 32``. Raises a :class:`BuildError`
     subclass naming the cause; when both attempts fail, the first attempt's error.
+
+    ``speculative`` runs both GRF modes at once and cancels the large one if the default
+    build is accepted: the same answer, sooner. ``None`` (default) speculates only when a
+    core is idle. ``timeout`` is per compiler run, in seconds.
     """
     req = _request(
         spirv,
@@ -162,6 +169,7 @@ def compile(
         cache,
         cache_dir,
         spill_threshold,
+        speculative,
     )
     return _report(_core.compile(**req))
 

@@ -62,6 +62,7 @@ def compile(
     cache: bool = True,
     cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
     spill_threshold: int = 0,
+    speculative: Optional[bool] = None,
 ) -> CompileResult: ...
 def compile_many(
     requests: Sequence[Dict[str, Any]],

@@ -35,6 +35,10 @@ class BuildError(Exception):
     def __str__(self) -> str:
         return f"[{self.kind}] {self.message}"
 
+    def __reduce__(self):
+        # Keyword-only fields survive pickling (process pools, Ray, Dask).
+        return (_rebuild, (type(self), self.message, self.__dict__.copy()))
+
 
 class ScratchOverflowError(BuildError):
     """Per-thread scratch space (PTSS) exceeds the hardware limit."""
@@ -105,6 +109,13 @@ _BY_KIND = {
         CancelledError,
     )
 }
+
+
+def _rebuild(cls: type, message: str, state: dict) -> BuildError:
+    error = cls.__new__(cls, message)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 def _from_core(
