@@ -38,7 +38,7 @@ runs() {
   rm -rf "$dir"
   return "$rc"
 }
-if [ -x "$WRAPPER" ] && runs "$WRAPPER"; then
+if [ -x "$WRAPPER" ] && [ -f "$WRAPPER.toolchain" ] && runs "$WRAPPER"; then
   log "modern ocloc present: $WRAPPER"
   echo "$WRAPPER"
   exit 0
@@ -82,6 +82,12 @@ lib="\$root/usr/lib/x86_64-linux-gnu"
 exec "\$lib/ld-linux-x86-64.so.2" --library-path "\$lib" "\$root/usr/bin/$(basename "$real")" "\$@"
 WRAP
 chmod +x "$MODERN.tmp/bin/ocloc"
+# How xpu-zebin's persistent workers load this compiler's libocloc in-process (src/worker.rs).
+cat > "$MODERN.tmp/bin/ocloc.toolchain" <<DESC
+{"libocloc": "$MODERN/root/usr/lib/x86_64-linux-gnu/libocloc.so",
+ "loader": "$MODERN/root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+ "library_path": "$MODERN/root/usr/lib/x86_64-linux-gnu"}
+DESC
 rm -rf "$MODERN" && mv "$MODERN.tmp" "$MODERN"
 runs "$WRAPPER" || { log "modern ocloc does not run"; exit 1; }
 log "modern ocloc installed: $WRAPPER"

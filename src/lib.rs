@@ -10,6 +10,7 @@ pub mod error;
 pub mod grf;
 pub mod ocloc;
 pub mod spirv;
+pub mod worker;
 pub mod zebin;
 
 #[cfg(feature = "python")]
@@ -450,6 +451,34 @@ mod _core {
         }
     }
 
+    /// Let the engine start persistent compiler workers with this interpreter and path.
+    #[pyfunction]
+    fn configure_workers(executable: PathBuf, pythonpath: String) {
+        crate::worker::configure(crate::worker::PythonRuntime {
+            executable,
+            pythonpath,
+        });
+    }
+
+    /// The worker process's main loop (`python -m xpu_zebin._worker LIBOCLOC`).
+    #[pyfunction]
+    fn serve_worker(py: Python<'_>, libocloc: PathBuf) -> PyResult<()> {
+        py.detach(|| crate::worker::serve(&libocloc))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+    }
+
+    /// Stop idle persistent workers; they restart on demand.
+    #[pyfunction]
+    fn shutdown_workers() {
+        crate::worker::shutdown();
+    }
+
+    /// Compilers whose persistent workers are off, and why.
+    #[pyfunction]
+    fn broken_workers() -> Vec<(PathBuf, String)> {
+        crate::worker::broken()
+    }
+
     /// The error kinds as (name, description) pairs.
     #[pyfunction]
     fn error_kinds() -> Vec<(&'static str, &'static str)> {
@@ -472,6 +501,7 @@ mod _core {
         m.add("OCLOC_ENV", crate::ocloc::OCLOC_ENV)?;
         m.add("CACHE_DIR_ENV", crate::cache::CACHE_DIR_ENV)?;
         m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
+        m.add("PERSISTENT_ENV", crate::worker::PERSISTENT_ENV)?;
         Ok(())
     }
 }

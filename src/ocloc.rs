@@ -162,8 +162,18 @@ impl Drop for RunningGuard {
     }
 }
 
-/// Run `ocloc compile` on `spec.input` and collect what it wrote.
+/// Run `ocloc compile` on `spec.input` and collect what it wrote: on a persistent worker
+/// when this compiler has one, else in a one-shot ocloc process.
 pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
+    let _running = RunningGuard::new();
+    match crate::worker::run(ocloc, spec) {
+        Some(run) => Ok(run),
+        None => run_process(ocloc, spec),
+    }
+}
+
+/// One ocloc process for one job.
+pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     let io = |what: &str, e: std::io::Error| {
         BuildError::new(ErrorKind::BuildFailure, format!("{what}: {e}"))
     };
@@ -181,7 +191,6 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
         .try_clone()
         .map_err(|e| io("cannot share the log", e))?;
 
-    let _running = RunningGuard::new();
     let started = Instant::now();
     let mut command = Command::new(ocloc);
     command

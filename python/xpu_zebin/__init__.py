@@ -59,6 +59,9 @@ logger = logging.getLogger("xpu_zebin")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# Persistent compiler workers are started with this interpreter and import path.
+_core.configure_workers(os.path.realpath(sys.executable), os.pathsep.join(p for p in sys.path if p))
+
 validate_spirv = _core.validate_spirv
 zebin_info = _core.zebin_info
 opencl_to_spirv = _core.opencl_to_spirv

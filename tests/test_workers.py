@@ -1,0 +1,131 @@
+"""Persistent compiler workers (libocloc in long-lived processes), on both real compilers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import xpu_zebin
+from xpu_zebin import _core
+
+
+def _processes_with(marker: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose environment holds ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append((int(proc.name), cmd))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def marker(monkeypatch):
+    """A fresh pool, and an environment mark inherited by every worker and ocloc we start."""
+    _core.shutdown_workers()
+    mark = f"XPU_ZEBIN_TEST_MARK={uuid.uuid4().hex}"
+    key, value = mark.split("=")
+    monkeypatch.setenv(key, value)
+    yield mark
+    _core.shutdown_workers()
+
+
+def _workers(mark: str) -> list[int]:
+    return [pid for pid, cmd in _processes_with(mark) if "xpu_zebin._worker" in cmd]
+
+
+def test_worker_and_one_shot_agree(ocloc, add_spirv, spill_spirv, marker, monkeypatch):
+    for spirv in (add_spirv, spill_spirv):
+        _core.shutdown_workers()
+        monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", "0")
+        one_shot = xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False)
+        assert _workers(marker) == []
+        monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", "1")
+        persistent = xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False)
+        assert len(_workers(marker)) >= 1, "a persistent worker should be serving"
+        assert ocloc not in [str(p) for p, _ in _core.broken_workers()]
+        assert persistent.build_flags == one_shot.build_flags
+        assert persistent.spill_size == one_shot.spill_size
+        info = [xpu_zebin.zebin_info(r.binary)["kernels"] for r in (one_shot, persistent)]
+        assert info[0] == info[1]
+        assert "Build succeeded" in persistent.log and "\0" not in persistent.log
+
+
+def test_worker_classifies_like_ocloc(ocloc, add_spirv, marker):
+    with pytest.raises(xpu_zebin.UnsupportedDeviceError) as e:
+        xpu_zebin.compile(
+            add_spirv, device="no-such-gpu", ocloc=ocloc, cache=False, speculative=False
+        )
+    assert "no-such-gpu" in e.value.log
+    assert len(_workers(marker)) == 1  # the worker survived the failed job
+
+
+def test_worker_reused_across_compiles(system_ocloc, add_spirv, marker):
+    for _ in range(3):
+        xpu_zebin.compile(
+            add_spirv, device="pvc", ocloc=system_ocloc, cache=False, speculative=False
+        )
+    assert len(_workers(marker)) == 1
+
+
+def test_worker_crash_falls_back_to_one_shot(modern_ocloc, ptss_spirv, marker):
+    """A worker killed mid-compile (as by an IGC crash) costs only a re-run in ocloc."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["ok"] = xpu_zebin.compile(
+                ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False
+            )
+        except Exception as e:  # pragma: no cover - reported below
+            result["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not _workers(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (victim,) = _workers(marker)
+    time.sleep(0.5)  # let it get into IGC
+    os.kill(victim, signal.SIGSEGV)
+    thread.join(120)
+    assert "error" not in result, result.get("error")
+    assert result["ok"].recovered and result["ok"].n_regs == 256
+    # One crash does not retire the compiler's workers for good.
+    assert modern_ocloc not in [str(p) for p, _ in _core.broken_workers()]
+
+
+def test_timeout_kills_the_worker(modern_ocloc, ptss_spirv, marker):
+    with pytest.raises(xpu_zebin.CompileTimeoutError):
+        xpu_zebin.compile(
+            ptss_spirv,
+            device="pvc",
+            ocloc=modern_ocloc,
+            timeout=1.0,
+            cache=False,
+            speculative=False,
+        )
+    assert _processes_with(marker) == []  # neither a worker nor an ocloc is left
+
+
+def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, marker):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ocloc = bindir / "ocloc"
+    ocloc.symlink_to(system_ocloc)
+    (bindir / "ocloc.toolchain").write_text('{"libocloc": "/nonexistent/libocloc.so"}')
+    result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False)
+    assert result.attempts[0].ok
+    assert [str(p) for p, _ in _core.broken_workers()] == [str(ocloc)]
+    assert _workers(marker) == []
