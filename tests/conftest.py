@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
 
 import xpu_zebin
-from xpu_zebin import samples
+from xpu_zebin import _core, samples
 
 MODERN_DEFAULT = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -83,3 +84,36 @@ def ptss_spirv(system_ocloc) -> bytes:
     """Overflows PTSS at default GRF on IGC 2.x (the test proves it still does)."""
     source = samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES)
     return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)
+
+
+class Marker:
+    """An environment variable inherited by every worker and ocloc a test starts."""
+
+    def __init__(self) -> None:
+        self.name = "XPU_ZEBIN_TEST_MARK"
+        self.value = uuid.uuid4().hex
+
+    def processes(self) -> list[tuple[int, str]]:
+        """(pid, command line) of live processes carrying this mark, this one excluded."""
+        needle = f"{self.name}={self.value}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if needle in (proc / "environ").read_bytes():
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    found.append((int(proc.name), cmd))
+            except OSError:
+                continue
+        return found
+
+
+@pytest.fixture
+def marker(monkeypatch):
+    """A fresh worker pool, and a mark to find every process the test starts."""
+    _core.shutdown_workers()
+    mark = Marker()
+    monkeypatch.setenv(mark.name, mark.value)
+    yield mark
+    _core.shutdown_workers()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -153,14 +156,14 @@ def test_bad_grf_mode_is_an_argument_error(system_ocloc, add_spirv):
         xpu_zebin.compile(add_spirv, device="pvc", grf_mode="huge", ocloc=system_ocloc)
 
 
-def test_timeout_kills_the_compiler(modern_ocloc, ptss_spirv):
+@pytest.mark.parametrize("persistent", ["0", "1"], ids=["one-shot", "worker"])
+def test_timeout_kills_the_compiler(modern_ocloc, ptss_spirv, marker, monkeypatch, persistent):
+    monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", persistent)
     with pytest.raises(xpu_zebin.CompileTimeoutError) as e:
-        xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, timeout=0.5, cache=False)
+        xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, timeout=1.0, cache=False)
     assert e.value.kind == "timeout"
     assert len(e.value.attempts) == 1  # a timeout is not retried
-    # The whole process group is gone: no ocloc is left compiling in a job dir.
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "xpu-zebin-job-" not in ps
+    assert marker.processes() == []  # ocloc, its process group, or the worker: all gone
 
 
 CTRL_C_SCRIPT = """
@@ -171,11 +174,11 @@ xpu_zebin.compile(spirv, device="pvc", ocloc=sys.argv[2], cache=False)
 """
 
 
-def test_ctrl_c_kills_the_compilers(modern_ocloc, ptss_spirv, tmp_path):
-    import signal
-    import sys
-    import time
-
+@pytest.mark.parametrize("persistent", ["0", "1"], ids=["one-shot", "worker"])
+def test_ctrl_c_kills_the_compilers(
+    modern_ocloc, ptss_spirv, tmp_path, marker, monkeypatch, persistent
+):
+    monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", persistent)
     spv = tmp_path / "pressure.spv"
     spv.write_bytes(ptss_spirv)
     child = subprocess.Popen(
@@ -185,12 +188,15 @@ def test_ctrl_c_kills_the_compilers(modern_ocloc, ptss_spirv, tmp_path):
         text=True,
     )
     assert child.stdout.readline().strip() == "compiling"
-    time.sleep(1.5)  # ocloc is running now (a build takes several seconds)
+    time.sleep(1.5)  # the compilers are running now (a build takes several seconds)
+    assert marker.processes(), "the child should have started compilers"
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
     assert child.returncode != 0 and "KeyboardInterrupt" in err
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "xpu-zebin-job-" not in ps
+    deadline = time.monotonic() + 10  # an idle worker sees its closed stdin at once
+    while len(marker.processes()) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.processes() == []
 
 
 def test_pressure_sample_still_builds_on_old_igc(system_ocloc, ptss_spirv):
@@ -250,3 +256,29 @@ def test_cli_compile_json_and_exit_codes(tmp_path, system_ocloc, add_spirv):
     assert usage.returncode == 2 and "cannot read" in usage.stderr
     usage = subprocess.run([*cli, "compile", str(spv)], capture_output=True, text=True)
     assert usage.returncode == 2  # --device is required
+
+
+def test_cli_batch(tmp_path, system_ocloc, add_spirv, spill_spirv):
+    import json
+
+    files = []
+    for name, data in (("add", add_spirv), ("spill", spill_spirv), ("bad", b"nope")):
+        path = tmp_path / f"{name}.spv"
+        path.write_bytes(data)
+        files.append(str(path))
+    out_dir = tmp_path / "out"
+    cli = [sys.executable, "-m", "xpu_zebin", "batch", *files, "--device", "pvc"]
+    run = subprocess.run(
+        [*cli, "--ocloc", system_ocloc, "--jobs", "2", "--json", "--output-dir", str(out_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1  # one input failed
+    reports = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["ok"] for r in reports] == [True, True, False]
+    assert reports[1]["build_flags"] == GRF256
+    assert reports[2]["error"]["kind"] == "invalid_spirv"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["add.zebin", "spill.zebin"]
+    one = [sys.executable, "-m", "xpu_zebin", "batch", files[0], "--device", "pvc"]
+    text = subprocess.run([*one, "--ocloc", system_ocloc], capture_output=True, text=True)
+    assert text.returncode == 0 and "1 built, 0 failed" in text.stdout

@@ -6,8 +6,6 @@ import os
 import signal
 import threading
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
@@ -15,34 +13,8 @@ import xpu_zebin
 from xpu_zebin import _core
 
 
-def _processes_with(marker: str) -> list[tuple[int, str]]:
-    """(pid, command line) of live processes whose environment holds ``marker``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (proc / "environ").read_bytes():
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                found.append((int(proc.name), cmd))
-        except OSError:
-            continue
-    return found
-
-
-@pytest.fixture
-def marker(monkeypatch):
-    """A fresh pool, and an environment mark inherited by every worker and ocloc we start."""
-    _core.shutdown_workers()
-    mark = f"XPU_ZEBIN_TEST_MARK={uuid.uuid4().hex}"
-    key, value = mark.split("=")
-    monkeypatch.setenv(key, value)
-    yield mark
-    _core.shutdown_workers()
-
-
-def _workers(mark: str) -> list[int]:
-    return [pid for pid, cmd in _processes_with(mark) if "xpu_zebin._worker" in cmd]
+def _workers(mark) -> list[int]:
+    return [pid for pid, cmd in mark.processes() if "xpu_zebin._worker" in cmd]
 
 
 def test_worker_and_one_shot_agree(ocloc, add_spirv, spill_spirv, marker, monkeypatch):
@@ -116,7 +88,7 @@ def test_timeout_kills_the_worker(modern_ocloc, ptss_spirv, marker):
             cache=False,
             speculative=False,
         )
-    assert _processes_with(marker) == []  # neither a worker nor an ocloc is left
+    assert marker.processes() == []  # neither a worker nor an ocloc is left
 
 
 def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, marker):
