@@ -186,6 +186,39 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     )
 }
 
+/// Name the cause of a failed Level Zero module build from its result and build log.
+pub fn classify_driver_failure(result: &str, log: &str) -> BuildError {
+    let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
+    if let Some((required, limit)) = scratch_overflow(log) {
+        let mut e = err(
+            ErrorKind::ScratchOverflow,
+            format!(
+                "per-thread scratch space (PTSS) exceeds the hardware limit: {required} bytes required, {limit} bytes permitted"
+            ),
+        );
+        e.required = Some(required);
+        e.limit = Some(limit);
+        return e;
+    }
+    let said = headline(log).unwrap_or("the build log is empty");
+    if PTSS_LOOSE.is_match(log) {
+        return err(
+            ErrorKind::ScratchOverflow,
+            format!("per-thread scratch space (PTSS) exceeds the hardware limit: {said}"),
+        );
+    }
+    if INVALID_SPIRV.is_match(log) {
+        return err(
+            ErrorKind::InvalidSpirv,
+            format!("the driver rejected the SPIR-V ({result}): {said}"),
+        );
+    }
+    err(
+        ErrorKind::BuildFailure,
+        format!("zeModuleCreate failed with {result}: {said}"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use crate::cache::{self, Cache, Lookup};
 use crate::classify::{classify_failure, spills_from_log, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::grf::{self, GrfMode};
+use crate::grf::{self, GrfMode, Pick};
 use crate::ocloc::{self, JobSpec};
 use crate::spirv;
 use crate::zebin::{self, ZebinInfo};
@@ -130,17 +130,6 @@ fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
     }
 }
 
-/// Failures worth a large-GRF retry; the rest would fail the same way again.
-fn retryable(kind: ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::ScratchOverflow
-            | ErrorKind::BuildFailure
-            | ErrorKind::CompilerCrash
-            | ErrorKind::DegenerateBinary
-    )
-}
-
 struct Built {
     binary: Vec<u8>,
     spill_size: u64,
@@ -212,12 +201,11 @@ fn build_once(
     (attempt, result)
 }
 
-/// Does this first attempt call for the large-GRF build?
 fn needs_large_grf(first: &Result<Built>, spill_threshold: u64) -> bool {
-    match first {
-        Ok(b) => !grf::accepts(b.spill_size, spill_threshold),
-        Err(e) => retryable(e.kind),
-    }
+    grf::needs_retry(
+        first.as_ref().map(|b| b.spill_size).map_err(|e| e.kind),
+        spill_threshold,
+    )
 }
 
 type Tried = (Attempt, Result<Built>);
@@ -228,38 +216,25 @@ struct Choice {
     attempts: Vec<Attempt>,
 }
 
-fn failed(error: BuildError, attempts: Vec<Attempt>) -> Box<Failure> {
-    Box::new(Failure {
-        error,
-        attempts,
-        notes: Vec::new(),
-    })
-}
-
-/// Upstream's choice between the default attempt and the optional large-GRF retry:
-/// a failed first build takes a good retry (a recovery); when both fail, the FIRST error
-/// is raised; a failed retry keeps a good first build; a retry that spills more than the
-/// first is no better.
+/// Apply the GRF policy's pick to the attempts made.
 fn choose(first: Tried, retry: Option<Tried>) -> std::result::Result<Choice, Box<Failure>> {
     let (a0, r0) = first;
-    let Some((a1, r1)) = retry else {
-        let attempts = vec![a0];
-        return match r0 {
-            Ok(built) => Ok(Choice {
-                chosen: 0,
-                built,
-                attempts,
-            }),
-            Err(e) => Err(failed(e, attempts)),
-        };
+    let spills = |r: &Result<Built>| r.as_ref().ok().map(|b| b.spill_size);
+    let (p, mut attempts) = match &retry {
+        None => (spills(&r0).map_or(Pick::Neither, |_| Pick::First), vec![a0]),
+        Some((a1, r1)) => (grf::pick(spills(&r0), spills(r1)), vec![a0, a1.clone()]),
     };
-    let attempts = vec![a0, a1];
-    let (chosen, built) = match (r0, r1) {
-        (Err(e), Err(_)) => return Err(failed(e, attempts)),
-        (Err(_), Ok(b)) => (1, b),
-        (Ok(b), Err(_)) => (0, b),
-        (Ok(b0), Ok(b1)) if b1.spill_size <= b0.spill_size => (1, b1),
-        (Ok(b0), Ok(_)) => (0, b0),
+    let (chosen, built) = match (p, r0, retry) {
+        (Pick::First, Ok(b), _) => (0, b),
+        (Pick::Retry, _, Some((_, Ok(b)))) => (1, b),
+        (_, Err(error), _) => {
+            return Err(Box::new(Failure {
+                error,
+                attempts: std::mem::take(&mut attempts),
+                notes: Vec::new(),
+            }))
+        }
+        _ => unreachable!("pick only chooses an attempt that built"),
     };
     Ok(Choice {
         chosen,

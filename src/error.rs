@@ -18,10 +18,12 @@ pub enum ErrorKind {
     DegenerateBinary,
     InvalidArgument,
     Cancelled,
+    NoDevice,
+    LinkFailure,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::ScratchOverflow,
         ErrorKind::BuildFailure,
         ErrorKind::InvalidSpirv,
@@ -33,6 +35,8 @@ impl ErrorKind {
         ErrorKind::DegenerateBinary,
         ErrorKind::InvalidArgument,
         ErrorKind::Cancelled,
+        ErrorKind::NoDevice,
+        ErrorKind::LinkFailure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,6 +52,8 @@ impl ErrorKind {
             ErrorKind::DegenerateBinary => "degenerate_binary",
             ErrorKind::InvalidArgument => "invalid_argument",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::NoDevice => "no_device",
+            ErrorKind::LinkFailure => "link_failure",
         }
     }
 
@@ -68,6 +74,8 @@ impl ErrorKind {
             }
             ErrorKind::InvalidArgument => "an argument is out of its domain",
             ErrorKind::Cancelled => "the job was cancelled (Ctrl-C)",
+            ErrorKind::NoDevice => "no Level Zero driver or GPU device (set XPU_ZEBIN_SIMULATED_DEVICE=pvc to simulate one)",
+            ErrorKind::LinkFailure => "the module imports symbols nothing provides (unlinked module)",
         }
     }
 }

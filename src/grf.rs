@@ -94,6 +94,42 @@ pub fn accepts(spill_size: u64, spill_threshold: u64) -> bool {
     spill_size <= spill_threshold
 }
 
+/// Does a first attempt (its spills if it built, its error kind if not) call for the
+/// large-GRF retry? Failures that would fail the same way again are not retried.
+pub fn needs_retry(first: Result<u64, ErrorKind>, spill_threshold: u64) -> bool {
+    match first {
+        Ok(spills) => !accepts(spills, spill_threshold),
+        Err(kind) => matches!(
+            kind,
+            ErrorKind::ScratchOverflow
+                | ErrorKind::BuildFailure
+                | ErrorKind::CompilerCrash
+                | ErrorKind::DegenerateBinary
+        ),
+    }
+}
+
+/// Which attempt wins, given each one's spills when it built (`None`: it failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    First,
+    Retry,
+    /// Both failed: raise the FIRST attempt's error, the one that explains the kernel.
+    Neither,
+}
+
+/// Upstream's choice: a failed first build takes a good retry (a recovery); a failed retry
+/// keeps a good first build; of two good builds the retry wins unless it spills more.
+pub fn pick(first: Option<u64>, retry: Option<u64>) -> Pick {
+    match (first, retry) {
+        (None, None) => Pick::Neither,
+        (None, Some(_)) => Pick::Retry,
+        (Some(_), None) => Pick::First,
+        (Some(f), Some(r)) if r <= f => Pick::Retry,
+        (Some(_), Some(_)) => Pick::First,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +152,18 @@ mod tests {
             vec![GRF_AUTO]
         );
         assert!(GrfMode::parse("huge").is_err());
+    }
+
+    #[test]
+    fn pick_follows_upstream() {
+        assert_eq!(pick(None, Some(10)), Pick::Retry);
+        assert_eq!(pick(Some(10), None), Pick::First);
+        assert_eq!(pick(None, None), Pick::Neither);
+        assert_eq!(pick(Some(10), Some(5)), Pick::Retry);
+        assert_eq!(pick(Some(5), Some(10)), Pick::First);
+        assert!(needs_retry(Err(ErrorKind::ScratchOverflow), 0));
+        assert!(!needs_retry(Err(ErrorKind::UnsupportedDevice), 0));
+        assert!(needs_retry(Ok(1), 0) && !needs_retry(Ok(1), 1));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod grf;
 pub mod ocloc;
 pub mod spirv;
 pub mod worker;
+pub mod ze;
 pub mod zebin;
 
 #[cfg(feature = "python")]
@@ -479,6 +480,161 @@ mod _core {
         crate::worker::broken()
     }
 
+    /// A kernel loaded through Level Zero. Owns its module and kernel handles and releases
+    /// them exactly once: on `close()`, on leaving a `with` block, or when collected.
+    #[pyclass(frozen, module = "xpu_zebin._core")]
+    pub struct LoadedKernel {
+        loaded: std::sync::Mutex<Option<crate::ze::load::Loaded>>,
+        #[pyo3(get)]
+        kernel_name: String,
+        #[pyo3(get)]
+        build_flags: String,
+        #[pyo3(get)]
+        n_regs: u32,
+        #[pyo3(get)]
+        n_spills: u64,
+        #[pyo3(get)]
+        n_max_threads: u32,
+        #[pyo3(get)]
+        private_mem_size: u32,
+        #[pyo3(get)]
+        simd_size: u32,
+        #[pyo3(get)]
+        build_log: String,
+        #[pyo3(get)]
+        attempts: Vec<Attempt>,
+        #[pyo3(get)]
+        recovered: bool,
+        #[pyo3(get)]
+        cached: bool,
+        #[pyo3(get)]
+        native_binary: Py<PyBytes>,
+        #[pyo3(get)]
+        notes: Vec<String>,
+    }
+
+    #[pymethods]
+    impl LoadedKernel {
+        /// `ze_module_handle_t` as an integer (0 once closed).
+        #[getter]
+        fn module_handle(&self) -> usize {
+            self.loaded
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |l| l.module.handle as usize)
+        }
+
+        /// `ze_kernel_handle_t` as an integer (0 once closed).
+        #[getter]
+        fn kernel_handle(&self) -> usize {
+            self.loaded
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |l| l.kernel.handle as usize)
+        }
+
+        #[getter]
+        fn closed(&self) -> bool {
+            self.loaded.lock().unwrap().is_none()
+        }
+
+        /// Destroy the kernel and module now; later calls do nothing.
+        fn close(&self, py: Python<'_>) {
+            let taken = self.loaded.lock().unwrap().take();
+            py.detach(|| drop(taken));
+        }
+
+        fn __enter__(slf: Py<Self>) -> Py<Self> {
+            slf
+        }
+
+        fn __exit__(
+            &self,
+            py: Python<'_>,
+            _exc_type: Option<Bound<'_, PyAny>>,
+            _exc: Option<Bound<'_, PyAny>>,
+            _tb: Option<Bound<'_, PyAny>>,
+        ) {
+            self.close(py);
+        }
+
+        fn __repr__(&self) -> String {
+            format!(
+                "LoadedKernel(kernel_name={:?}, build_flags={:?}, n_regs={}, n_spills={}, n_max_threads={}, recovered={}, cached={}, closed={})",
+                self.kernel_name, self.build_flags, self.n_regs, self.n_spills,
+                self.n_max_threads, self.recovered, self.cached, self.closed()
+            )
+        }
+    }
+
+    /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
+    /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
+    #[pyfunction]
+    #[pyo3(signature = (binary, kernel_name, *, build_flags=String::new(), is_spv=true,
+        device=0, device_arch=None, cache=true, cache_dir=None, spill_threshold=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn compile_and_load(
+        py: Python<'_>,
+        binary: Vec<u8>,
+        kernel_name: String,
+        build_flags: String,
+        is_spv: bool,
+        device: usize,
+        device_arch: Option<String>,
+        cache: bool,
+        cache_dir: Option<PathBuf>,
+        spill_threshold: u64,
+    ) -> PyResult<LoadedKernel> {
+        let req = crate::ze::load::LoadRequest {
+            binary,
+            kernel_name,
+            build_flags,
+            is_spv,
+            device,
+            device_arch,
+            cache,
+            cache_dir,
+            spill_threshold,
+        };
+        let mut loaded = py
+            .detach(|| crate::ze::load::compile_and_load(&req))
+            .map_err(|f| to_pyerr(py, *f))?;
+        let native = std::mem::take(&mut loaded.native_binary);
+        Ok(LoadedKernel {
+            kernel_name: loaded.kernel_name.clone(),
+            build_flags: loaded.build_flags.clone(),
+            n_regs: loaded.n_regs,
+            n_spills: loaded.n_spills,
+            n_max_threads: loaded.n_max_threads,
+            private_mem_size: loaded.private_mem_size,
+            simd_size: loaded.simd_size,
+            build_log: std::mem::take(&mut loaded.build_log),
+            attempts: attempts(&loaded.attempts),
+            recovered: loaded.recovered,
+            cached: loaded.cached,
+            native_binary: PyBytes::new(py, &native).unbind(),
+            notes: std::mem::take(&mut loaded.notes),
+            loaded: std::sync::Mutex::new(Some(loaded)),
+        })
+    }
+
+    /// The Level Zero devices (initialising the driver on first use).
+    #[pyfunction]
+    fn devices<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let list = py
+            .detach(crate::ze::devices)
+            .map_err(|e| to_pyerr(py, e.into()))?;
+        Ok(pythonize::pythonize(py, &list)?)
+    }
+
+    /// (modules created, modules destroyed, kernels created, kernels destroyed).
+    #[pyfunction]
+    fn ze_handle_counts() -> (u64, u64, u64, u64) {
+        crate::ze::handle_counts()
+    }
+
     /// The error kinds as (name, description) pairs.
     #[pyfunction]
     fn error_kinds() -> Vec<(&'static str, &'static str)> {
@@ -502,6 +658,7 @@ mod _core {
         m.add("CACHE_DIR_ENV", crate::cache::CACHE_DIR_ENV)?;
         m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
         m.add("PERSISTENT_ENV", crate::worker::PERSISTENT_ENV)?;
+        m.add("SIMULATED_DEVICE_ENV", crate::ze::SIMULATED_DEVICE_ENV)?;
         Ok(())
     }
 }

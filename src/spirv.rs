@@ -117,6 +117,46 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Every id an instruction uses must be defined somewhere in the module (forward references
+/// are legal). Measured: one dangling operand makes the Level Zero driver end the process.
+fn check_ids(module: &dr::Module) -> Result<()> {
+    let bound = module.header.as_ref().map_or(0, |h| h.bound) as usize;
+    let mut defined = vec![false; bound];
+    for inst in module.all_inst_iter() {
+        if let Some(id) = inst.result_id {
+            match defined.get_mut(id as usize) {
+                Some(slot) if id != 0 => *slot = true,
+                _ => {
+                    return Err(invalid(format!(
+                        "Op{} defines %{id}, outside the module's id bound {bound}",
+                        inst.class.opname
+                    )))
+                }
+            }
+        }
+    }
+    for inst in module.all_inst_iter() {
+        let used = inst
+            .result_type
+            .into_iter()
+            .chain(inst.operands.iter().filter_map(|o| match o {
+                Operand::IdRef(id) | Operand::IdScope(id) | Operand::IdMemorySemantics(id) => {
+                    Some(*id)
+                }
+                _ => None,
+            }));
+        for id in used {
+            if !defined.get(id as usize).copied().unwrap_or(false) {
+                return Err(invalid(format!(
+                    "Op{} uses %{id}, which no instruction defines",
+                    inst.class.opname
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;
@@ -129,6 +169,7 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
         )),
         other => invalid(format!("malformed module: {other}")),
     })?;
+    check_ids(&module)?;
     if module.functions.is_empty() {
         return Err(invalid("the module defines no functions"));
     }

@@ -16,6 +16,10 @@ import pytest
 import xpu_zebin
 from xpu_zebin import _core, samples
 
+# Level Zero tests run on Intel's real driver with a simulated PVC device (no GPU here).
+# Set before the driver is first opened; only Level Zero reads it.
+os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
+
 MODERN_DEFAULT = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     / "xpu-zebin/toolchain/modern/bin/ocloc"

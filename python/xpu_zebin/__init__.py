@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from typing import Callable, List, Optional, Sequence, Union
 
 from . import _core
-from ._core import Attempt, CompileResult
+from ._core import Attempt, CompileResult, LoadedKernel
 from .errors import (
     BuildError,
     CancelledError,
@@ -25,6 +25,8 @@ from .errors import (
     InvalidArgumentError,
     InvalidSpirvError,
     KernelNotFoundError,
+    LinkFailureError,
+    NoDeviceError,
     ScratchOverflowError,
     ToolchainNotFound,
     UnsupportedDeviceError,
@@ -43,11 +45,16 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidSpirvError",
     "KernelNotFoundError",
+    "LinkFailureError",
+    "LoadedKernel",
+    "NoDeviceError",
     "ScratchOverflowError",
     "ToolchainNotFound",
     "UnsupportedDeviceError",
     "compile",
+    "compile_and_load",
     "compile_many",
+    "devices",
     "error_kinds",
     "find_ocloc",
     "opencl_to_spirv",
@@ -77,29 +84,31 @@ def error_kinds() -> List[tuple]:
     return _core.error_kinds()
 
 
-def _report(result: CompileResult) -> CompileResult:
+def _report(
+    result: Union[CompileResult, LoadedKernel], kernel: str
+) -> Union[CompileResult, LoadedKernel]:
     """Log what the engine did, and print upstream's recovery line on a fresh recovery."""
     for note in result.notes:
         logger.info("%s", note)
     if result.recovered and not result.cached:
         # The same line upstream Triton's XPU driver prints, so existing log scrapers work.
         print(
-            f'(I): Build failure recovered by retrying with large GRF mode for "{result.kernel}"',
+            f'(I): Build failure recovered by retrying with large GRF mode for "{kernel}"',
             file=sys.stderr,
         )
         logger.info(
             "kernel %r: default GRF build failed (%s); built with %r",
-            result.kernel,
+            kernel,
             result.attempts[0].error,
             result.build_flags,
         )
     elif len(result.attempts) > 1:
         logger.info(
-            "kernel %r: spilled %s with default GRF; chose %r (spill %s)",
-            result.kernel,
+            "kernel %r: spilled %s with default GRF; chose %r (attempts: %s)",
+            kernel,
             result.attempts[0].spill_size,
             result.build_flags,
-            result.spill_size,
+            [(a.build_flags, a.spill_size) for a in result.attempts],
         )
     return result
 
@@ -174,7 +183,8 @@ def compile(
         spill_threshold,
         speculative,
     )
-    return _report(_core.compile(**req))
+    result = _core.compile(**req)
+    return _report(result, result.kernel)
 
 
 def compile_many(
@@ -212,8 +222,51 @@ def compile_many(
             bar.close()
     for r in results:
         if isinstance(r, CompileResult):
-            _report(r)
+            _report(r, r.kernel)
     return results
+
+
+def devices() -> List[dict]:
+    """The Level Zero devices: name, device_id, arch, max_work_group_size, sub_group_sizes.
+
+    Raises :class:`NoDeviceError` without a driver or GPU; ``XPU_ZEBIN_SIMULATED_DEVICE=pvc``
+    (set before first use) runs Intel's real driver on a simulated PVC device instead.
+    """
+    return _core.devices()
+
+
+def compile_and_load(
+    binary: bytes,
+    kernel_name: str,
+    *,
+    build_flags: str = "",
+    is_spv: bool = True,
+    device: int = 0,
+    device_arch: Optional[str] = None,
+    cache: bool = True,
+    cache_dir: Optional[PathLike] = None,
+    spill_threshold: int = 0,
+) -> LoadedKernel:
+    """Build ``binary`` with the Level Zero driver and load ``kernel_name`` from it.
+
+    SPIR-V (``is_spv=True``) without an explicit GRF flag is retried in large GRF mode when
+    the build fails or ``spillMemSize`` exceeds ``spill_threshold``, as upstream Triton's
+    ``load_binary`` does; a native zebin is loaded as it is. The result owns the module
+    and kernel handles (``close()`` or a ``with`` block releases them). A SPIR-V build's
+    native binary is cached, so a warm load skips the JIT.
+    """
+    loaded = _core.compile_and_load(
+        bytes(binary),
+        kernel_name,
+        build_flags=build_flags,
+        is_spv=is_spv,
+        device=device,
+        device_arch=device_arch,
+        cache=cache,
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        spill_threshold=spill_threshold,
+    )
+    return _report(loaded, kernel_name)
 
 
 def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:

@@ -11,6 +11,7 @@ OCLOC_ENV: str
 CACHE_DIR_ENV: str
 TIMEOUT_ENV: str
 PERSISTENT_ENV: str
+SIMULATED_DEVICE_ENV: str
 
 class Attempt:
     @property
@@ -71,6 +72,45 @@ def compile_many(
     jobs: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
 ) -> List[Union[CompileResult, BuildError]]: ...
+
+class LoadedKernel:
+    kernel_name: str
+    build_flags: str
+    n_regs: int
+    n_spills: int
+    n_max_threads: int
+    private_mem_size: int
+    simd_size: int
+    build_log: str
+    attempts: List[Attempt]
+    recovered: bool
+    cached: bool
+    native_binary: bytes
+    notes: List[str]
+    @property
+    def module_handle(self) -> int: ...
+    @property
+    def kernel_handle(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> LoadedKernel: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+def compile_and_load(
+    binary: bytes,
+    kernel_name: str,
+    *,
+    build_flags: str = "",
+    is_spv: bool = True,
+    device: int = 0,
+    device_arch: Optional[str] = None,
+    cache: bool = True,
+    cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
+    spill_threshold: int = 0,
+) -> LoadedKernel: ...
+def devices() -> List[Dict[str, Any]]: ...
+def ze_handle_counts() -> Tuple[int, int, int, int]: ...
 def validate_spirv(spirv: bytes) -> List[str]: ...
 def zebin_info(binary: bytes) -> Dict[str, Any]: ...
 def find_ocloc(ocloc: Optional[Union[str, os.PathLike[str]]] = None) -> str: ...

@@ -94,6 +94,18 @@ class CancelledError(BuildError):
     kind = "cancelled"
 
 
+class NoDeviceError(BuildError):
+    """No Level Zero driver or GPU (``XPU_ZEBIN_SIMULATED_DEVICE=pvc`` simulates one)."""
+
+    kind = "no_device"
+
+
+class LinkFailureError(BuildError):
+    """The module imports symbols nothing provides."""
+
+    kind = "link_failure"
+
+
 _BY_KIND = {
     cls.kind: cls
     for cls in (
@@ -107,6 +119,8 @@ _BY_KIND = {
         DegenerateBinaryError,
         InvalidArgumentError,
         CancelledError,
+        NoDeviceError,
+        LinkFailureError,
     )
 }
 

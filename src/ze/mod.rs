@@ -1,0 +1,479 @@
+//! Level Zero: the loader opened at run time, devices, and module/kernel handles that are
+//! released exactly once.
+//!
+//! `XPU_ZEBIN_SIMULATED_DEVICE=pvc` puts the Intel driver's debug keys in the environment
+//! before the loader is opened, so the real driver and IGC run without a GPU (AUB capture
+//! mode, DESIGN.md §4): modules build and kernels can be inspected; nothing executes.
+
+pub mod ffi;
+pub mod load;
+
+use crate::error::{BuildError, ErrorKind, Result};
+use ffi::{zeroed, Api, Handle};
+use serde::Serialize;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Environment switch for the simulated device (a product name such as `pvc`).
+pub const SIMULATED_DEVICE_ENV: &str = "XPU_ZEBIN_SIMULATED_DEVICE";
+const LOADER: &str = "libze_loader.so.1";
+
+fn no_device(message: impl Into<String>) -> BuildError {
+    BuildError::new(ErrorKind::NoDevice, message)
+}
+
+/// A device the driver reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceInfo {
+    pub index: usize,
+    pub name: String,
+    pub device_id: u32,
+    pub vendor_id: u32,
+    /// Short architecture name when the device id is known (e.g. "pvc").
+    pub arch: Option<String>,
+    pub max_work_group_size: u32,
+    pub sub_group_sizes: Vec<u32>,
+    pub simulated: bool,
+    /// The driver's version and UUID: part of the binary cache key.
+    pub driver: String,
+}
+
+struct Device {
+    handle: Handle,
+    context: Handle,
+    info: DeviceInfo,
+}
+
+/// The initialised driver: the loader's entry points and every device with a context.
+pub struct Runtime {
+    pub api: Api,
+    devices: Vec<Device>,
+}
+
+// SAFETY: Level Zero handles are opaque pointers that the spec allows to be used from any
+// thread; this struct never mutates after initialisation.
+unsafe impl Send for Runtime {}
+unsafe impl Sync for Runtime {}
+
+static RUNTIME: OnceLock<std::result::Result<Runtime, BuildError>> = OnceLock::new();
+static SIMULATION_DIR: Mutex<Option<tempfile::TempDir>> = Mutex::new(None);
+
+/// PCI device ids -> architecture, for the families Triton targets.
+fn arch_of(device_id: u32) -> Option<&'static str> {
+    Some(match device_id {
+        0x0bd0..=0x0bdb => "pvc",
+        0x5690..=0x56ff => "dg2",
+        0xe202..=0xe22f => "bmg",
+        0x64a0..=0x64b0 => "lnl",
+        0x7d40..=0x7dff => "mtl",
+        _ => return None,
+    })
+}
+
+extern "C" fn remove_simulation_dir() {
+    if let Ok(mut dir) = SIMULATION_DIR.lock() {
+        dir.take();
+    }
+}
+
+/// Put the driver's debug keys for a simulated device into the environment, once, before
+/// the loader is opened. The AUB capture file lives in a temp dir removed at exit.
+fn enable_simulation(product: &str) -> Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("xpu-zebin-aub-")
+        .tempdir()
+        .map_err(|e| {
+            no_device(format!(
+                "cannot create the simulated device's temp dir: {e}"
+            ))
+        })?;
+    let capture = dir.path().join("capture.aub");
+    // These variables are read by the driver in zeInit; set before any thread of ours uses
+    // Level Zero (this runs under RUNTIME's one-time initialisation).
+    for (key, value) in [
+        ("NEOReadDebugKeys", "1"),
+        ("SetCommandStreamReceiver", "1"),
+        ("ProductFamilyOverride", product),
+        ("HardwareInfoOverride", "1x4x8"),
+        ("AUBDumpCaptureFileName", &capture.to_string_lossy()),
+    ] {
+        std::env::set_var(key, value);
+    }
+    // This (old) driver's IGC writes a legacy patch-token binary for pvc unless asked for
+    // zebin; a modern driver writes zebin anyway. Respect a user's own setting.
+    if std::env::var_os("IGC_EnableZEBinary").is_none() {
+        std::env::set_var("IGC_EnableZEBinary", "1");
+    }
+    *SIMULATION_DIR.lock().unwrap() = Some(dir);
+    // SAFETY: registers a plain extern "C" function with no captured state.
+    unsafe { libc::atexit(remove_simulation_dir) };
+    Ok(())
+}
+
+fn check(api_result: ffi::ze_result_t, what: &str) -> Result<()> {
+    if api_result == ffi::ZE_RESULT_SUCCESS {
+        Ok(())
+    } else {
+        Err(no_device(format!(
+            "{what} failed: {}",
+            ffi::result_name(api_result)
+        )))
+    }
+}
+
+fn init() -> Result<Runtime> {
+    let simulated = std::env::var(SIMULATED_DEVICE_ENV)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+    if let Some(product) = &simulated {
+        enable_simulation(product)?;
+    }
+    let api = Api::load(LOADER).map_err(|e| {
+        BuildError::new(
+            ErrorKind::ToolchainMissing,
+            format!(
+                "the Level Zero loader ({LOADER}) cannot be opened: {e} \
+                 (Debian: apt-get install libze1 intel-opencl-icd)"
+            ),
+        )
+    })?;
+    // SAFETY: plain calls into the loader with valid out-pointers.
+    unsafe {
+        let r = (api.init)(ffi::ZE_INIT_FLAG_GPU_ONLY);
+        if r != ffi::ZE_RESULT_SUCCESS {
+            return Err(no_device(format!(
+                "zeInit found no Intel GPU driver: {}{}",
+                ffi::result_name(r),
+                if simulated.is_none() {
+                    format!(
+                        " (without a GPU, set {SIMULATED_DEVICE_ENV}=pvc to use a simulated one)"
+                    )
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        let mut count = 0u32;
+        check(
+            (api.driver_get)(&mut count, std::ptr::null_mut()),
+            "zeDriverGet",
+        )?;
+        let mut drivers = vec![std::ptr::null_mut(); count as usize];
+        check(
+            (api.driver_get)(&mut count, drivers.as_mut_ptr()),
+            "zeDriverGet",
+        )?;
+        let mut devices = Vec::new();
+        for driver in drivers {
+            let desc = ffi::ze_context_desc_t {
+                stype: ffi::ZE_STRUCTURE_TYPE_CONTEXT_DESC,
+                p_next: std::ptr::null(),
+                flags: 0,
+            };
+            let mut dprops: ffi::ze_driver_properties_t = zeroed();
+            dprops.stype = ffi::ZE_STRUCTURE_TYPE_DRIVER_PROPERTIES;
+            check(
+                (api.driver_get_properties)(driver, &mut dprops),
+                "zeDriverGetProperties",
+            )?;
+            let driver_id = format!(
+                "{}-{}",
+                dprops.driver_version,
+                dprops
+                    .uuid
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            );
+            let mut context = std::ptr::null_mut();
+            check(
+                (api.context_create)(driver, &desc, &mut context),
+                "zeContextCreate",
+            )?;
+            let mut n = 0u32;
+            check(
+                (api.device_get)(driver, &mut n, std::ptr::null_mut()),
+                "zeDeviceGet",
+            )?;
+            let mut handles = vec![std::ptr::null_mut(); n as usize];
+            check(
+                (api.device_get)(driver, &mut n, handles.as_mut_ptr()),
+                "zeDeviceGet",
+            )?;
+            for handle in handles {
+                let mut props: ffi::ze_device_properties_t = zeroed();
+                props.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES;
+                check(
+                    (api.device_get_properties)(handle, &mut props),
+                    "zeDeviceGetProperties",
+                )?;
+                let mut compute: ffi::ze_device_compute_properties_t = zeroed();
+                compute.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_COMPUTE_PROPERTIES;
+                check(
+                    (api.device_get_compute_properties)(handle, &mut compute),
+                    "zeDeviceGetComputeProperties",
+                )?;
+                let name = CStr::from_ptr(props.name.as_ptr())
+                    .to_string_lossy()
+                    .into_owned();
+                let sizes = compute.num_sub_group_sizes.min(8) as usize;
+                devices.push(Device {
+                    handle,
+                    context,
+                    info: DeviceInfo {
+                        index: devices.len(),
+                        name,
+                        device_id: props.device_id,
+                        vendor_id: props.vendor_id,
+                        arch: arch_of(props.device_id).map(str::to_string),
+                        max_work_group_size: compute.max_total_group_size,
+                        sub_group_sizes: compute.sub_group_sizes[..sizes].to_vec(),
+                        simulated: simulated.is_some(),
+                        driver: driver_id.clone(),
+                    },
+                });
+            }
+        }
+        if devices.is_empty() {
+            return Err(no_device("the Level Zero driver reports no GPU device"));
+        }
+        Ok(Runtime { api, devices })
+    }
+}
+
+/// The process's Level Zero runtime, initialised on first use.
+pub fn runtime() -> Result<&'static Runtime> {
+    RUNTIME.get_or_init(init).as_ref().map_err(Clone::clone)
+}
+
+/// Every device, or why there is none.
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    Ok(runtime()?.devices.iter().map(|d| d.info.clone()).collect())
+}
+
+// Handle accounting, so tests can prove every create has its destroy.
+pub static MODULES_CREATED: AtomicU64 = AtomicU64::new(0);
+pub static MODULES_DESTROYED: AtomicU64 = AtomicU64::new(0);
+pub static KERNELS_CREATED: AtomicU64 = AtomicU64::new(0);
+pub static KERNELS_DESTROYED: AtomicU64 = AtomicU64::new(0);
+
+/// (modules created, destroyed, kernels created, destroyed) in this process.
+pub fn handle_counts() -> (u64, u64, u64, u64) {
+    (
+        MODULES_CREATED.load(Ordering::Relaxed),
+        MODULES_DESTROYED.load(Ordering::Relaxed),
+        KERNELS_CREATED.load(Ordering::Relaxed),
+        KERNELS_DESTROYED.load(Ordering::Relaxed),
+    )
+}
+
+/// A module handle, destroyed on drop.
+pub struct Module {
+    rt: &'static Runtime,
+    pub handle: Handle,
+}
+
+/// A kernel handle, destroyed on drop (before its module: keep it declared first).
+pub struct Kernel {
+    rt: &'static Runtime,
+    pub handle: Handle,
+}
+
+// SAFETY: see Runtime; a handle is owned by exactly one of these and destroyed once.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from zeKernelCreate and is destroyed only here.
+        unsafe { (self.rt.api.kernel_destroy)(self.handle) };
+        KERNELS_DESTROYED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from zeModuleCreate and is destroyed only here.
+        unsafe { (self.rt.api.module_destroy)(self.handle) };
+        MODULES_DESTROYED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Take a build log's text and release the log.
+fn take_log(rt: &Runtime, log: Handle) -> String {
+    if log.is_null() {
+        return String::new();
+    }
+    // SAFETY: size query then fill, per the spec; the log is destroyed once.
+    unsafe {
+        let mut size = 0usize;
+        let mut text = String::new();
+        if (rt.api.build_log_get_string)(log, &mut size, std::ptr::null_mut()) == 0 && size > 0 {
+            let mut buf = vec![0u8; size];
+            if (rt.api.build_log_get_string)(log, &mut size, buf.as_mut_ptr().cast()) == 0 {
+                text = String::from_utf8_lossy(&buf)
+                    .trim_end_matches('\0')
+                    .to_string();
+            }
+        }
+        (rt.api.build_log_destroy)(log);
+        text
+    }
+}
+
+impl Runtime {
+    fn device(&self, index: usize) -> Result<&Device> {
+        self.devices.get(index).ok_or_else(|| {
+            no_device(format!(
+                "device {index} does not exist: the driver reports {} device(s)",
+                self.devices.len()
+            ))
+        })
+    }
+
+    pub fn device_info(&self, index: usize) -> Result<&DeviceInfo> {
+        Ok(&self.device(index)?.info)
+    }
+
+    /// `zeModuleCreate`: the module and the build log's text, or the result code and log.
+    pub fn create_module(
+        &'static self,
+        device: usize,
+        input: &[u8],
+        is_spv: bool,
+        build_flags: &str,
+    ) -> Result<(Module, String), (ffi::ze_result_t, String)> {
+        let d = self
+            .device(device)
+            .map_err(|e| (ffi::ZE_RESULT_ERROR_INVALID_ARGUMENT, e.message))?;
+        let flags = CString::new(build_flags).unwrap_or_default();
+        let desc = ffi::ze_module_desc_t {
+            stype: ffi::ZE_STRUCTURE_TYPE_MODULE_DESC,
+            p_next: std::ptr::null(),
+            format: if is_spv {
+                ffi::ZE_MODULE_FORMAT_IL_SPIRV
+            } else {
+                ffi::ZE_MODULE_FORMAT_NATIVE
+            },
+            input_size: input.len(),
+            p_input_module: input.as_ptr(),
+            p_build_flags: flags.as_ptr(),
+            p_constants: std::ptr::null(),
+        };
+        let mut module = std::ptr::null_mut();
+        let mut log = std::ptr::null_mut();
+        // SAFETY: desc points at live buffers for the call; out-pointers are valid.
+        let r =
+            unsafe { (self.api.module_create)(d.context, d.handle, &desc, &mut module, &mut log) };
+        let text = take_log(self, log);
+        if r != ffi::ZE_RESULT_SUCCESS {
+            if !module.is_null() {
+                // SAFETY: a failed create may still hand back a module; release it.
+                unsafe { (self.api.module_destroy)(module) };
+            }
+            return Err((r, text));
+        }
+        MODULES_CREATED.fetch_add(1, Ordering::Relaxed);
+        Ok((
+            Module {
+                rt: self,
+                handle: module,
+            },
+            text,
+        ))
+    }
+}
+
+impl Module {
+    /// Names of the kernels the module defines.
+    pub fn kernel_names(&self) -> Vec<String> {
+        // SAFETY: count query then fill; the names are owned by the module.
+        unsafe {
+            let mut count = 0u32;
+            if (self.rt.api.module_get_kernel_names)(self.handle, &mut count, std::ptr::null_mut())
+                != 0
+            {
+                return Vec::new();
+            }
+            let mut names = vec![std::ptr::null(); count as usize];
+            if (self.rt.api.module_get_kernel_names)(self.handle, &mut count, names.as_mut_ptr())
+                != 0
+            {
+                return Vec::new();
+            }
+            names
+                .into_iter()
+                .filter(|p| !p.is_null())
+                .map(|p| CStr::from_ptr(p).to_string_lossy().into_owned())
+                .collect()
+        }
+    }
+
+    /// The device binary the driver built (`zeModuleGetNativeBinary`).
+    pub fn native_binary(&self) -> Vec<u8> {
+        // SAFETY: size query then fill.
+        unsafe {
+            let mut size = 0usize;
+            if (self.rt.api.module_get_native_binary)(self.handle, &mut size, std::ptr::null_mut())
+                != 0
+            {
+                return Vec::new();
+            }
+            let mut buf = vec![0u8; size];
+            if (self.rt.api.module_get_native_binary)(self.handle, &mut size, buf.as_mut_ptr()) != 0
+            {
+                return Vec::new();
+            }
+            buf.truncate(size);
+            buf
+        }
+    }
+
+    /// The link log of a module with unresolved imports: the driver names them there.
+    pub fn link_log(&self) -> (ffi::ze_result_t, String) {
+        let mut handle = self.handle;
+        let mut log = std::ptr::null_mut();
+        // SAFETY: one module handle, a valid out-pointer for the log.
+        let r = unsafe { (self.rt.api.module_dynamic_link)(1, &mut handle, &mut log) };
+        (r, take_log(self.rt, log))
+    }
+
+    pub fn create_kernel(&self, name: &str) -> std::result::Result<Kernel, ffi::ze_result_t> {
+        let cname = CString::new(name).map_err(|_| ffi::ZE_RESULT_ERROR_INVALID_KERNEL_NAME)?;
+        let desc = ffi::ze_kernel_desc_t {
+            stype: ffi::ZE_STRUCTURE_TYPE_KERNEL_DESC,
+            p_next: std::ptr::null(),
+            flags: 0,
+            p_kernel_name: cname.as_ptr(),
+        };
+        let mut kernel = std::ptr::null_mut();
+        // SAFETY: desc and name live across the call.
+        let r = unsafe { (self.rt.api.kernel_create)(self.handle, &desc, &mut kernel) };
+        if r != ffi::ZE_RESULT_SUCCESS {
+            return Err(r);
+        }
+        KERNELS_CREATED.fetch_add(1, Ordering::Relaxed);
+        Ok(Kernel {
+            rt: self.rt,
+            handle: kernel,
+        })
+    }
+}
+
+impl Kernel {
+    pub fn properties(&self) -> std::result::Result<ffi::ze_kernel_properties_t, ffi::ze_result_t> {
+        let mut props: ffi::ze_kernel_properties_t = zeroed();
+        props.stype = ffi::ZE_STRUCTURE_TYPE_KERNEL_PROPERTIES;
+        // SAFETY: valid kernel handle and out-pointer.
+        let r = unsafe { (self.rt.api.kernel_get_properties)(self.handle, &mut props) };
+        if r == ffi::ZE_RESULT_SUCCESS {
+            Ok(props)
+        } else {
+            Err(r)
+        }
+    }
+}
