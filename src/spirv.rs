@@ -5,9 +5,9 @@
 //! here first, with rspirv, and rejected with a message that says what is wrong and where.
 
 use crate::error::{BuildError, ErrorKind, Result};
-use rspirv::binary::ParseState;
+use rspirv::binary::{self, Consumer, ParseAction, ParseState};
 use rspirv::dr::{self, Operand};
-use rspirv::spirv::ExecutionModel;
+use rspirv::spirv::{ExecutionModel, Op};
 
 const MAGIC: u32 = 0x0723_0203;
 const HEADER_BYTES: usize = 20;
@@ -117,88 +117,155 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Every id an instruction uses must be defined somewhere in the module (forward references
-/// are legal). Measured: one dangling operand makes the Level Zero driver end the process.
-fn check_ids(module: &dr::Module) -> Result<()> {
-    let bound = module.header.as_ref().map_or(0, |h| h.bound) as usize;
-    let mut defined = vec![false; bound];
-    for inst in module.all_inst_iter() {
+/// What one pass over the instructions collects. rspirv decodes each instruction with the
+/// SPIR-V grammar; the structure checks are ours, because rspirv's module loader rejects
+/// legal modules (Triton emits module-level OpExtInst for debug info).
+#[derive(Default)]
+struct Collector {
+    bound: usize,
+    defined: Vec<bool>,
+    /// (id, opcode name) of every id operand, checked once all definitions are known.
+    used: Vec<(u32, &'static str)>,
+    kernels: Vec<String>,
+    other_models: Vec<String>,
+    functions: usize,
+    in_function: bool,
+    /// Result ids of OpExtInstImport "OpenCL.std": the one extended set whose operands are
+    /// all ids. Other sets (e.g. NonSemantic debug info) mix literals in.
+    opencl_std: Vec<u32>,
+    problem: Option<String>,
+}
+
+impl Collector {
+    fn fail(&mut self, message: String) -> ParseAction {
+        self.problem = Some(message.clone());
+        ParseAction::Error(message.into())
+    }
+}
+
+impl Consumer for Collector {
+    fn initialize(&mut self) -> ParseAction {
+        ParseAction::Continue
+    }
+
+    fn finalize(&mut self) -> ParseAction {
+        ParseAction::Continue
+    }
+
+    fn consume_header(&mut self, header: dr::ModuleHeader) -> ParseAction {
+        self.bound = header.bound as usize;
+        self.defined = vec![false; self.bound];
+        ParseAction::Continue
+    }
+
+    fn consume_instruction(&mut self, inst: dr::Instruction) -> ParseAction {
+        let name = inst.class.opname;
+        match inst.class.opcode {
+            Op::Function if self.in_function => {
+                return self.fail("OpFunction inside a function (a missing OpFunctionEnd)".into())
+            }
+            Op::Function => {
+                self.in_function = true;
+                self.functions += 1;
+            }
+            Op::FunctionEnd if !self.in_function => {
+                return self.fail("OpFunctionEnd outside a function".into())
+            }
+            Op::FunctionEnd => self.in_function = false,
+            Op::EntryPoint => match (inst.operands.first(), inst.operands.get(2)) {
+                (
+                    Some(Operand::ExecutionModel(ExecutionModel::Kernel)),
+                    Some(Operand::LiteralString(n)),
+                ) => self.kernels.push(n.clone()),
+                (Some(Operand::ExecutionModel(m)), Some(Operand::LiteralString(n))) => {
+                    self.other_models.push(format!("{n} ({m:?})"))
+                }
+                _ => return self.fail("OpEntryPoint without an execution model and a name".into()),
+            },
+            _ => {}
+        }
         if let Some(id) = inst.result_id {
-            match defined.get_mut(id as usize) {
+            match self.defined.get_mut(id as usize) {
                 Some(slot) if id != 0 => *slot = true,
                 _ => {
-                    return Err(invalid(format!(
-                        "Op{} defines %{id}, outside the module's id bound {bound}",
-                        inst.class.opname
-                    )))
+                    let bound = self.bound;
+                    return self.fail(format!(
+                        "Op{name} defines %{id}, outside the module's id bound {bound}"
+                    ));
                 }
             }
         }
-    }
-    for inst in module.all_inst_iter() {
-        let used = inst
+        if inst.class.opcode == Op::ExtInstImport
+            && matches!(inst.operands.first(), Some(Operand::LiteralString(s)) if s == "OpenCL.std")
+        {
+            self.opencl_std.extend(inst.result_id);
+        }
+        // Check every operand of known instructions; of an extended instruction from another
+        // set only the set itself, since rspirv cannot tell its literals from ids.
+        let checked = match (inst.class.opcode, inst.operands.first()) {
+            (Op::ExtInst, Some(Operand::IdRef(set))) if !self.opencl_std.contains(set) => 1,
+            _ => inst.operands.len(),
+        };
+        let ids = inst
             .result_type
             .into_iter()
-            .chain(inst.operands.iter().filter_map(|o| match o {
+            .chain(inst.operands[..checked].iter().filter_map(|o| match o {
                 Operand::IdRef(id) | Operand::IdScope(id) | Operand::IdMemorySemantics(id) => {
                     Some(*id)
                 }
                 _ => None,
             }));
-        for id in used {
-            if !defined.get(id as usize).copied().unwrap_or(false) {
-                return Err(invalid(format!(
-                    "Op{} uses %{id}, which no instruction defines",
-                    inst.class.opname
-                )));
-            }
-        }
+        self.used.extend(ids.map(|id| (id, name)));
+        ParseAction::Continue
     }
-    Ok(())
 }
 
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;
     check_instruction_stream(bytes)?;
-    let module = dr::load_bytes(bytes).map_err(|state| match state {
-        // The loader reports unclosed functions and blocks through the consumer error.
-        ParseState::ConsumerError(e) => invalid(format!("malformed module structure: {e}")),
-        ParseState::OperandExpected(offset, index) => invalid(format!(
-            "truncated or malformed: instruction #{index} at byte {offset} runs past its word count or the end of the input"
-        )),
-        other => invalid(format!("malformed module: {other}")),
-    })?;
-    check_ids(&module)?;
-    if module.functions.is_empty() {
+    let mut c = Collector::default();
+    if let Err(state) = binary::parse_bytes(bytes, &mut c) {
+        return Err(match (state, c.problem.take()) {
+            (_, Some(problem)) => invalid(format!("malformed module: {problem}")),
+            (ParseState::OperandExpected(offset, index), None) => invalid(format!(
+                "malformed: instruction #{index} at byte {offset} has fewer operands than its opcode needs"
+            )),
+            (other, None) => invalid(format!("malformed module: {other}")),
+        });
+    }
+    if c.in_function {
+        return Err(invalid(
+            "the last function has no OpFunctionEnd: the module is cut short",
+        ));
+    }
+    // Every id an instruction uses must be defined somewhere in the module (forward
+    // references are legal). Measured: one dangling operand makes the Level Zero driver end
+    // the process.
+    if let Some((id, op)) = c
+        .used
+        .iter()
+        .find(|(id, _)| !c.defined.get(*id as usize).copied().unwrap_or(false))
+    {
+        return Err(invalid(format!(
+            "Op{op} uses %{id}, which no instruction defines"
+        )));
+    }
+    if c.functions == 0 {
         return Err(invalid("the module defines no functions"));
     }
-    let mut kernels = Vec::new();
-    let mut other_models = Vec::new();
-    for entry in &module.entry_points {
-        let model = match entry.operands.first() {
-            Some(Operand::ExecutionModel(m)) => *m,
-            _ => return Err(invalid("OpEntryPoint without an execution model")),
-        };
-        let name = match entry.operands.get(2) {
-            Some(Operand::LiteralString(s)) => s.clone(),
-            _ => return Err(invalid("OpEntryPoint without a name")),
-        };
-        if model == ExecutionModel::Kernel {
-            kernels.push(name);
-        } else {
-            other_models.push(format!("{name} ({model:?})"));
-        }
-    }
-    if kernels.is_empty() {
-        let found = if other_models.is_empty() {
+    if c.kernels.is_empty() {
+        let found = if c.other_models.is_empty() {
             "none".to_string()
         } else {
-            other_models.join(", ")
+            c.other_models.join(", ")
         };
         return Err(invalid(format!(
             "no OpenCL kernel entry point (OpEntryPoint Kernel); found: {found}"
         )));
     }
-    Ok(SpirvInfo { version, kernels })
+    Ok(SpirvInfo {
+        version,
+        kernels: c.kernels,
+    })
 }
