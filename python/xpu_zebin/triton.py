@@ -1,9 +1,307 @@
 """Triton XPU drop-ins: ``load_binary`` and ``make_zebin``.
 
-Placeholder for the Triton shim (tracked as its own issue). Importing this module never
-patches anything: activation will be one explicit call, ``xpu_zebin.triton.install()``.
+One line activates the package in a Triton XPU process (nothing happens on import)::
+
+    import xpu_zebin.triton; xpu_zebin.triton.install()
+
+``install()`` wraps the active driver's ``utils.load_binary``: SPIR-V is built by this
+package (the offline ``ocloc`` engine when ``ocloc`` is found, else Level Zero's
+``compile_and_load``), with the large-GRF fallback, classified errors and the binary cache,
+and the chosen native binary and build flags are then handed to the driver's own loader
+with ``is_spv=False``, so the SYCL objects Triton's launcher needs still come from the
+driver and its ``get_last_selected_build_flags()`` agrees. It also routes the XPU backend's
+``zebin`` stage through :func:`make_zebin`. triton-xpu 3.3 has no zebin stage: when
+``TRITON_XPU_GEN_NATIVE_CODE`` asks for native code there, its ``spv`` stage is extended to
+run :func:`make_zebin` after SPIR-V generation, the shape 3.3's own native path has.
+
+Errors: a PTSS overflow raises ``triton.runtime.errors.OutOfResources(required, limit,
+"per-thread scratch space (PTSS)")`` so the autotuner skips the config; other build errors
+raise ``IntelGPUError`` where Triton has it, else the package's own :class:`BuildError`.
+Either way ``.log`` holds the compiler's output and ``__cause__`` the package's error.
 """
 
 from __future__ import annotations
 
-__all__: list = []
+import contextlib
+import copy
+import logging
+import os
+import threading
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import xpu_zebin
+
+from .errors import BuildError, ScratchOverflowError, UnsupportedDeviceError
+
+__all__ = [
+    "get_last_selected_build_flags",
+    "install",
+    "load_binary",
+    "make_zebin",
+    "uninstall",
+]
+
+logger = logging.getLogger("xpu_zebin.triton")
+
+#: Triton's knob for the device architecture, honoured when no other source names it.
+DEVICE_ARCH_ENV = "TRITON_INTEL_DEVICE_ARCH"
+#: triton-xpu 3.3's switch for native code (its driver reads it at load time).
+NATIVE_CODE_ENV = "TRITON_XPU_GEN_NATIVE_CODE"
+
+_last_build_flags = ""
+_env_lock = threading.Lock()
+# (utils object, its original load_binary) for every install, so uninstall can undo it.
+_installed_utils: List[Tuple[Any, Callable]] = []
+_installed_backend: List[Tuple[type, Callable]] = []
+
+
+def get_last_selected_build_flags() -> str:
+    """The build flags of the last kernel loaded through this module (upstream contract)."""
+    return _last_build_flags
+
+
+def _triton_error(error: BuildError) -> Exception:
+    """The exception Triton's callers expect for ``error``, carrying its log."""
+    try:
+        from triton.runtime import errors as triton_errors
+    except ImportError:
+        return error
+    converted: Optional[Exception] = None
+    if isinstance(error, ScratchOverflowError) and error.required is not None:
+        converted = triton_errors.OutOfResources(
+            error.required, error.limit, "per-thread scratch space (PTSS)"
+        )
+    elif hasattr(triton_errors, "IntelGPUError"):
+        converted = triton_errors.IntelGPUError(f"{error}\n{error.log}")
+    if converted is None:
+        return error
+    converted.log = error.log  # type: ignore[attr-defined]
+    converted.kind = error.kind  # type: ignore[attr-defined]
+    converted.attempts = error.attempts  # type: ignore[attr-defined]
+    return converted
+
+
+def _device_arch(device: int, device_arch: Optional[str]) -> str:
+    """The ocloc device name: given, ``$TRITON_INTEL_DEVICE_ARCH``, or what the driver says."""
+    arch = device_arch or os.environ.get(DEVICE_ARCH_ENV)
+    if arch:
+        return arch
+    try:
+        arch = xpu_zebin.devices()[device].get("arch")
+    except (BuildError, IndexError):
+        arch = None
+    if not arch:
+        raise UnsupportedDeviceError(
+            f"cannot tell device {device}'s architecture for ocloc: pass device_arch "
+            f"or set {DEVICE_ARCH_ENV} (e.g. pvc, bmg, cri)",
+            kind="unsupported_device",
+        )
+    return arch
+
+
+def _offline_engine_available() -> bool:
+    try:
+        xpu_zebin.find_ocloc()
+        return True
+    except BuildError:
+        return False
+
+
+def _build_native(
+    name: str, spirv: bytes, build_flags: str, device: int, device_arch: Optional[str]
+) -> Tuple[bytes, str]:
+    """Build SPIR-V to a native binary with the GRF fallback: (binary, chosen flags)."""
+    if _offline_engine_available():
+        result = xpu_zebin.compile(
+            spirv,
+            device=_device_arch(device, device_arch),
+            build_flags=build_flags,
+            kernel_name=name,
+        )
+        return result.binary, result.build_flags
+    with xpu_zebin.compile_and_load(
+        spirv, name, build_flags=build_flags, device=device, device_arch=device_arch
+    ) as loaded:
+        return loaded.native_binary, loaded.build_flags
+
+
+@contextlib.contextmanager
+def _native_code_env(native: bool) -> Iterator[None]:
+    """triton-xpu 3.3's loader takes no ``is_spv``: it reads the environment instead."""
+    with _env_lock:
+        before = os.environ.get(NATIVE_CODE_ENV)
+        if native:
+            os.environ[NATIVE_CODE_ENV] = "1"
+        else:
+            os.environ.pop(NATIVE_CODE_ENV, None)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(NATIVE_CODE_ENV, None)
+            else:
+                os.environ[NATIVE_CODE_ENV] = before
+
+
+def _native_code_requested() -> bool:
+    return os.environ.get(NATIVE_CODE_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def load_binary(
+    name: str,
+    kernel: bytes,
+    shared: int,
+    build_flags: str,
+    is_spv: bool,
+    device: int,
+    device_arch: Optional[str] = None,
+) -> Tuple[Any, Any, int, int, int]:
+    """Upstream ``load_binary`` without a Triton driver: the result of ``compile_and_load``.
+
+    Returns ``(module, function, n_regs, n_spills, n_max_threads)``, where ``module`` is the
+    :class:`~xpu_zebin.LoadedKernel` that owns both handles and ``function`` the kernel
+    handle as an integer. ``shared`` is accepted for signature compatibility.
+    """
+    global _last_build_flags
+    try:
+        loaded = xpu_zebin.compile_and_load(
+            kernel,
+            name,
+            build_flags=build_flags,
+            is_spv=bool(is_spv),
+            device=device,
+            device_arch=device_arch,
+        )
+    except BuildError as e:
+        raise _triton_error(e) from e
+    _last_build_flags = loaded.build_flags
+    return loaded, loaded.kernel_handle, loaded.n_regs, loaded.n_spills, loaded.n_max_threads
+
+
+def _wrap_load_binary(original: Callable) -> Callable:
+    def load_binary(*args: Any) -> Any:
+        global _last_build_flags
+        if len(args) == 5:  # triton-xpu 3.3: (name, kernel, shared, build_flags, device)
+            name, kernel, shared, build_flags, device = args
+            is_spv, device_arch = not _native_code_requested(), None
+
+            def load(binary: bytes, flags: str, spv: bool) -> Any:
+                with _native_code_env(not spv):
+                    return original(name, binary, shared, flags, device)
+
+        else:  # upstream main: (name, kernel, shared, build_flags, is_spv, device[, arch])
+            name, kernel, shared, build_flags, is_spv, device, *rest = args
+            device_arch = rest[0] if rest else None
+
+            def load(binary: bytes, flags: str, spv: bool) -> Any:
+                return original(name, binary, shared, flags, spv, device, *rest)
+
+        if not is_spv:
+            result = load(kernel, build_flags, False)
+            _last_build_flags = build_flags
+            return result
+        try:
+            native, flags = _build_native(name, kernel, build_flags, device, device_arch)
+        except BuildError as e:
+            raise _triton_error(e) from e
+        logger.debug("kernel %r: loading the native binary built with %r", name, flags)
+        result = load(native, flags, False)
+        _last_build_flags = flags
+        return result
+
+    load_binary.__wrapped__ = original  # type: ignore[attr-defined]
+    load_binary.__xpu_zebin__ = True  # type: ignore[attr-defined]
+    return load_binary
+
+
+def _target_device_arch(metadata: dict) -> Optional[str]:
+    target = metadata.get("target")
+    arch = getattr(target, "arch", None)
+    if isinstance(arch, dict):
+        return arch.get("arch") or arch.get("device_arch")
+    return None
+
+
+def make_zebin(src: bytes, metadata: dict, options: Any, device_arch: Optional[str] = None):
+    """Drop-in for the XPU backend's ``make_zebin`` stage (upstream main's semantics).
+
+    The GRF ladder (default, then large) runs only for ``grf_mode == 'default'`` and
+    ``num_warps <= 32``; ``metadata["build_flags"]`` is updated with the flags that won.
+    The device comes from ``device_arch``, ``metadata["target"].arch``,
+    ``$TRITON_INTEL_DEVICE_ARCH``, or the driver.
+    """
+    grf_mode = getattr(options, "grf_mode", "default")
+    if not isinstance(grf_mode, str):  # triton-xpu 3.3's default is a tuple of choices
+        grf_mode = "default"
+    arch = device_arch or _target_device_arch(metadata) or _device_arch(0, None)
+    try:
+        result = xpu_zebin.compile(
+            src,
+            device=arch,
+            build_flags=metadata.get("build_flags", "") or "",
+            grf_mode=grf_mode,
+            num_warps=getattr(options, "num_warps", None),
+            kernel_name=metadata.get("name"),
+        )
+    except BuildError as e:
+        raise _triton_error(e) from e
+    metadata["build_flags"] = result.build_flags
+    metadata["binary_ext"] = "zebin"
+    return result.binary
+
+
+def _install_backend() -> None:
+    from triton.backends import backends
+
+    cls = backends["intel"].compiler
+    if any(c is cls for c, _ in _installed_backend):
+        return
+    original_add_stages = cls.add_stages
+
+    def add_stages(self, stages: dict, options: Any, *args: Any, **kwargs: Any) -> None:
+        original_add_stages(self, stages, options, *args, **kwargs)
+        arch = getattr(self, "device_arch", None)
+        if "zebin" in stages:
+            stages["zebin"] = lambda src, metadata: make_zebin(src, metadata, options, arch)
+        elif getattr(options, "generate_native_code", False):
+            # triton-xpu 3.3 has no zebin stage: its make_spv runs ocloc itself and returns
+            # the zebin under the "spv" key, the only binary its CompiledKernel reads as
+            # bytes. Keep that shape: SPIR-V from make_spv, then make_zebin, in one stage.
+            spv_options = copy.copy(options)
+            object.__setattr__(spv_options, "generate_native_code", False)
+
+            def spv_then_zebin(src: Any, metadata: dict) -> bytes:
+                spirv = self.make_spv(src, metadata, spv_options)
+                return make_zebin(spirv, metadata, options, arch)
+
+            stages["spv"] = spv_then_zebin
+
+    cls.add_stages = add_stages
+    _installed_backend.append((cls, original_add_stages))
+
+
+def install(utils: Any = None, *, backend: bool = True) -> Any:
+    """Route a Triton XPU driver's kernel loading (and the backend's zebin stage) through
+    this package. ``utils`` defaults to ``triton.runtime.driver.active.utils``. Idempotent;
+    :func:`uninstall` undoes it. Returns the utils object."""
+    if utils is None:
+        from triton.runtime.driver import driver
+
+        utils = driver.active.utils
+    if not getattr(utils.load_binary, "__xpu_zebin__", False):
+        original = utils.load_binary
+        utils.load_binary = _wrap_load_binary(original)
+        _installed_utils.append((utils, original))
+    if backend:
+        _install_backend()
+    return utils
+
+
+def uninstall() -> None:
+    """Restore every driver and backend :func:`install` changed."""
+    while _installed_utils:
+        utils, original = _installed_utils.pop()
+        utils.load_binary = original
+    while _installed_backend:
+        cls, original_add_stages = _installed_backend.pop()
+        cls.add_stages = original_add_stages
