@@ -243,9 +243,15 @@ fn choose(first: Tried, retry: Option<Tried>) -> std::result::Result<Choice, Box
     })
 }
 
-/// Speculate only when a core would otherwise sit idle: this job and its twin both fit.
-fn idle_core_for_speculation() -> bool {
-    ocloc::running() + 2 <= default_jobs()
+/// Below this SPIR-V size a build takes tens of milliseconds: a speculative twin would
+/// only cost a cancelled worker (measured: 37 ms per small Triton kernel with it, 23 ms
+/// without), so automatic speculation is for kernels at least this large.
+pub const SPECULATE_MIN_SPIRV_BYTES: usize = 32 * 1024;
+
+/// Speculate only for a kernel big enough to gain, and only when a core would otherwise
+/// sit idle: this job and its twin both fit.
+fn worth_speculating(spirv: &[u8]) -> bool {
+    spirv.len() >= SPECULATE_MIN_SPIRV_BYTES && ocloc::running() + 2 <= default_jobs()
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
@@ -305,7 +311,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     let speculate = ladder.len() == 2
         && req
             .speculative
-            .unwrap_or_else(|| may_speculate && idle_core_for_speculation());
+            .unwrap_or_else(|| may_speculate && worth_speculating(&req.spirv));
     let (first, retry) = if speculate {
         // Both GRF modes at once; the large build is cancelled if the default one is accepted.
         let lost = AtomicBool::new(false);
@@ -388,20 +394,24 @@ pub fn compile_many(
     on_done: &(dyn Fn(usize) + Sync),
 ) -> Vec<Outcome> {
     let slots: Vec<Mutex<Option<Outcome>>> = reqs.iter().map(|_| Mutex::new(None)).collect();
+    // Largest first (SPIR-V size as the cost estimate): the long builds start at once and
+    // the short ones fill in around them, instead of one long build trailing at the end.
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(reqs[i].spirv.len()));
     let next = AtomicUsize::new(0);
     let workers = jobs.max(1).min(reqs.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= reqs.len() {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = order.get(n) else {
                     break;
-                }
+                };
                 let result = if cancel.load(Ordering::Relaxed) {
                     Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into())
                 } else {
                     // Speculation only for the batch's tail, when no queued job needs the core.
-                    compile_inner(&reqs[i], cancel, i + workers >= reqs.len())
+                    compile_inner(&reqs[i], cancel, n + workers >= reqs.len())
                 };
                 *slots[i].lock().unwrap() = Some(result);
                 on_done(i);

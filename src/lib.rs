@@ -248,11 +248,25 @@ mod _core {
         work: impl FnOnce(&AtomicBool) -> T + Send,
     ) -> PyResult<T> {
         let cancel = AtomicBool::new(false);
+        let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
         std::thread::scope(|scope| {
-            let handle = scope.spawn(|| work(&cancel));
+            let handle = scope.spawn(|| {
+                let out = work(&cancel);
+                *done.0.lock().unwrap() = true;
+                done.1.notify_all();
+                out
+            });
             let mut interrupted = None;
-            while !handle.is_finished() {
-                py.detach(|| std::thread::sleep(Duration::from_millis(20)));
+            // Wake at once when the work ends; every 20 ms otherwise, to look for Ctrl-C.
+            let finished = || {
+                let guard = done.0.lock().unwrap();
+                let (guard, _) = done
+                    .1
+                    .wait_timeout_while(guard, Duration::from_millis(20), |d| !*d)
+                    .unwrap();
+                *guard
+            };
+            while !py.detach(finished) {
                 if interrupted.is_none() {
                     if let Err(e) = py.check_signals() {
                         cancel.store(true, Ordering::Relaxed);

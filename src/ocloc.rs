@@ -172,6 +172,37 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     }
 }
 
+/// Sleeps until a child exits or a slice of time passes, so an exit is seen at once while
+/// cancel and timeout are still checked between slices. Uses a pidfd (Linux 5.3+); where
+/// that is missing it just sleeps the slice.
+struct ExitWatch(Option<std::os::fd::OwnedFd>);
+
+impl ExitWatch {
+    fn new(pid: u32) -> Self {
+        // SAFETY: pidfd_open has no memory arguments; a valid fd is owned from here on.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        ExitWatch((fd >= 0).then(|| {
+            // SAFETY: fd was just returned by the kernel and is not owned elsewhere.
+            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) }
+        }))
+    }
+
+    fn wait(&self, slice: Duration) {
+        match &self.0 {
+            Some(fd) => {
+                let mut pfd = libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call.
+                unsafe { libc::poll(&mut pfd, 1, slice.as_millis() as i32) };
+            }
+            None => std::thread::sleep(slice),
+        }
+    }
+}
+
 /// One ocloc process for one job.
 pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     let io = |what: &str, e: std::io::Error| {
@@ -212,7 +243,7 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
         .map_err(|e| missing(format!("cannot start ocloc '{}': {e}", ocloc.display())))?;
 
     let deadline = spec.timeout.map(|t| started + t);
-    let mut pause = Duration::from_micros(500);
+    let exit_watch = ExitWatch::new(child.id());
     let exit = loop {
         match child.try_wait() {
             Ok(Some(status)) => break exit_of(status),
@@ -233,8 +264,7 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
                 Exit::Cancelled
             };
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
+        exit_watch.wait(Duration::from_millis(20));
     };
     let seconds = started.elapsed().as_secs_f64();
     let log = String::from_utf8_lossy(&std::fs::read(&log_path).unwrap_or_default()).into_owned();

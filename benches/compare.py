@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Compile latency of xpu-zebin beside the upstream approach, measured in one run.
+
+The baseline does what upstream Triton's ``make_zebin`` does: one ``ocloc`` process per
+attempt, the GRF ladder (default, then large) tried one after the other, no cache, the same
+retry rule (a failure, or any spill). Both sides use the same compiler and the same inputs:
+real Triton SPIR-V (compiled on the CPU by triton-xpu) and a generated kernel that overflows
+per-thread scratch space at default GRF. Every number is a ratio against the baseline from
+this run. Prints a table (median and spread over repeats) and, with ``--json``, one JSON
+object as its last line.
+
+    python benches/compare.py --ocloc ~/.cache/xpu-zebin/toolchain/modern/bin/ocloc --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+# Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
+os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
+
+import triton
+import triton.language as tl
+from triton.backends import backends
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import xpu_zebin
+from xpu_zebin import _core, samples
+
+GRF256 = "-cl-intel-256-GRF-per-thread"
+
+
+# --- inputs --------------------------------------------------------------------------------
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(
+        out_ptr + offs,
+        tl.load(x_ptr + offs, mask=mask) * 2 + tl.load(y_ptr + offs, mask=mask),
+        mask=mask,
+    )
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, K, BK):
+        acc += tl.dot(tl.load(a), tl.load(b))
+        a += BK * sak
+        b += BK * sbk
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
+
+
+def triton_spirv() -> Dict[str, bytes]:
+    """Real Triton SPIR-V for a few kernels, compiled on the CPU with triton-xpu."""
+
+    class ArchParser:  # Triton's parser needs SYCL headers; the device is named instead.
+        @staticmethod
+        def parse_device_arch(_architecture: int) -> str:
+            return "pvc"
+
+    backends["intel"].compiler.__init__.__globals__["compile_module_from_src"] = lambda *a, **k: (
+        ArchParser()
+    )
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xpu-zebin-bench-"))
+
+    arch = {
+        "architecture": 0, "name": "pvc", "max_work_group_size": 1024, "max_num_sub_groups": 64,
+        "sub_group_sizes": [16, 32], "has_fp64": True,
+        "has_subgroup_matrix_multiply_accumulate": False,
+        "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
+        "has_subgroup_2d_block_io": False,
+    }  # fmt: skip
+    target = GPUTarget("xpu", arch, 16)
+
+    def build(fn, signature, constants, num_warps=4) -> bytes:
+        names = list(signature)
+        src = ASTSource(fn, signature, {(names.index(k),): v for k, v in constants.items()})
+        return triton.compile(src, target=target, options={"num_warps": num_warps}).asm["spv"]
+
+    add_sig = {
+        "x_ptr": "*fp32",
+        "y_ptr": "*fp32",
+        "out_ptr": "*fp32",
+        "n": "i32",
+        "BLOCK": "constexpr",
+    }
+    mm_sig = {
+        **{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
+        **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
+        **{p: "constexpr" for p in ("BM", "BN", "BK")},
+    }
+    kernels = {f"add{b}": build(add_kernel, add_sig, {"BLOCK": b}) for b in (256, 512, 1024, 2048)}
+    kernels["matmul64"] = build(matmul_kernel, mm_sig, {"BM": 64, "BN": 64, "BK": 32})
+    kernels["matmul128"] = build(matmul_kernel, mm_sig, {"BM": 128, "BN": 128, "BK": 32})
+    return kernels
+
+
+# --- the baseline: upstream make_zebin's approach ------------------------------------------
+
+
+def baseline_compile(ocloc: str, spirv: bytes, device: str = "pvc") -> str:
+    """One ocloc process per attempt, the ladder in sequence, no cache. Returns the flags."""
+    env = dict(os.environ, IGC_EnableZEBinary="1")
+    chosen = None
+    with tempfile.TemporaryDirectory(prefix="xpu-zebin-baseline-") as tmp:
+        src = Path(tmp) / "kernel.spv"
+        src.write_bytes(spirv)
+        for flags in ("", GRF256):
+            out = Path(tmp) / f"out{len(flags)}"
+            out.mkdir()
+            cmd = [
+                ocloc, "compile", "-file", str(src), "-spirv_input", "-device", device,
+                "-output", "kernel", "-output_no_suffix", "-out_dir", str(out),
+            ]  # fmt: skip
+            if flags:
+                cmd += ["-options", flags]
+            run = subprocess.run(cmd, capture_output=True, env=env)
+            if run.returncode != 0:
+                continue  # a failed attempt: on to the next GRF mode
+            chosen = flags
+            spills = xpu_zebin.zebin_info(next(out.iterdir()).read_bytes())["kernels"][0]
+            spilled = spills["spill_size"] if spills["spill_size"] is not None else (
+                b"spilled" in run.stdout)  # fmt: skip
+            if not spilled:
+                break
+    if chosen is None:
+        raise RuntimeError("baseline: every attempt failed")
+    return chosen
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], object], repeat: int) -> List[float]:
+    samples_s = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        samples_s.append(time.perf_counter() - t)
+    return samples_s
+
+
+def summary(times: List[float]) -> str:
+    med = statistics.median(times)
+    return f"{med:8.3f} s  [{min(times):.3f}-{max(times):.3f}]"
+
+
+def peak_rss_mb(side: str, ocloc: str, spirv_path: Path) -> float:
+    """Peak RSS (MiB) of the compiler processes one side starts for one kernel, measured
+    in a fresh Python so nothing else this run started is counted."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-probe", side, "--ocloc", ocloc, str(spirv_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
+def rss_probe(side: str, ocloc: str, spirv_path: str) -> int:
+    spirv = Path(spirv_path).read_bytes()
+    if side == "baseline":
+        baseline_compile(ocloc, spirv)
+    else:
+        xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False, speculative=False)
+        _core.shutdown_workers()  # reaped workers count in RUSAGE_CHILDREN
+    print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--ocloc", default=None, help="compiler for both sides (default: discovery)"
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
+    parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_probe:
+        return rss_probe(args.rss_probe, args.ocloc, args.spirv)
+    ocloc = xpu_zebin.find_ocloc(args.ocloc)
+    repeat = max(1, args.repeat)
+
+    print(f"compiler: {ocloc}", file=sys.stderr)
+    kernels = triton_spirv()
+    ptss = xpu_zebin.opencl_to_spirv(
+        samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES), ocloc=ocloc
+    )
+    small = [kernels[f"add{b}"] for b in (256, 512, 1024, 2048)] * 5  # 20 small kernels
+    batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
+    batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
+
+    def package(spirv: bytes, **kw) -> xpu_zebin.CompileResult:
+        return xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, **{"cache": False, **kw})
+
+    # Warm the package's persistent worker once, as a long-lived process has it.
+    package(kernels["add256"])
+    rows = []
+    results: Dict[str, float] = {}
+
+    def compare(metric: str, label: str, base: Callable, pkg: Callable) -> None:
+        b, p = timed(base, repeat), timed(pkg, repeat)
+        ratio = statistics.median(b) / statistics.median(p)
+        results[metric] = round(ratio, 2)
+        rows.append((label, summary(b), summary(p), ratio))
+        print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
+
+    compare(
+        "fallback_speedup", "PTSS kernel, needs large GRF",
+        lambda: baseline_compile(ocloc, ptss), lambda: package(ptss),
+    )  # fmt: skip
+    compare(
+        "batch_speedup", f"mixed batch of {len(batch)} Triton kernels",
+        lambda: [baseline_compile(ocloc, s) for s in batch],
+        lambda: xpu_zebin.compile_many(
+            [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
+        ),
+    )  # fmt: skip
+    compare(
+        "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
+        lambda: [baseline_compile(ocloc, s) for s in small],
+        lambda: [package(s) for s in small],
+    )  # fmt: skip
+
+    heavy = kernels["matmul128"]
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cold = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), 1)
+        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), max(repeat, 5))
+    results["warm_cache_speedup"] = round(cold[0] / statistics.median(warm), 1)
+    rows.append(("register-heavy matmul: cold / warm cache", summary(cold), summary(warm),
+                 results["warm_cache_speedup"]))  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+
+        def ze_load(cache: bool):
+            with xpu_zebin.compile_and_load(
+                heavy, "matmul_kernel", cache=cache, cache_dir=cache_dir
+            ):
+                pass
+
+        ze_load(True)  # store the native binary
+        jit = timed(lambda: ze_load(False), repeat)
+        native = timed(lambda: ze_load(True), max(repeat, 5))
+    results["ze_warm_load_speedup"] = round(statistics.median(jit) / statistics.median(native), 1)
+    rows.append(("Level Zero: JIT load / warm native load", summary(jit), summary(native),
+                 results["ze_warm_load_speedup"]))  # fmt: skip
+
+    spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
+    spv_path.write_bytes(heavy)
+    results["peak_rss_mb"] = {
+        "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),
+        "package_workers": round(peak_rss_mb("package", ocloc, spv_path), 1),
+    }
+    _core.shutdown_workers()
+
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"\nxpu-zebin {xpu_zebin.__version__} vs upstream make_zebin approach ({machine})")
+    print(f"compiler: {ocloc}\n")
+    print(f"| {'case':44} | {'baseline (median [min-max])':28} | {'xpu-zebin':28} | ratio |")
+    print(f"|{'-' * 46}|{'-' * 30}|{'-' * 30}|-------|")
+    for label, b, p, r in rows:
+        print(f"| {label:44} | {b:28} | {p:28} | {r:5.1f} |")
+    rss = results["peak_rss_mb"]
+    print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
+          f"package worker {rss['package_workers']} MiB")  # fmt: skip
+    if args.json:
+        results.update(compiler=ocloc, machine=machine, repeat=repeat)
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
