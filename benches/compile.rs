@@ -1,1 +1,162 @@
-fn main() {}
+//! `cargo bench`: the engine's pieces and one small compile through each backend, on the
+//! real compilers. The `compile` group puts the backends side by side so their ratio is read
+//! from one run: one-shot ocloc (upstream's approach) against the persistent worker, the
+//! Level Zero JIT (simulated PVC device) and a warm cache hit.
+//!
+//! Needs `ocloc` on PATH (scripts/install-toolchain.sh). The worker backend needs a Python
+//! with this package installed: `$XPU_ZEBIN_BENCH_PYTHON`, else `.venv/bin/python`.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use xpu_zebin::classify::{classify_failure, spills_from_log, Exit};
+use xpu_zebin::engine::{compile, CompileRequest};
+use xpu_zebin::{ocloc, spirv, worker, ze, zebin};
+
+const ADD: &str = "__kernel void add(__global const float* a, __global const float* b, \
+                   __global float* c) { int i = get_global_id(0); c[i] = a[i] + b[i]; }";
+
+/// OpenCL C with `values` floats live across a loop (register pressure), as in samples.py.
+fn pressure_kernel(values: usize) -> String {
+    let mut s = String::from(
+        "__attribute__((intel_reqd_sub_group_size(32)))\n__kernel void pressure(__global const float* in, __global float* out, int n) {\n int gid = get_global_id(0);\n",
+    );
+    for j in 0..values {
+        s += &format!(" float v{j} = in[gid + {j}];\n");
+    }
+    s += " for (int it = 0; it < n; ++it) {\n";
+    for j in 0..values {
+        s += &format!(
+            "  v{j} = fma(v{j}, v{}, v{});\n",
+            (j + 1) % values,
+            (j + 7) % values
+        );
+    }
+    s += " }\n float s = 0.0f;\n";
+    for j in 0..values {
+        s += &format!(" s += v{j};\n");
+    }
+    s + " out[gid] = s;\n}\n"
+}
+
+/// Point the engine's persistent workers at a Python that has this package, if any.
+fn configure_worker_python() -> bool {
+    let python = std::env::var_os("XPU_ZEBIN_BENCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    let probe = Command::new(&python)
+        .args([
+            "-c",
+            "import os, sys, xpu_zebin; print(os.path.realpath(sys.executable)); print(os.pathsep.join(sys.path))",
+        ])
+        .output();
+    let Some(out) = probe.ok().filter(|o| o.status.success()) else {
+        eprintln!(
+            "worker backend skipped: no Python with xpu_zebin at {}",
+            python.display()
+        );
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let (Some(executable), Some(pythonpath)) = (lines.next(), lines.next()) else {
+        return false;
+    };
+    worker::configure(worker::PythonRuntime {
+        executable: executable.into(),
+        pythonpath: pythonpath.into(),
+    });
+    true
+}
+
+fn benches(c: &mut Criterion) {
+    let ocloc_path = ocloc::discover(None).expect("ocloc on PATH (scripts/install-toolchain.sh)");
+    let add = ocloc::opencl_to_spirv(&ocloc_path, ADD, "pvc", "").expect("add kernel SPIR-V");
+    let heavy = ocloc::opencl_to_spirv(&ocloc_path, &pressure_kernel(300), "pvc", "")
+        .expect("pressure kernel SPIR-V");
+    let cancel = AtomicBool::new(false);
+    let request = |spirv: &[u8]| CompileRequest {
+        ocloc: Some(ocloc_path.clone()),
+        cache: false,
+        speculative: Some(false),
+        ..CompileRequest::new(spirv.to_vec(), "pvc")
+    };
+    std::env::set_var(worker::PERSISTENT_ENV, "0");
+    let add_zebin = compile(&request(&add), &cancel)
+        .expect("add compiles")
+        .binary;
+    let ptss_log = "warning: in kernel 'K': [RetryManager] Start recompilation of the kernel\n\
+        error: in kernel 'K': total scratch space exceeds HW supported limit: 265792 bytes (max permitted PTSS 262144 bytes)\n\
+        error: backend compiler failed build.\nBuild failed with error code: -11";
+
+    let mut g = c.benchmark_group("engine");
+    g.bench_function("validate_spirv_100k", |b| {
+        b.iter(|| spirv::validate(black_box(&heavy)).unwrap())
+    });
+    g.bench_function("parse_zebin", |b| {
+        b.iter(|| zebin::parse(black_box(&add_zebin)).unwrap())
+    });
+    g.bench_function("classify_ptss_log", |b| {
+        b.iter(|| classify_failure(Exit::Code(245), black_box(ptss_log)))
+    });
+    g.bench_function("spills_from_log", |b| {
+        b.iter(|| spills_from_log(black_box(ptss_log)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("compile_small_kernel");
+    g.sample_size(10).measurement_time(Duration::from_secs(4));
+    g.bench_function("ocloc_one_shot", |b| {
+        std::env::set_var(worker::PERSISTENT_ENV, "0");
+        b.iter(|| compile(&request(&add), &cancel).unwrap())
+    });
+    if configure_worker_python() {
+        std::env::set_var(worker::PERSISTENT_ENV, "1");
+        compile(&request(&add), &cancel).expect("worker warm-up");
+        g.bench_function("ocloc_persistent_worker", |b| {
+            b.iter(|| compile(&request(&add), &cancel).unwrap())
+        });
+    }
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cached = CompileRequest {
+        cache: true,
+        cache_dir: Some(cache_dir.path().to_path_buf()),
+        ..request(&add)
+    };
+    compile(&cached, &cancel).expect("fill the cache");
+    g.bench_function("warm_cache_hit", |b| {
+        b.iter(|| compile(&cached, &cancel).unwrap())
+    });
+
+    std::env::set_var(ze::SIMULATED_DEVICE_ENV, "pvc");
+    let load = |is_spv: bool, binary: &[u8]| ze::load::LoadRequest {
+        binary: binary.to_vec(),
+        kernel_name: "add".into(),
+        build_flags: String::new(),
+        is_spv,
+        device: 0,
+        device_arch: None,
+        cache: false,
+        cache_dir: None,
+        spill_threshold: 0,
+    };
+    match ze::load::compile_and_load(&load(true, &add)) {
+        Ok(_) => {
+            g.bench_function("level_zero_jit", |b| {
+                b.iter(|| ze::load::compile_and_load(&load(true, &add)).unwrap())
+            });
+            g.bench_function("level_zero_native_load", |b| {
+                b.iter(|| ze::load::compile_and_load(&load(false, &add_zebin)).unwrap())
+            });
+        }
+        Err(f) => eprintln!("Level Zero backend skipped: {}", f.error),
+    }
+    g.finish();
+    worker::shutdown();
+}
+
+criterion_group!(compile_benches, benches);
+criterion_main!(compile_benches);

@@ -1,0 +1,34 @@
+"""The benchmark script runs from a clean checkout and reports every ratio it promises.
+No timing is asserted here: the numbers belong to the benchmark, not to a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benches" / "compare.py"
+
+
+def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--ocloc", modern_ocloc, "--repeat", "1", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in (
+        "fallback_speedup",
+        "batch_speedup",
+        "small_kernel_speedup",
+        "warm_cache_speedup",
+        "ze_warm_load_speedup",
+    ):
+        assert report[key] > 0, key
+    assert report["peak_rss_mb"]["baseline_ocloc"] > 0
+    assert report["peak_rss_mb"]["package_workers"] > 0
+    assert "| PTSS kernel, needs large GRF" in run.stdout
