@@ -282,3 +282,62 @@ def test_cli_batch(tmp_path, system_ocloc, add_spirv, spill_spirv):
     one = [sys.executable, "-m", "xpu_zebin", "batch", files[0], "--device", "pvc"]
     text = subprocess.run([*one, "--ocloc", system_ocloc], capture_output=True, text=True)
     assert text.returncode == 0 and "1 built, 0 failed" in text.stdout
+
+
+SIMD8_KERNEL = """__attribute__((intel_reqd_sub_group_size(8)))
+__kernel void simd8(__global float* p) { p[get_global_id(0)] *= 2.0f; }
+"""
+
+
+def test_both_attempts_fail_raises_the_first_error(ocloc, system_ocloc):
+    """SIMD8 is unsupported on PVC in every GRF mode: both builds fail, the first is raised."""
+    spirv = xpu_zebin.opencl_to_spirv(SIMD8_KERNEL, device="pvc", ocloc=system_ocloc)
+    with pytest.raises(xpu_zebin.BuildError) as e:
+        xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False)
+    err = e.value
+    assert [(a.build_flags, a.ok) for a in err.attempts] == [("", False), (GRF256, False)]
+    assert err.attempts[0].error == f"{err.kind}: {err.message}"
+    assert "8" in err.log
+
+
+def test_compiler_killed_by_a_signal_is_a_crash(modern_ocloc, ptss_spirv, marker, monkeypatch):
+    """A real ocloc dying by SIGSEGV mid-build is classified as a crash, with its log."""
+    import threading
+
+    monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", "0")
+    caught: dict = {}
+
+    def build():
+        try:
+            xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False,
+                              build_flags=GRF256)  # fmt: skip
+        except xpu_zebin.BuildError as e:
+            caught["error"] = e
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not marker.processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    for pid, _ in marker.processes():
+        os.kill(pid, signal.SIGSEGV)
+    thread.join(60)
+    err = caught["error"]
+    assert isinstance(err, xpu_zebin.CompilerCrashError), err
+    assert "SIGSEGV" in err.message and len(err.attempts) == 1
+
+
+def test_legacy_binary_is_degenerate(system_ocloc, add_spirv, tmp_path):
+    """Old ocloc without IGC_EnableZEBinary writes a patch-token binary, not a zebin."""
+    spv = tmp_path / "add.spv"
+    spv.write_bytes(add_spirv)
+    env = {k: v for k, v in os.environ.items() if k != "IGC_EnableZEBinary"}
+    subprocess.run(
+        [system_ocloc, "compile", "-file", str(spv), "-spirv_input", "-device", "pvc",
+         "-output", "legacy", "-out_dir", str(tmp_path), "-output_no_suffix", "-q"],
+        check=True, env=env, capture_output=True,
+    )  # fmt: skip
+    legacy = next(p for p in tmp_path.iterdir() if p.name.startswith("legacy"))
+    with pytest.raises(xpu_zebin.DegenerateBinaryError, match=r"\.text"):
+        xpu_zebin.zebin_info(legacy.read_bytes())
