@@ -47,6 +47,23 @@ pub fn scratch_overflow(log: &str) -> Option<(u64, u64)> {
     Some((caps[1].parse().ok()?, caps[2].parse().ok()?))
 }
 
+/// The ScratchOverflow error a log describes, with required and limit bytes when it says
+/// them; the same for ocloc output and Level Zero build logs.
+fn scratch_overflow_error(log: &str) -> Option<BuildError> {
+    const WHAT: &str = "per-thread scratch space (PTSS) exceeds the hardware limit";
+    if let Some((required, limit)) = scratch_overflow(log) {
+        let message = format!("{WHAT}: {required} bytes required, {limit} bytes permitted");
+        let mut e = BuildError::new(ErrorKind::ScratchOverflow, message).with_log(log);
+        e.required = Some(required);
+        e.limit = Some(limit);
+        return Some(e);
+    }
+    PTSS_LOOSE.is_match(log).then(|| {
+        let message = format!("{WHAT}: {}", headline(log).unwrap_or(""));
+        BuildError::new(ErrorKind::ScratchOverflow, message).with_log(log)
+    })
+}
+
 /// The largest "spilled around N" a compiler warned about, if any.
 pub fn spills_from_log(log: &str) -> Option<u64> {
     SPILLED
@@ -108,25 +125,8 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     let Exit::Code(code) = exit else {
         unreachable!()
     };
-    if let Some((required, limit)) = scratch_overflow(log) {
-        let mut e = err(
-            ErrorKind::ScratchOverflow,
-            format!(
-                "per-thread scratch space (PTSS) exceeds the hardware limit: {required} bytes required, {limit} bytes permitted"
-            ),
-        );
-        e.required = Some(required);
-        e.limit = Some(limit);
+    if let Some(e) = scratch_overflow_error(log) {
         return e;
-    }
-    if PTSS_LOOSE.is_match(log) {
-        return err(
-            ErrorKind::ScratchOverflow,
-            format!(
-                "per-thread scratch space (PTSS) exceeds the hardware limit: {}",
-                headline(log).unwrap_or("")
-            ),
-        );
     }
     if code == 127 || MISSING_LIBRARY.is_match(log) {
         return err(
@@ -189,24 +189,10 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
 /// Name the cause of a failed Level Zero module build from its result and build log.
 pub fn classify_driver_failure(result: &str, log: &str) -> BuildError {
     let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
-    if let Some((required, limit)) = scratch_overflow(log) {
-        let mut e = err(
-            ErrorKind::ScratchOverflow,
-            format!(
-                "per-thread scratch space (PTSS) exceeds the hardware limit: {required} bytes required, {limit} bytes permitted"
-            ),
-        );
-        e.required = Some(required);
-        e.limit = Some(limit);
+    if let Some(e) = scratch_overflow_error(log) {
         return e;
     }
     let said = headline(log).unwrap_or("the build log is empty");
-    if PTSS_LOOSE.is_match(log) {
-        return err(
-            ErrorKind::ScratchOverflow,
-            format!("per-thread scratch space (PTSS) exceeds the hardware limit: {said}"),
-        );
-    }
     if INVALID_SPIRV.is_match(log) {
         return err(
             ErrorKind::InvalidSpirv,

@@ -113,34 +113,31 @@ def _report(
     return result
 
 
-def _request(
-    spirv: bytes,
-    device: str,
-    build_flags: str = "",
-    grf_mode: str = "default",
-    num_warps: Optional[int] = None,
-    kernel_name: Optional[str] = None,
-    ocloc: Optional[PathLike] = None,
-    timeout: Optional[float] = None,
-    cache: bool = True,
-    cache_dir: Optional[PathLike] = None,
-    spill_threshold: int = 0,
-    speculative: Optional[bool] = None,
-) -> dict:
-    return dict(
-        spirv=bytes(spirv),
-        device=device,
-        build_flags=build_flags,
-        grf_mode=grf_mode,
-        num_warps=num_warps,
-        kernel_name=kernel_name,
-        ocloc=None if ocloc is None else os.fspath(ocloc),
-        timeout=timeout,
-        cache=cache,
-        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-        spill_threshold=spill_threshold,
-        speculative=speculative,
-    )
+# compile()'s options and their defaults; compile_many() requests use the same names.
+_OPTIONS = {
+    "build_flags": "",
+    "grf_mode": "default",
+    "num_warps": None,
+    "kernel_name": None,
+    "ocloc": None,
+    "timeout": None,
+    "cache": True,
+    "cache_dir": None,
+    "spill_threshold": 0,
+    "speculative": None,
+}
+
+
+def _request(spirv: bytes, device: str, **options: object) -> dict:
+    """A complete request for the native engine: every option present, paths as strings."""
+    unknown = set(options) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}")
+    req = {**_OPTIONS, **options, "spirv": bytes(spirv), "device": device}
+    for key in ("ocloc", "cache_dir"):
+        if req[key] is not None:
+            req[key] = os.fspath(req[key])  # type: ignore[arg-type]
+    return req
 
 
 def compile(
@@ -172,16 +169,16 @@ def compile(
     req = _request(
         spirv,
         device,
-        build_flags,
-        grf_mode,
-        num_warps,
-        kernel_name,
-        ocloc,
-        timeout,
-        cache,
-        cache_dir,
-        spill_threshold,
-        speculative,
+        build_flags=build_flags,
+        grf_mode=grf_mode,
+        num_warps=num_warps,
+        kernel_name=kernel_name,
+        ocloc=ocloc,
+        timeout=timeout,
+        cache=cache,
+        cache_dir=cache_dir,
+        spill_threshold=spill_threshold,
+        speculative=speculative,
     )
     result = _core.compile(**req)
     return _report(result, result.kernel)
