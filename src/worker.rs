@@ -35,6 +35,12 @@ const READY: &[u8; 4] = b"XZW1";
 const STARTUP: std::time::Duration = std::time::Duration::from_secs(60);
 /// A worker is replaced after this many jobs, bounding whatever IGC accumulates.
 const JOBS_PER_WORKER: u32 = 256;
+/// Idle workers kept per compiler: each holds IGC (~200 MB measured), so a many-core
+/// machine does not keep one per core forever. Busier moments start more, briefly.
+const MAX_IDLE_PER_COMPILER: usize = 8;
+/// A worker with no request for this long exits by itself, returning its memory.
+pub const IDLE_EXIT_ENV: &str = "XPU_ZEBIN_WORKER_IDLE_SECONDS";
+const DEFAULT_IDLE_EXIT_SECONDS: u64 = 300;
 
 #[derive(Serialize, Deserialize)]
 struct Request {
@@ -174,9 +180,28 @@ pub fn serve(libocloc: &Path) -> std::io::Result<()> {
     // crashed on a job by this greeting.
     protocol.write_all(READY)?;
     protocol.flush()?;
+    let idle_exit = std::env::var(IDLE_EXIT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_IDLE_EXIT_SECONDS);
     let mut stdin = std::io::stdin().lock();
     let mut seen = 0u64;
-    while let Some((request, mut input)) = read_frame(&mut stdin)? {
+    loop {
+        // Wait for the next request, or end after the idle time (the engine skips ended
+        // workers and starts new ones on demand).
+        let mut pfd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = i32::try_from(idle_exit.saturating_mul(1000)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut pfd, 1, millis) } == 0 {
+            return Ok(());
+        }
+        let Some((request, mut input)) = read_frame(&mut stdin)? else {
+            break;
+        };
         // libocloc reads in-memory OpenCL C as a C string: its length counts the terminator.
         if request.input_name.ends_with(".cl") {
             input.push(0);
@@ -449,7 +474,12 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
         if pool.broken.contains_key(&key) {
             return None;
         }
-        pool.idle.get_mut(&key).and_then(Vec::pop)
+        // An idle worker may have ended itself (idle timeout): skip those.
+        let idle = pool.idle.entry(key.clone()).or_default();
+        std::iter::from_fn(|| idle.pop()).find_map(|mut w| match w.child.try_wait() {
+            Ok(None) => Some(w),
+            _ => None,
+        })
     };
     if worker.is_none() {
         let Some(d) = descriptor(ocloc) else {
@@ -499,14 +529,12 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
         }
     };
     worker.jobs += 1;
-    if worker.jobs < JOBS_PER_WORKER {
-        POOL.lock()
-            .unwrap()
-            .idle
-            .entry(key)
-            .or_default()
-            .push(worker);
+    let mut pool = POOL.lock().unwrap();
+    let idle = pool.idle.entry(key).or_default();
+    if worker.jobs < JOBS_PER_WORKER && idle.len() < MAX_IDLE_PER_COMPILER {
+        idle.push(worker);
     } else {
+        drop(pool);
         worker.kill();
     }
     Some(RawRun {

@@ -101,3 +101,19 @@ def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, 
     assert result.attempts[0].ok
     assert [str(p) for p, _ in _core.broken_workers()] == [str(ocloc)]
     assert _workers(marker) == []
+
+
+def test_idle_worker_exits_and_is_replaced(system_ocloc, add_spirv, marker, monkeypatch):
+    monkeypatch.setenv("XPU_ZEBIN_WORKER_IDLE_SECONDS", "1")
+    xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc, cache=False,
+                      speculative=False)  # fmt: skip
+    (first,) = _workers(marker)
+    deadline = time.monotonic() + 15
+    while _workers(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _workers(marker) == []  # it returned its memory by itself
+    again = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc, cache=False,
+                              speculative=False)  # fmt: skip
+    assert again.attempts[0].ok
+    (second,) = _workers(marker)
+    assert second != first

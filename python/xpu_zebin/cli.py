@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -193,6 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     source = samples.register_pressure_kernel(args.values)
     spirv = xpu_zebin.opencl_to_spirv(source, device=args.device, ocloc=ocloc)
     print(f"SPIR-V: {len(spirv)} bytes, kernels {xpu_zebin.validate_spirv(spirv)}")
+    started = time.perf_counter()
     try:
         outcome: Union[CompileResult, BuildError] = xpu_zebin.compile(
             spirv, device=args.device, ocloc=ocloc, cache=False
@@ -200,6 +202,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except BuildError as e:
         outcome = e
     print(_describe(outcome, "demo"))
+    print(f"wall time {time.perf_counter() - started:.2f} s (attempts run at once on idle cores)")
     return EXIT_OK if isinstance(outcome, CompileResult) else EXIT_BUILD_ERROR
 
 
