@@ -41,6 +41,18 @@ def test_simulated_device_is_listed():
     assert device["sub_group_sizes"] == [16, 32]
 
 
+def test_cli_lists_devices():
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "devices"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "arch pvc" in out.stdout and "simulated" in out.stdout
+    env = {k: v for k, v in os.environ.items() if k != "XPU_ZEBIN_SIMULATED_DEVICE"}
+    none = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "devices"], capture_output=True, text=True, env=env
+    )
+    assert none.returncode == 1 and "[no_device]" in none.stderr
+
+
 def test_without_the_simulated_device_there_is_no_device():
     env = {k: v for k, v in os.environ.items() if k != "XPU_ZEBIN_SIMULATED_DEVICE"}
     code = (

@@ -62,6 +62,6 @@ def test_no_ocloc_anywhere_names_all_three_places(monkeypatch, add_spirv, tmp_pa
 def test_console_script_answers():
     script = Path(sys.executable).parent / "xpu-zebin"
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
-    for command in ("compile", "batch", "info", "demo", "kinds"):
+    for command in ("compile", "batch", "info", "demo", "devices", "kinds"):
         assert command in out.stdout
     import xpu_zebin.triton  # noqa: F401  the shim module imports without Triton

@@ -206,6 +206,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if isinstance(outcome, CompileResult) else EXIT_BUILD_ERROR
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """List Level Zero devices (XPU_ZEBIN_SIMULATED_DEVICE=pvc simulates one)."""
+    try:
+        devices = xpu_zebin.devices()
+    except BuildError as e:
+        print(f"xpu-zebin: {e}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    if args.json:
+        print(json.dumps(devices))
+        return EXIT_OK
+    for d in devices:
+        print(
+            f"{d['index']}: {d['name']} (device id 0x{d['device_id']:04x}, arch {d['arch']}, "
+            f"max work-group {d['max_work_group_size']}, sub-groups {d['sub_group_sizes']}"
+            f"{', simulated' if d['simulated'] else ''})"
+        )
+    return EXIT_OK
+
+
 def cmd_kinds(args: argparse.Namespace) -> int:
     for kind, description in xpu_zebin.error_kinds():
         print(f"{kind:20} {description}")
@@ -286,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--ocloc", default=None)
     d.set_defaults(func=cmd_demo)
+
+    v = sub.add_parser("devices", help="list Level Zero devices")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_devices)
 
     k = sub.add_parser("kinds", help="list the error kinds")
     k.set_defaults(func=cmd_kinds)
