@@ -208,21 +208,33 @@ fn needs_large_grf(first: &Result<Built>, spill_threshold: u64) -> bool {
     )
 }
 
-type Tried = (Attempt, Result<Built>);
+/// One attempt and what it built.
+pub(crate) type Tried<B> = (Attempt, Result<B>);
 
-struct Choice {
-    chosen: usize,
-    built: Built,
-    attempts: Vec<Attempt>,
+pub(crate) struct Choice<B> {
+    pub chosen: usize,
+    pub built: B,
+    pub attempts: Vec<Attempt>,
 }
 
-/// Apply the GRF policy's pick to the attempts made.
-fn choose(first: Tried, retry: Option<Tried>) -> std::result::Result<Choice, Box<Failure>> {
+/// Apply the GRF policy's pick to the attempts made; shared by the ocloc engine and the
+/// Level Zero loader. The build not chosen is dropped here.
+pub(crate) fn choose<B>(
+    first: Tried<B>,
+    retry: Option<Tried<B>>,
+    spills: impl Fn(&B) -> u64,
+) -> std::result::Result<Choice<B>, Box<Failure>> {
     let (a0, r0) = first;
-    let spills = |r: &Result<Built>| r.as_ref().ok().map(|b| b.spill_size);
+    let built_spills = |r: &Result<B>| r.as_ref().ok().map(&spills);
     let (p, mut attempts) = match &retry {
-        None => (spills(&r0).map_or(Pick::Neither, |_| Pick::First), vec![a0]),
-        Some((a1, r1)) => (grf::pick(spills(&r0), spills(r1)), vec![a0, a1.clone()]),
+        None => (
+            built_spills(&r0).map_or(Pick::Neither, |_| Pick::First),
+            vec![a0],
+        ),
+        Some((a1, r1)) => (
+            grf::pick(built_spills(&r0), built_spills(r1)),
+            vec![a0, a1.clone()],
+        ),
     };
     let (chosen, built) = match (p, r0, retry) {
         (Pick::First, Ok(b), _) => (0, b),
@@ -276,22 +288,22 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     let ladder = grf::ladder(&req.build_flags, mode, req.num_warps, &req.device);
     let mut notes = Vec::new();
 
-    let cache = req.cache.then(|| Cache::open(req.cache_dir.as_deref()));
-    let key = match &cache {
-        Some(_) => {
-            let identity = ocloc::identity(&ocloc_path)?;
-            Some(cache::key(&[
-                b"offline-ocloc-v1",
-                &req.spirv,
-                req.device.as_bytes(),
-                ladder.join("\n").as_bytes(),
-                &req.spill_threshold.to_le_bytes(),
-                identity.as_bytes(),
-            ]))
-        }
-        None => None,
+    // The cache and this request's key in it; the key needs the compiler's identity.
+    let cached = if req.cache {
+        let identity = ocloc::identity(&ocloc_path)?;
+        let key = cache::key(&[
+            b"offline-ocloc-v1",
+            &req.spirv,
+            req.device.as_bytes(),
+            ladder.join("\n").as_bytes(),
+            &req.spill_threshold.to_le_bytes(),
+            identity.as_bytes(),
+        ]);
+        Some((Cache::open(req.cache_dir.as_deref()), key))
+    } else {
+        None
     };
-    if let (Some(cache), Some(key)) = (&cache, &key) {
+    if let Some((cache, key)) = &cached {
         match cache.get::<Compiled>(key) {
             Lookup::Hit(mut hit, binary) => {
                 hit.binary = binary;
@@ -348,7 +360,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
         chosen,
         built,
         attempts,
-    } = match choose(first, retry) {
+    } = match choose(first, retry, |b| b.spill_size) {
         Ok(c) => c,
         Err(mut failure) => {
             failure.notes = notes;
@@ -370,7 +382,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
         binary: built.binary,
         notes,
     };
-    if let (Some(cache), Some(key)) = (&cache, &key) {
+    if let Some((cache, key)) = &cached {
         if let Some(note) = cache.put(key, &compiled, &compiled.binary) {
             compiled.notes.push(note);
         }

@@ -6,9 +6,9 @@
 use super::{ffi, runtime, Kernel, Module, Runtime};
 use crate::cache::{self, Cache, Lookup};
 use crate::classify::classify_driver_failure;
-use crate::engine::{Attempt, Failure};
+use crate::engine::{choose, Attempt, Choice, Failure};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::grf::{self, GrfMode, Pick};
+use crate::grf::{self, GrfMode};
 use crate::{spirv, zebin};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -232,18 +232,21 @@ pub fn compile_and_load(req: &LoadRequest) -> std::result::Result<Loaded, Box<Fa
         vec![req.build_flags.clone()]
     };
     let mut notes = Vec::new();
-    let cache = (req.cache && req.is_spv).then(|| Cache::open(req.cache_dir.as_deref()));
-    let key = cache::key(&[
-        b"ze-load-v1",
-        &req.binary,
-        ladder.join("\n").as_bytes(),
-        &req.spill_threshold.to_le_bytes(),
-        device.name.as_bytes(),
-        &device.device_id.to_le_bytes(),
-        device.driver.as_bytes(),
-    ]);
-    if let Some(cache) = &cache {
-        match cache.get::<CachedLoad>(&key) {
+    // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
+    let cached = (req.cache && req.is_spv).then(|| {
+        let key = cache::key(&[
+            b"ze-load-v1",
+            &req.binary,
+            ladder.join("\n").as_bytes(),
+            &req.spill_threshold.to_le_bytes(),
+            device.name.as_bytes(),
+            &device.device_id.to_le_bytes(),
+            device.driver.as_bytes(),
+        ]);
+        (Cache::open(req.cache_dir.as_deref()), key)
+    });
+    if let Some((cache, key)) = &cached {
+        match cache.get::<CachedLoad>(key) {
             Lookup::Hit(meta, native) => match build(rt, req, &native, false, &meta.build_flags) {
                 Ok(built) => {
                     let mut loaded = finish(rt, req, built, meta.build_flags)?;
@@ -262,45 +265,37 @@ pub fn compile_and_load(req: &LoadRequest) -> std::result::Result<Loaded, Box<Fa
         }
     }
 
-    let started = Instant::now();
-    let first = build(rt, req, &req.binary, req.is_spv, &ladder[0]);
-    let mut attempts = vec![attempt(&ladder[0], started, &first)];
-    let first_outcome = first.as_ref().map(|b| b.spills).map_err(|e| e.kind);
-    let retry =
-        (ladder.len() == 2 && grf::needs_retry(first_outcome, req.spill_threshold)).then(|| {
-            let started = Instant::now();
-            let retry = build(rt, req, &req.binary, req.is_spv, &ladder[1]);
-            attempts.push(attempt(&ladder[1], started, &retry));
-            retry
-        });
-    let spills = |r: &Result<Built>| r.as_ref().ok().map(|b| b.spills);
-    let choice = match &retry {
-        None => spills(&first).map_or(Pick::Neither, |_| Pick::First),
-        Some(r) => grf::pick(spills(&first), spills(r)),
+    let tried = |flags: &str| {
+        let started = Instant::now();
+        let result = build(rt, req, &req.binary, req.is_spv, flags);
+        (attempt(flags, started, &result), result)
     };
-    // The attempt not chosen drops here, destroying its kernel and module.
-    let (chosen, built) = match (choice, first, retry) {
-        (Pick::First, Ok(b), _) => (0, b),
-        (Pick::Retry, _, Some(Ok(b))) => (1, b),
-        (_, Err(error), _) => {
-            return Err(Box::new(Failure {
-                error,
-                attempts,
-                notes,
-            }))
+    let first = tried(&ladder[0]);
+    let first_outcome = first.1.as_ref().map(|b| b.spills).map_err(|e| e.kind);
+    let retry = (ladder.len() == 2 && grf::needs_retry(first_outcome, req.spill_threshold))
+        .then(|| tried(&ladder[1]));
+    // The attempt not chosen drops in `choose`, destroying its kernel and module.
+    let Choice {
+        chosen,
+        built,
+        attempts,
+    } = match choose(first, retry, |b| b.spills) {
+        Ok(c) => c,
+        Err(mut failure) => {
+            failure.notes = notes;
+            return Err(failure);
         }
-        _ => unreachable!("pick only chooses an attempt that built"),
     };
     let recovered = chosen == 1 && !attempts[0].ok;
     let mut loaded = finish(rt, req, built, ladder[chosen].clone())?;
-    if let Some(cache) = &cache {
+    if let Some((cache, key)) = &cached {
         let meta = CachedLoad {
             build_flags: loaded.build_flags.clone(),
             attempts: attempts.clone(),
             recovered,
             build_log: loaded.build_log.clone(),
         };
-        if let Some(note) = cache.put(&key, &meta, &loaded.native_binary) {
+        if let Some(note) = cache.put(key, &meta, &loaded.native_binary) {
             notes.push(note);
         }
     }
