@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use xpu_zebin::classify::{classify_failure, spills_from_log, Exit};
 use xpu_zebin::engine::{compile, CompileRequest};
-use xpu_zebin::{ocloc, spirv, worker, ze, zebin};
+use xpu_zebin::{ocloc, pool, spirv, ze, zebin};
 
 const ADD: &str = "__kernel void add(__global const float* a, __global const float* b, \
                    __global float* c) { int i = get_global_id(0); c[i] = a[i] + b[i]; }";
@@ -65,7 +65,7 @@ fn configure_worker_python() -> bool {
     let (Some(executable), Some(pythonpath)) = (lines.next(), lines.next()) else {
         return false;
     };
-    worker::configure(worker::PythonRuntime {
+    pool::configure(pool::PythonRuntime {
         executable: executable.into(),
         pythonpath: pythonpath.into(),
     });
@@ -84,7 +84,7 @@ fn benches(c: &mut Criterion) {
         speculative: Some(false),
         ..CompileRequest::new(spirv.to_vec(), "pvc")
     };
-    std::env::set_var(worker::PERSISTENT_ENV, "0");
+    std::env::set_var(pool::PERSISTENT_ENV, "0");
     let add_zebin = compile(&request(&add), &cancel)
         .expect("add compiles")
         .binary;
@@ -110,11 +110,11 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("compile_small_kernel");
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.bench_function("ocloc_one_shot", |b| {
-        std::env::set_var(worker::PERSISTENT_ENV, "0");
+        std::env::set_var(pool::PERSISTENT_ENV, "0");
         b.iter(|| compile(&request(&add), &cancel).unwrap())
     });
     if configure_worker_python() {
-        std::env::set_var(worker::PERSISTENT_ENV, "1");
+        std::env::set_var(pool::PERSISTENT_ENV, "1");
         compile(&request(&add), &cancel).expect("worker warm-up");
         g.bench_function("ocloc_persistent_worker", |b| {
             b.iter(|| compile(&request(&add), &cancel).unwrap())
@@ -132,30 +132,31 @@ fn benches(c: &mut Criterion) {
     });
 
     std::env::set_var(ze::SIMULATED_DEVICE_ENV, "pvc");
-    let load = |is_spv: bool, binary: &[u8]| ze::load::LoadRequest {
-        binary: binary.to_vec(),
-        kernel_name: "add".into(),
-        build_flags: String::new(),
+    let load = |is_spv: bool, isolated: bool, binary: &[u8]| ze::load::LoadRequest {
         is_spv,
-        device: 0,
-        device_arch: None,
+        isolated,
         cache: false,
-        cache_dir: None,
-        spill_threshold: 0,
+        ..ze::load::LoadRequest::new(binary.to_vec(), "add")
     };
-    match ze::load::compile_and_load(&load(true, &add)) {
+    let load_now = |r: ze::load::LoadRequest| ze::load::compile_and_load(&r, &cancel);
+    match load_now(load(true, false, &add)) {
         Ok(_) => {
-            g.bench_function("level_zero_jit", |b| {
-                b.iter(|| ze::load::compile_and_load(&load(true, &add)).unwrap())
+            g.bench_function("level_zero_jit_in_process", |b| {
+                b.iter(|| load_now(load(true, false, &add)).unwrap())
             });
+            if load_now(load(true, true, &add)).is_ok() {
+                g.bench_function("level_zero_jit_isolated", |b| {
+                    b.iter(|| load_now(load(true, true, &add)).unwrap())
+                });
+            }
             g.bench_function("level_zero_native_load", |b| {
-                b.iter(|| ze::load::compile_and_load(&load(false, &add_zebin)).unwrap())
+                b.iter(|| load_now(load(false, false, &add_zebin)).unwrap())
             });
         }
         Err(f) => eprintln!("Level Zero backend skipped: {}", f.error),
     }
     g.finish();
-    worker::shutdown();
+    pool::shutdown();
 }
 
 criterion_group!(compile_benches, benches);

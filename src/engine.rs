@@ -4,14 +4,14 @@
 use crate::cache::{self, Cache, Lookup};
 use crate::classify::{classify_failure, spills_from_log, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::grf::{self, GrfMode, Pick};
+use crate::grf::{self, GrfMode};
+use crate::ladder::{self, Choice};
 use crate::ocloc::{self, JobSpec};
-use crate::spirv;
 use crate::zebin::{self, ZebinInfo};
+use crate::{batch, spirv};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Environment variable for the default compile timeout in seconds (0: none).
@@ -56,16 +56,7 @@ impl CompileRequest {
     }
 }
 
-/// One ocloc run of the ladder.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Attempt {
-    pub build_flags: String,
-    pub ok: bool,
-    pub spill_size: Option<u64>,
-    pub seconds: f64,
-    /// `kind: message` of the failure, when it failed.
-    pub error: Option<String>,
-}
+pub use crate::ladder::Attempt;
 
 /// A successful compile.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,7 +107,7 @@ impl From<BuildError> for Box<Failure> {
     }
 }
 
-fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
+pub(crate) fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
     if requested.is_some() {
         return requested.filter(|t| !t.is_zero());
     }
@@ -191,79 +182,10 @@ fn build_once(
             (result, seconds)
         }
     };
-    let attempt = Attempt {
-        build_flags: flags.to_string(),
-        ok: result.is_ok(),
-        spill_size: result.as_ref().ok().map(|b| b.spill_size),
-        seconds,
-        error: result.as_ref().err().map(|e| e.to_string()),
-    };
-    (attempt, result)
-}
-
-fn needs_large_grf(first: &Result<Built>, spill_threshold: u64) -> bool {
-    grf::needs_retry(
-        first.as_ref().map(|b| b.spill_size).map_err(|e| e.kind),
-        spill_threshold,
+    (
+        Attempt::new(flags, seconds, &result, |b| b.spill_size),
+        result,
     )
-}
-
-/// One attempt and what it built.
-pub(crate) type Tried<B> = (Attempt, Result<B>);
-
-pub(crate) struct Choice<B> {
-    pub chosen: usize,
-    pub built: B,
-    pub attempts: Vec<Attempt>,
-}
-
-/// Apply the GRF policy's pick to the attempts made; shared by the ocloc engine and the
-/// Level Zero loader. The build not chosen is dropped here.
-pub(crate) fn choose<B>(
-    first: Tried<B>,
-    retry: Option<Tried<B>>,
-    spills: impl Fn(&B) -> u64,
-) -> std::result::Result<Choice<B>, Box<Failure>> {
-    let (a0, r0) = first;
-    let built_spills = |r: &Result<B>| r.as_ref().ok().map(&spills);
-    let (p, mut attempts) = match &retry {
-        None => (
-            built_spills(&r0).map_or(Pick::Neither, |_| Pick::First),
-            vec![a0],
-        ),
-        Some((a1, r1)) => (
-            grf::pick(built_spills(&r0), built_spills(r1)),
-            vec![a0, a1.clone()],
-        ),
-    };
-    let (chosen, built) = match (p, r0, retry) {
-        (Pick::First, Ok(b), _) => (0, b),
-        (Pick::Retry, _, Some((_, Ok(b)))) => (1, b),
-        (_, Err(error), _) => {
-            return Err(Box::new(Failure {
-                error,
-                attempts: std::mem::take(&mut attempts),
-                notes: Vec::new(),
-            }))
-        }
-        _ => unreachable!("pick only chooses an attempt that built"),
-    };
-    Ok(Choice {
-        chosen,
-        built,
-        attempts,
-    })
-}
-
-/// Below this SPIR-V size a build takes tens of milliseconds: a speculative twin would
-/// only cost a cancelled worker (measured: 37 ms per small Triton kernel with it, 23 ms
-/// without), so automatic speculation is for kernels at least this large.
-pub const SPECULATE_MIN_SPIRV_BYTES: usize = 32 * 1024;
-
-/// Speculate only for a kernel big enough to gain, and only when a core would otherwise
-/// sit idle: this job and its twin both fit.
-fn worth_speculating(spirv: &[u8]) -> bool {
-    spirv.len() >= SPECULATE_MIN_SPIRV_BYTES && ocloc::running() + 2 <= default_jobs()
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
@@ -317,56 +239,27 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     }
 
     let timeout = effective_timeout(req.timeout);
-    let build = |flags: &str, cancel: &[&AtomicBool]| {
-        build_once(&ocloc_path, req, &kernel, flags, timeout, cancel)
-    };
-    let speculate = ladder.len() == 2
-        && req
-            .speculative
-            .unwrap_or_else(|| may_speculate && worth_speculating(&req.spirv));
-    let (first, retry) = if speculate {
-        // Both GRF modes at once; the large build is cancelled if the default one is accepted.
-        let lost = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            let large = scope.spawn(|| build(&ladder[1], &[cancel, &lost]));
-            let first = build(&ladder[0], &[cancel]);
-            if needs_large_grf(&first.1, req.spill_threshold) {
-                (
-                    first,
-                    Some(large.join().expect("large-GRF attempt panicked")),
-                )
-            } else {
-                lost.store(true, Ordering::Relaxed);
-                let _ = large.join();
-                notes.push("speculative large-GRF build cancelled: default GRF accepted".into());
-                (first, None)
-            }
-        })
-    } else {
-        let first = build(&ladder[0], &[cancel]);
-        let retry = (ladder.len() == 2 && needs_large_grf(&first.1, req.spill_threshold))
-            .then(|| build(&ladder[1], &[cancel]));
-        (first, retry)
-    };
-    if let Ok(b) = &first.1 {
-        if retry.is_some() {
-            notes.push(format!(
-                "kernel '{kernel}' spills {} with default GRF; tried {}",
-                b.spill_size, ladder[1]
-            ));
-        }
-    }
+    let speculate = req
+        .speculative
+        .unwrap_or_else(|| may_speculate && ladder::worth_speculating(req.spirv.len()));
     let Choice {
         chosen,
         built,
         attempts,
-    } = match choose(first, retry, |b| b.spill_size) {
-        Ok(c) => c,
-        Err(mut failure) => {
-            failure.notes = notes;
-            return Err(failure);
-        }
-    };
+        notes: ladder_notes,
+    } = ladder::run(
+        &ladder,
+        req.spill_threshold,
+        speculate,
+        cancel,
+        |b: &Built| b.spill_size,
+        |flags, cancel| build_once(&ocloc_path, req, &kernel, flags, timeout, cancel),
+    )
+    .map_err(|mut f| {
+        f.notes.splice(0..0, notes.iter().cloned());
+        f
+    })?;
+    notes.extend(ladder_notes);
     let build_flags = ladder[chosen].clone();
     let mut compiled = Compiled {
         kernel,
@@ -390,12 +283,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     Ok(compiled)
 }
 
-/// Number of parallel jobs when none is given: the machine's cores.
-pub fn default_jobs() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
+pub use crate::batch::default_jobs;
 
 /// Compile every request with at most `jobs` at once; results in input order. One failure
 /// never stops the others. `on_done(index)` is called as each finishes.
@@ -405,33 +293,13 @@ pub fn compile_many(
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
 ) -> Vec<Outcome> {
-    let slots: Vec<Mutex<Option<Outcome>>> = reqs.iter().map(|_| Mutex::new(None)).collect();
-    // Largest first (SPIR-V size as the cost estimate): the long builds start at once and
-    // the short ones fill in around them, instead of one long build trailing at the end.
-    let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(reqs[i].spirv.len()));
-    let next = AtomicUsize::new(0);
-    let workers = jobs.max(1).min(reqs.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&i) = order.get(n) else {
-                    break;
-                };
-                let result = if cancel.load(Ordering::Relaxed) {
-                    Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into())
-                } else {
-                    // Speculation only for the batch's tail, when no queued job needs the core.
-                    compile_inner(&reqs[i], cancel, n + workers >= reqs.len())
-                };
-                *slots[i].lock().unwrap() = Some(result);
-                on_done(i);
-            });
-        }
-    });
-    slots
-        .into_iter()
-        .map(|s| s.into_inner().unwrap().expect("every slot is filled"))
-        .collect()
+    batch::run(
+        reqs,
+        jobs,
+        |r| r.spirv.len(),
+        cancel,
+        on_done,
+        |r, may_speculate| compile_inner(r, cancel, may_speculate),
+        || Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into()),
+    )
 }

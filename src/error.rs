@@ -1,10 +1,10 @@
 //! The one error type of the engine: a kind (data Python can list), a message, and the
 //! compiler's log. Every failure path builds one of these, so nothing is lost on the way up.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What went wrong, as data. `name()` is the stable string Python sees as `BuildError.kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     ScratchOverflow,
@@ -81,7 +81,7 @@ impl ErrorKind {
 }
 
 /// A classified failure with everything the user needs to act on it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("{kind_name}: {message}", kind_name = kind.name())]
 pub struct BuildError {
     pub kind: ErrorKind,

@@ -3,14 +3,17 @@
 //! The engine lives in its own modules (one concern each); this file only declares them and,
 //! with the `python` feature (maturin turns it on), binds them as `xpu_zebin._core`.
 
+pub mod batch;
 pub mod cache;
 pub mod classify;
 pub mod engine;
 pub mod error;
 pub mod grf;
+pub mod ladder;
+pub mod libocloc;
 pub mod ocloc;
+pub mod pool;
 pub mod spirv;
-pub mod worker;
 pub mod ze;
 pub mod zebin;
 
@@ -469,29 +472,49 @@ mod _core {
     /// Let the engine start persistent compiler workers with this interpreter and path.
     #[pyfunction]
     fn configure_workers(executable: PathBuf, pythonpath: String) {
-        crate::worker::configure(crate::worker::PythonRuntime {
+        crate::pool::configure(crate::pool::PythonRuntime {
             executable,
             pythonpath,
         });
     }
 
-    /// The worker process's main loop (`python -m xpu_zebin._worker LIBOCLOC`).
+    /// A worker process's main loop: `python -m xpu_zebin._worker ocloc LIBOCLOC` or
+    /// `python -m xpu_zebin._worker ze`.
     #[pyfunction]
-    fn serve_worker(py: Python<'_>, libocloc: PathBuf) -> PyResult<()> {
-        py.detach(|| crate::worker::serve(&libocloc))
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+    #[pyo3(signature = (kind, libocloc=None))]
+    fn serve_worker(py: Python<'_>, kind: String, libocloc: Option<PathBuf>) -> PyResult<()> {
+        let served = py.detach(|| match (kind.as_str(), libocloc) {
+            ("ocloc", Some(lib)) => crate::libocloc::serve(&lib),
+            ("ze", None) => crate::ze::build::serve(),
+            _ => Err(std::io::Error::other(format!(
+                "unknown worker kind '{kind}': use `ocloc LIBOCLOC` or `ze`"
+            ))),
+        });
+        served.map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
     }
 
     /// Stop idle persistent workers; they restart on demand.
     #[pyfunction]
     fn shutdown_workers() {
-        crate::worker::shutdown();
+        crate::pool::shutdown();
     }
 
-    /// Compilers whose persistent workers are off, and why.
+    /// Worker kinds that could not start, and why (`ocloc:<path>`, `ze`).
     #[pyfunction]
-    fn broken_workers() -> Vec<(PathBuf, String)> {
-        crate::worker::broken()
+    fn broken_workers() -> Vec<(String, String)> {
+        crate::pool::broken()
+    }
+
+    /// Pids of the idle workers (tests kill one mid-build).
+    #[pyfunction]
+    fn idle_worker_pids() -> Vec<u32> {
+        crate::pool::idle_pids()
+    }
+
+    /// Why this ocloc has no persistent worker (one process per compile then), if so.
+    #[pyfunction]
+    fn ocloc_worker_unavailable(ocloc: PathBuf) -> Option<String> {
+        crate::ocloc::worker_unavailable(&ocloc)
     }
 
     /// A kernel loaded through Level Zero. Owns its module and kernel handles and releases
@@ -583,40 +606,9 @@ mod _core {
         }
     }
 
-    /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
-    /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
-    #[pyfunction]
-    #[pyo3(signature = (binary, kernel_name, *, build_flags=String::new(), is_spv=true,
-        device=0, device_arch=None, cache=true, cache_dir=None, spill_threshold=0))]
-    #[allow(clippy::too_many_arguments)]
-    fn compile_and_load(
-        py: Python<'_>,
-        binary: Vec<u8>,
-        kernel_name: String,
-        build_flags: String,
-        is_spv: bool,
-        device: usize,
-        device_arch: Option<String>,
-        cache: bool,
-        cache_dir: Option<PathBuf>,
-        spill_threshold: u64,
-    ) -> PyResult<LoadedKernel> {
-        let req = crate::ze::load::LoadRequest {
-            binary,
-            kernel_name,
-            build_flags,
-            is_spv,
-            device,
-            device_arch,
-            cache,
-            cache_dir,
-            spill_threshold,
-        };
-        let mut loaded = py
-            .detach(|| crate::ze::load::compile_and_load(&req))
-            .map_err(|f| to_pyerr(py, *f))?;
+    fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedKernel {
         let native = std::mem::take(&mut loaded.native_binary);
-        Ok(LoadedKernel {
+        LoadedKernel {
             kernel_name: loaded.kernel_name.clone(),
             build_flags: loaded.build_flags.clone(),
             n_regs: loaded.n_regs,
@@ -631,7 +623,150 @@ mod _core {
             native_binary: PyBytes::new(py, &native).unbind(),
             notes: std::mem::take(&mut loaded.notes),
             loaded: std::sync::Mutex::new(Some(loaded)),
+        }
+    }
+
+    fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+        match timeout {
+            Some(t) if !t.is_finite() || t < 0.0 => Err(pyo3::exceptions::PyValueError::new_err(
+                format!("timeout must be a non-negative number of seconds, got {t}"),
+            )),
+            Some(t) => Ok(Some(Duration::from_secs_f64(t))),
+            None => Ok(None),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_request(
+        binary: Vec<u8>,
+        kernel_name: String,
+        build_flags: String,
+        is_spv: bool,
+        device: usize,
+        device_arch: Option<String>,
+        cache: bool,
+        cache_dir: Option<PathBuf>,
+        spill_threshold: u64,
+        isolated: bool,
+        timeout: Option<f64>,
+        speculative: Option<bool>,
+    ) -> PyResult<crate::ze::load::LoadRequest> {
+        Ok(crate::ze::load::LoadRequest {
+            binary,
+            kernel_name,
+            build_flags,
+            is_spv,
+            device,
+            device_arch,
+            cache,
+            cache_dir,
+            spill_threshold,
+            isolated,
+            timeout: timeout_of(timeout)?,
+            speculative,
         })
+    }
+
+    /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
+    /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
+    /// SPIR-V is built in a worker process unless `isolated` is false.
+    #[pyfunction]
+    #[pyo3(signature = (binary, kernel_name, *, build_flags=String::new(), is_spv=true,
+        device=0, device_arch=None, cache=true, cache_dir=None, spill_threshold=0,
+        isolated=true, timeout=None, speculative=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn compile_and_load(
+        py: Python<'_>,
+        binary: Vec<u8>,
+        kernel_name: String,
+        build_flags: String,
+        is_spv: bool,
+        device: usize,
+        device_arch: Option<String>,
+        cache: bool,
+        cache_dir: Option<PathBuf>,
+        spill_threshold: u64,
+        isolated: bool,
+        timeout: Option<f64>,
+        speculative: Option<bool>,
+    ) -> PyResult<LoadedKernel> {
+        let req = load_request(
+            binary,
+            kernel_name,
+            build_flags,
+            is_spv,
+            device,
+            device_arch,
+            cache,
+            cache_dir,
+            spill_threshold,
+            isolated,
+            timeout,
+            speculative,
+        )?;
+        match interruptible(py, |cancel| crate::ze::load::compile_and_load(&req, cancel))? {
+            Ok(loaded) => Ok(loaded_kernel(py, loaded)),
+            Err(f) => Err(to_pyerr(py, *f)),
+        }
+    }
+
+    /// Load many kernels (dicts with `compile_and_load`'s keyword names, all present) with
+    /// at most `jobs` at once. Returns, in input order, a LoadedKernel or a BuildError each.
+    #[pyfunction]
+    #[pyo3(signature = (requests, *, jobs=None, progress=None))]
+    fn compile_and_load_many(
+        py: Python<'_>,
+        requests: Vec<Bound<'_, PyDict>>,
+        jobs: Option<usize>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
+        let mut reqs = Vec::with_capacity(requests.len());
+        for d in &requests {
+            let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+                d.get_item(k)?.ok_or_else(|| {
+                    pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{k}'"))
+                })
+            };
+            reqs.push(load_request(
+                get("binary")?.extract()?,
+                get("kernel_name")?.extract()?,
+                get("build_flags")?.extract()?,
+                get("is_spv")?.extract()?,
+                get("device")?.extract()?,
+                get("device_arch")?.extract()?,
+                get("cache")?.extract()?,
+                get("cache_dir")?.extract()?,
+                get("spill_threshold")?.extract()?,
+                get("isolated")?.extract()?,
+                get("timeout")?.extract()?,
+                get("speculative")?.extract()?,
+            )?);
+        }
+        let jobs = jobs.unwrap_or_else(engine::default_jobs);
+        if jobs == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "jobs must be at least 1",
+            ));
+        }
+        let on_done = |i: usize| {
+            if let Some(cb) = &progress {
+                Python::attach(|py| {
+                    if let Err(e) = cb.call1(py, (i,)) {
+                        e.write_unraisable(py, None);
+                    }
+                });
+            }
+        };
+        let results = interruptible(py, |cancel| {
+            crate::ze::load::compile_and_load_many(&reqs, jobs, cancel, &on_done)
+        })?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(l) => Ok(Py::new(py, loaded_kernel(py, l))?.into_any()),
+                Err(f) => Ok(to_exception(py, *f)?.unbind()),
+            })
+            .collect()
     }
 
     /// The Level Zero devices (initialising the driver on first use).
@@ -671,7 +806,7 @@ mod _core {
         m.add("OCLOC_ENV", crate::ocloc::OCLOC_ENV)?;
         m.add("CACHE_DIR_ENV", crate::cache::CACHE_DIR_ENV)?;
         m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
-        m.add("PERSISTENT_ENV", crate::worker::PERSISTENT_ENV)?;
+        m.add("PERSISTENT_ENV", crate::pool::PERSISTENT_ENV)?;
         m.add("SIMULATED_DEVICE_ENV", crate::ze::SIMULATED_DEVICE_ENV)?;
         Ok(())
     }

@@ -1,17 +1,20 @@
-//! ocloc as a subprocess: discovery, compiler identity, and one compile job.
+//! How one ocloc attempt is built: discovery, compiler identity, and one compile job on a
+//! persistent libocloc worker (`src/pool.rs`) or in a one-shot ocloc process.
 //!
 //! A job runs with argv only (never a shell), in a private temp dir removed afterwards, in
 //! its own process group so a timeout or Ctrl-C kills ocloc and anything it started.
 
 use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
+use crate::{libocloc, pool};
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -140,35 +143,138 @@ pub struct JobSpec<'a> {
     pub cancel: &'a [&'a AtomicBool],
 }
 
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// Compiler processes this process is running right now.
-pub fn running() -> usize {
-    RUNNING.load(Ordering::Relaxed)
-}
-
-struct RunningGuard;
-
-impl RunningGuard {
-    fn new() -> Self {
-        RUNNING.fetch_add(1, Ordering::Relaxed);
-        RunningGuard
-    }
-}
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Run `ocloc compile` on `spec.input` and collect what it wrote: on a persistent worker
 /// when this compiler has one, else in a one-shot ocloc process.
 pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
-    let _running = RunningGuard::new();
-    match crate::worker::run(ocloc, spec) {
+    match run_on_worker(ocloc, spec) {
         Some(run) => Ok(run),
-        None => run_process(ocloc, spec),
+        None => {
+            let _busy = pool::BusyGuard::new();
+            run_process(ocloc, spec)
+        }
+    }
+}
+
+/// `<ocloc>.toolchain`: how to load a compiler that needs its own glibc.
+#[derive(Debug, Clone, Deserialize)]
+struct Descriptor {
+    libocloc: PathBuf,
+    #[serde(default)]
+    loader: Option<PathBuf>,
+    #[serde(default)]
+    library_path: Option<String>,
+}
+
+/// Find libocloc for an ocloc: a descriptor beside it, else the usual library dirs.
+fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
+    let mut beside = ocloc.as_os_str().to_owned();
+    beside.push(".toolchain");
+    if let Ok(text) = std::fs::read_to_string(&beside) {
+        return serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is not a valid descriptor: {e}",
+                beside.to_string_lossy()
+            )
+        });
+    }
+    let real = std::fs::canonicalize(ocloc).map_err(|e| e.to_string())?;
+    let prefix = real
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/"));
+    ["lib/x86_64-linux-gnu", "lib64", "lib"]
+        .iter()
+        .map(|d| prefix.join(d).join("libocloc.so"))
+        .find(|p| p.is_file())
+        .map(|libocloc| Descriptor {
+            libocloc,
+            loader: None,
+            library_path: None,
+        })
+        .ok_or_else(|| {
+            format!(
+                "no libocloc.so beside {} (looked in {}/lib*) and no {} descriptor",
+                real.display(),
+                prefix.display(),
+                beside.to_string_lossy()
+            )
+        })
+}
+
+/// The persistent worker kind for one ocloc, or why it has none.
+fn worker_spec(ocloc: &Path) -> std::result::Result<pool::WorkerSpec, String> {
+    static SPECS: LazyLock<Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    let mut specs = SPECS.lock().unwrap();
+    specs
+        .entry(ocloc.to_path_buf())
+        .or_insert_with(|| {
+            let d = descriptor(ocloc)?;
+            Ok(pool::WorkerSpec {
+                key: format!("ocloc:{}", ocloc.display()),
+                args: vec!["ocloc".into(), d.libocloc.into_os_string()],
+                loader: d.loader.map(|l| (l, d.library_path)),
+                // Old IGC writes a legacy patch-token binary for pvc unless asked for zebin.
+                env: vec![("IGC_EnableZEBinary".into(), "1".into())],
+            })
+        })
+        .clone()
+}
+
+/// Why an ocloc has no persistent worker (it then runs one process per compile), if so.
+pub fn worker_unavailable(ocloc: &Path) -> Option<String> {
+    match worker_spec(ocloc) {
+        Err(why) => Some(why),
+        Ok(spec) => pool::unavailable(&spec.key),
+    }
+}
+
+/// Run a job on a persistent worker. `None`: no worker for this compiler (use one-shot),
+/// or the worker died mid-job (re-run one-shot to classify what happened).
+fn run_on_worker(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
+    if !pool::persistent_enabled() {
+        return None;
+    }
+    let kind = worker_spec(ocloc).ok()?;
+    let header = serde_json::to_vec(&libocloc::Request {
+        args: spec.args.clone(),
+        input_name: spec.input_name.to_string(),
+    })
+    .ok()?;
+    let started = Instant::now();
+    let reply = pool::call(&kind, &header, spec.input, spec.cancel, spec.timeout).ok()?;
+    let seconds = started.elapsed().as_secs_f64();
+    match reply {
+        pool::Reply::Done {
+            header,
+            payload,
+            chatter,
+        } => {
+            let response: libocloc::Response = serde_json::from_slice(&header).ok()?;
+            Some(RawRun {
+                // In-process ocloc returns what the CLI would turn into its exit status.
+                exit: Exit::Code(response.code & 0xff),
+                log: response.log + &chatter,
+                output: response.wrote_output.then_some(payload),
+                seconds,
+            })
+        }
+        // An IGC crash: the one-shot re-run classifies it from ocloc's own exit.
+        pool::Reply::Died { .. } => None,
+        pool::Reply::TimedOut { chatter, .. } => Some(RawRun {
+            exit: Exit::TimedOut {
+                seconds: spec.timeout.unwrap_or_default().as_secs(),
+            },
+            log: chatter,
+            output: None,
+            seconds,
+        }),
+        pool::Reply::Cancelled => Some(RawRun {
+            exit: Exit::Cancelled,
+            log: String::new(),
+            output: None,
+            seconds,
+        }),
     }
 }
 

@@ -26,7 +26,7 @@ def test_worker_and_one_shot_agree(ocloc, add_spirv, spill_spirv, marker, monkey
         monkeypatch.setenv("XPU_ZEBIN_PERSISTENT", "1")
         persistent = xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False)
         assert len(_workers(marker)) >= 1, "a persistent worker should be serving"
-        assert ocloc not in [str(p) for p, _ in _core.broken_workers()]
+        assert f"ocloc:{ocloc}" not in [k for k, _ in _core.broken_workers()]
         assert persistent.build_flags == one_shot.build_flags
         assert persistent.spill_size == one_shot.spill_size
         info = [xpu_zebin.zebin_info(r.binary)["kernels"] for r in (one_shot, persistent)]
@@ -75,7 +75,7 @@ def test_worker_crash_falls_back_to_one_shot(modern_ocloc, ptss_spirv, marker):
     assert "error" not in result, result.get("error")
     assert result["ok"].recovered and result["ok"].n_regs == 256
     # One crash does not retire the compiler's workers for good.
-    assert modern_ocloc not in [str(p) for p, _ in _core.broken_workers()]
+    assert f"ocloc:{modern_ocloc}" not in [k for k, _ in _core.broken_workers()]
 
 
 def test_timeout_kills_the_worker(modern_ocloc, ptss_spirv, marker):
@@ -99,7 +99,7 @@ def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, 
     (bindir / "ocloc.toolchain").write_text('{"libocloc": "/nonexistent/libocloc.so"}')
     result = xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False)
     assert result.attempts[0].ok
-    assert [str(p) for p, _ in _core.broken_workers()] == [str(ocloc)]
+    assert [k for k, _ in _core.broken_workers()] == [f"ocloc:{ocloc}"]
     assert _workers(marker) == []
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "UnsupportedDeviceError",
     "compile",
     "compile_and_load",
+    "compile_and_load_many",
     "compile_many",
     "devices",
     "error_kinds",
@@ -201,22 +202,13 @@ def compile_many(
     ``progress=True`` shows a progress bar; a callable is called with each finished index.
     """
     reqs = [_request(**r) for r in requests]
-    bar = None
-    if progress is True:
-        from tqdm import tqdm
 
-        bar = tqdm(total=len(reqs), desc="xpu-zebin", unit="kernel", file=sys.stderr)
-        callback: Optional[Callable[[int], None]] = lambda _i: bar.update(1)  # noqa: E731
-    else:
-        callback = progress or None
-    try:
+    def run(callback: Optional[Callable[[int], None]]) -> list:
         if executor is not None:
-            results = _run_on_executor(executor, reqs, callback)
-        else:
-            results = _core.compile_many(reqs, jobs=jobs, progress=callback)
-    finally:
-        if bar is not None:
-            bar.close()
+            return _run_on_executor(executor, reqs, callback)
+        return _core.compile_many(reqs, jobs=jobs, progress=callback)
+
+    results = _with_progress(len(reqs), progress, run)
     for r in results:
         if isinstance(r, CompileResult):
             _report(r, r.kernel)
@@ -232,6 +224,41 @@ def devices() -> List[dict]:
     return _core.devices()
 
 
+# Set to 0 to build Level Zero SPIR-V inside this process (unsafe for untrusted input).
+ISOLATED_ENV = "XPU_ZEBIN_ISOLATED"
+
+
+def _isolated_default() -> bool:
+    return os.environ.get(ISOLATED_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# compile_and_load()'s options and their defaults; compile_and_load_many() uses the same.
+_LOAD_OPTIONS = {
+    "build_flags": "",
+    "is_spv": True,
+    "device": 0,
+    "device_arch": None,
+    "cache": True,
+    "cache_dir": None,
+    "spill_threshold": 0,
+    "isolated": None,
+    "timeout": None,
+    "speculative": None,
+}
+
+
+def _load_request(binary: bytes, kernel_name: str, **options: object) -> dict:
+    unknown = set(options) - set(_LOAD_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown compile_and_load option(s): {', '.join(sorted(unknown))}")
+    req = {**_LOAD_OPTIONS, **options, "binary": bytes(binary), "kernel_name": kernel_name}
+    if req["isolated"] is None:
+        req["isolated"] = _isolated_default()
+    if req["cache_dir"] is not None:
+        req["cache_dir"] = os.fspath(req["cache_dir"])  # type: ignore[arg-type]
+    return req
+
+
 def compile_and_load(
     binary: bytes,
     kernel_name: str,
@@ -243,6 +270,9 @@ def compile_and_load(
     cache: bool = True,
     cache_dir: Optional[PathLike] = None,
     spill_threshold: int = 0,
+    isolated: Optional[bool] = None,
+    timeout: Optional[float] = None,
+    speculative: Optional[bool] = None,
 ) -> LoadedKernel:
     """Build ``binary`` with the Level Zero driver and load ``kernel_name`` from it.
 
@@ -251,19 +281,72 @@ def compile_and_load(
     ``load_binary`` does; a native zebin is loaded as it is. The result owns the module
     and kernel handles (``close()`` or a ``with`` block releases them). A SPIR-V build's
     native binary is cached, so a warm load skips the JIT.
+
+    SPIR-V is compiled in a worker process (``isolated``, the default): an input that
+    crashes the driver's compiler raises :class:`CompilerCrashError` and this process goes
+    on; only the driver's native binary is loaded here. ``isolated=False`` (or
+    ``XPU_ZEBIN_ISOLATED=0``) compiles inside this process, which such an input ends: for
+    trusted kernels only. ``timeout`` is per build, in seconds; ``speculative`` runs both
+    GRF modes at once (``None``: when a core is idle).
     """
-    loaded = _core.compile_and_load(
-        bytes(binary),
+    req = _load_request(
+        binary,
         kernel_name,
         build_flags=build_flags,
         is_spv=is_spv,
         device=device,
         device_arch=device_arch,
         cache=cache,
-        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        cache_dir=cache_dir,
         spill_threshold=spill_threshold,
+        isolated=isolated,
+        timeout=timeout,
+        speculative=speculative,
     )
+    loaded = _core.compile_and_load(**req)
     return _report(loaded, kernel_name)
+
+
+def compile_and_load_many(
+    requests: Sequence[dict],
+    *,
+    jobs: Optional[int] = None,
+    progress: Union[bool, Callable[[int], None]] = False,
+) -> List[Union[LoadedKernel, BuildError]]:
+    """Load many kernels through Level Zero concurrently; results in input order.
+
+    Each request is a dict of :func:`compile_and_load`'s arguments (``binary`` and
+    ``kernel_name`` required). SPIR-V builds run in up to ``jobs`` worker processes at once
+    (default: cores); a failure is returned in its slot as the :class:`BuildError`.
+    ``progress=True`` shows a progress bar; a callable is called with each finished index.
+    """
+    reqs = [_load_request(**r) for r in requests]
+    results = _with_progress(
+        len(reqs),
+        progress,
+        lambda callback: _core.compile_and_load_many(reqs, jobs=jobs, progress=callback),
+    )
+    for r, req in zip(results, reqs):
+        if isinstance(r, LoadedKernel):
+            _report(r, req["kernel_name"])
+    return results
+
+
+def _with_progress(total: int, progress: Union[bool, Callable[[int], None]], run: Callable):
+    """Call ``run(callback)`` with a tqdm bar (``progress=True``) or the given callable."""
+    bar = None
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="xpu-zebin", unit="kernel", file=sys.stderr)
+        callback: Optional[Callable[[int], None]] = lambda _i: bar.update(1)  # noqa: E731
+    else:
+        callback = progress or None
+    try:
+        return run(callback)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:

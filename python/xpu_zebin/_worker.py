@@ -1,7 +1,9 @@
-"""A persistent compiler worker: ``python -m xpu_zebin._worker LIBOCLOC``.
+"""A persistent worker process, started by the engine (never by hand):
 
-Started by the engine (never by hand). It loads Intel's libocloc once and serves compile
-requests on stdin/stdout until stdin closes; see ``src/worker.rs`` for the protocol.
+``python -m xpu_zebin._worker ocloc LIBOCLOC`` loads Intel's libocloc once and compiles;
+``python -m xpu_zebin._worker ze`` opens the Level Zero driver and builds SPIR-V modules.
+Either serves requests on stdin/stdout until stdin closes; see ``src/pool.rs``. Anything
+that crashes the compiler ends this process, never the caller.
 """
 
 import sys
@@ -9,4 +11,4 @@ import sys
 from xpu_zebin._core import serve_worker
 
 if __name__ == "__main__":
-    serve_worker(sys.argv[1])
+    serve_worker(*sys.argv[1:3])

@@ -1,18 +1,21 @@
-//! `compile_and_load`: build a Level Zero module (SPIR-V JIT or native zebin), create the
+//! `compile_and_load`: build a Level Zero module (SPIR-V or a native zebin), create the
 //! kernel, read its spills, and retry in large GRF mode exactly as upstream `load_binary`
-//! does. A SPIR-V load stores the driver's native binary in the cache, so a warm load of
-//! the same kernel skips the JIT.
+//! does. SPIR-V is built in crash-isolated workers (`build.rs`) and only the chosen native
+//! binary is loaded here. A SPIR-V load stores that native binary in the cache, so a warm
+//! load of the same kernel skips the JIT.
 
-use super::{ffi, runtime, Kernel, Module, Runtime};
+use super::build::{self, Built, Isolated};
+use super::{runtime, Kernel, Module, Runtime};
 use crate::cache::{self, Cache, Lookup};
-use crate::classify::classify_driver_failure;
-use crate::engine::{choose, Attempt, Choice, Failure};
+use crate::engine::{effective_timeout, Attempt, Failure};
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, GrfMode};
-use crate::{spirv, zebin};
+use crate::ladder::{self, Choice};
+use crate::{batch, spirv, zebin};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct LoadRequest {
@@ -27,6 +30,32 @@ pub struct LoadRequest {
     pub cache_dir: Option<PathBuf>,
     /// spillMemSize above which a good default-GRF build is retried in large GRF.
     pub spill_threshold: u64,
+    /// Build SPIR-V in a worker process (default). `false` runs IGC in this process, where
+    /// an input that crashes it ends the process.
+    pub isolated: bool,
+    /// Per attempt; `None`: `XPU_ZEBIN_TIMEOUT` or the default.
+    pub timeout: Option<Duration>,
+    /// Both GRF modes at once. `None`: only when a core is idle (isolated builds only).
+    pub speculative: Option<bool>,
+}
+
+impl LoadRequest {
+    pub fn new(binary: Vec<u8>, kernel_name: &str) -> Self {
+        LoadRequest {
+            binary,
+            kernel_name: kernel_name.to_string(),
+            build_flags: String::new(),
+            is_spv: true,
+            device: 0,
+            device_arch: None,
+            cache: true,
+            cache_dir: None,
+            spill_threshold: 0,
+            isolated: true,
+            timeout: None,
+            speculative: None,
+        }
+    }
 }
 
 /// A loaded kernel: owns its module and kernel handles (kernel declared first: it is
@@ -51,6 +80,8 @@ pub struct Loaded {
     pub notes: Vec<String>,
 }
 
+pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
+
 /// What the cache keeps beside the native binary.
 #[derive(Serialize, Deserialize)]
 struct CachedLoad {
@@ -58,115 +89,6 @@ struct CachedLoad {
     attempts: Vec<Attempt>,
     recovered: bool,
     build_log: String,
-}
-
-struct Built {
-    kernel: Kernel,
-    module: Module,
-    spills: u64,
-    props: ffi::ze_kernel_properties_t,
-    log: String,
-}
-
-fn classify_result(r: ffi::ze_result_t, log: &str) -> BuildError {
-    let name = ffi::result_name(r);
-    match r {
-        ffi::ZE_RESULT_ERROR_INVALID_NATIVE_BINARY => BuildError::new(
-            ErrorKind::UnsupportedDevice,
-            format!("the native binary is not for this device ({name})"),
-        )
-        .with_log(log),
-        ffi::ZE_RESULT_ERROR_DEVICE_LOST | ffi::ZE_RESULT_ERROR_UNINITIALIZED => {
-            BuildError::new(ErrorKind::NoDevice, format!("the driver failed: {name}")).with_log(log)
-        }
-        _ => classify_driver_failure(&name, log),
-    }
-}
-
-/// One build: module, kernel, properties; every failure classified, nothing leaked.
-fn build(
-    rt: &'static Runtime,
-    req: &LoadRequest,
-    input: &[u8],
-    is_spv: bool,
-    flags: &str,
-) -> Result<Built> {
-    let (module, log) = rt
-        .create_module(req.device, input, is_spv, flags)
-        .map_err(|(r, log)| classify_result(r, &log))?;
-    let kernel = match module.create_kernel(&req.kernel_name) {
-        Ok(k) => k,
-        Err(ffi::ZE_RESULT_ERROR_INVALID_KERNEL_NAME) => {
-            return Err(BuildError::new(
-                ErrorKind::KernelNotFound,
-                format!(
-                    "kernel '{}' is not in the module; kernels: [{}]",
-                    req.kernel_name,
-                    module.kernel_names().join(", ")
-                ),
-            )
-            .with_log(log))
-        }
-        Err(ffi::ZE_RESULT_ERROR_INVALID_MODULE_UNLINKED) => {
-            let (_, link_log) = module.link_log();
-            let symbols = unresolved_symbols(&link_log);
-            return Err(BuildError::new(
-                ErrorKind::LinkFailure,
-                if symbols.is_empty() {
-                    "module is unlinked: it imports symbols nothing provides (the driver does not name them)".to_string()
-                } else {
-                    format!("module is unlinked: unresolved symbols: {}", symbols.join(", "))
-                },
-            )
-            .with_log(format!("{log}{link_log}")));
-        }
-        Err(r) => {
-            return Err(BuildError::new(
-                ErrorKind::BuildFailure,
-                format!("zeKernelCreate failed with {}", ffi::result_name(r)),
-            )
-            .with_log(log))
-        }
-    };
-    let props = kernel.properties().map_err(|r| {
-        BuildError::new(
-            ErrorKind::BuildFailure,
-            format!("zeKernelGetProperties failed with {}", ffi::result_name(r)),
-        )
-        .with_log(log.clone())
-    })?;
-    Ok(Built {
-        spills: props.spill_mem_size as u64,
-        kernel,
-        module,
-        props,
-        log,
-    })
-}
-
-/// The symbols a link log says nothing provides, each once, in order.
-fn unresolved_symbols(link_log: &str) -> Vec<String> {
-    static SYMBOL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"Unresolved Symbol <([^>]+)>|unresolved external symbol (\S+)").unwrap()
-    });
-    let mut names: Vec<String> = Vec::new();
-    for c in SYMBOL.captures_iter(link_log) {
-        let name = c.get(1).or(c.get(2)).map_or("", |m| m.as_str()).to_string();
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    names
-}
-
-fn attempt(flags: &str, started: Instant, result: &Result<Built>) -> Attempt {
-    Attempt {
-        build_flags: flags.to_string(),
-        ok: result.is_ok(),
-        spill_size: result.as_ref().ok().map(|b| b.spills),
-        seconds: started.elapsed().as_secs_f64(),
-        error: result.as_ref().err().map(|e| e.to_string()),
-    }
 }
 
 /// Check the input before any byte reaches the driver (random bytes end the process there).
@@ -199,12 +121,8 @@ fn finish(rt: &Runtime, req: &LoadRequest, built: Built, flags: String) -> Resul
         build_flags: flags,
         n_spills: built.spills,
         n_max_threads: device.max_work_group_size,
-        private_mem_size: built.props.private_mem_size,
-        simd_size: if built.props.required_subgroup_size != 0 {
-            built.props.required_subgroup_size
-        } else {
-            built.props.max_subgroup_size
-        },
+        private_mem_size: built.private_mem_size,
+        simd_size: built.simd_size,
         build_log: built.log,
         kernel: built.kernel,
         module: built.module,
@@ -215,8 +133,32 @@ fn finish(rt: &Runtime, req: &LoadRequest, built: Built, flags: String) -> Resul
     })
 }
 
-/// Build and load `req.kernel_name`, with upstream's large-GRF fallback.
-pub fn compile_and_load(req: &LoadRequest) -> std::result::Result<Loaded, Box<Failure>> {
+/// Build and load `req.kernel_name`, with upstream's large-GRF fallback. `cancel` kills
+/// the running builds.
+pub fn compile_and_load(req: &LoadRequest, cancel: &AtomicBool) -> LoadOutcome {
+    load_inner(req, cancel, true)
+}
+
+/// Load every request with at most `jobs` at once; results in input order, a failure in
+/// its slot. `on_done(index)` is called as each finishes.
+pub fn compile_and_load_many(
+    reqs: &[LoadRequest],
+    jobs: usize,
+    cancel: &AtomicBool,
+    on_done: &(dyn Fn(usize) + Sync),
+) -> Vec<LoadOutcome> {
+    batch::run(
+        reqs,
+        jobs,
+        |r| r.binary.len(),
+        cancel,
+        on_done,
+        |r, may_speculate| load_inner(r, cancel, may_speculate),
+        || Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into()),
+    )
+}
+
+fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> LoadOutcome {
     validate(req)?;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
@@ -247,45 +189,128 @@ pub fn compile_and_load(req: &LoadRequest) -> std::result::Result<Loaded, Box<Fa
     });
     if let Some((cache, key)) = &cached {
         match cache.get::<CachedLoad>(key) {
-            Lookup::Hit(meta, native) => match build(rt, req, &native, false, &meta.build_flags) {
-                Ok(built) => {
-                    let mut loaded = finish(rt, req, built, meta.build_flags)?;
-                    loaded.attempts = meta.attempts;
-                    loaded.recovered = meta.recovered;
-                    loaded.build_log = meta.build_log;
-                    loaded.cached = true;
-                    return Ok(loaded);
+            Lookup::Hit(meta, native) => {
+                match build::in_process(
+                    rt,
+                    req.device,
+                    &req.kernel_name,
+                    &native,
+                    false,
+                    &meta.build_flags,
+                ) {
+                    Ok(built) => {
+                        let mut loaded = finish(rt, req, built, meta.build_flags)?;
+                        loaded.attempts = meta.attempts;
+                        loaded.recovered = meta.recovered;
+                        loaded.build_log = meta.build_log;
+                        loaded.cached = true;
+                        return Ok(loaded);
+                    }
+                    Err(e) => notes.push(format!(
+                        "cached native binary did not load ({e}); rebuilding"
+                    )),
                 }
-                Err(e) => notes.push(format!(
-                    "cached native binary did not load ({e}); rebuilding"
-                )),
-            },
+            }
             Lookup::Corrupt(note) => notes.push(note),
             Lookup::Miss => {}
         }
     }
 
-    let tried = |flags: &str| {
-        let started = Instant::now();
-        let result = build(rt, req, &req.binary, req.is_spv, flags);
-        (attempt(flags, started, &result), result)
+    let with_notes = |mut f: Box<Failure>, notes: &[String]| {
+        f.notes.splice(0..0, notes.iter().cloned());
+        f
     };
-    let first = tried(&ladder[0]);
-    let first_outcome = first.1.as_ref().map(|b| b.spills).map_err(|e| e.kind);
-    let retry = (ladder.len() == 2 && grf::needs_retry(first_outcome, req.spill_threshold))
-        .then(|| tried(&ladder[1]));
-    // The attempt not chosen drops in `choose`, destroying its kernel and module.
-    let Choice {
-        chosen,
-        built,
-        attempts,
-    } = match choose(first, retry, |b| b.spills) {
-        Ok(c) => c,
-        Err(mut failure) => {
-            failure.notes = notes;
-            return Err(failure);
+    let timeout = effective_timeout(req.timeout);
+    let (chosen, built, attempts, ladder_notes) = if req.is_spv && req.isolated {
+        let speculate = req
+            .speculative
+            .unwrap_or_else(|| may_speculate && ladder::worth_speculating(req.binary.len()));
+        let Choice {
+            chosen,
+            built: isolated,
+            attempts,
+            notes: ladder_notes,
+        } = ladder::run(
+            &ladder,
+            req.spill_threshold,
+            speculate,
+            cancel,
+            |b: &Isolated| b.spills,
+            |flags, cancel| {
+                let started = Instant::now();
+                let r = build::isolated(
+                    req.device,
+                    &req.kernel_name,
+                    &req.binary,
+                    flags,
+                    timeout,
+                    cancel,
+                );
+                (
+                    Attempt::new(flags, started.elapsed().as_secs_f64(), &r, |b| b.spills),
+                    r,
+                )
+            },
+        )
+        .map_err(|f| with_notes(f, &notes))?;
+        // Only the driver's own native binary is loaded here: no IGC in this process.
+        match build::in_process(
+            rt,
+            req.device,
+            &req.kernel_name,
+            &isolated.native,
+            false,
+            &ladder[chosen],
+        ) {
+            Ok(mut built) => {
+                built.log = isolated.log;
+                (chosen, built, attempts, ladder_notes)
+            }
+            Err(mut error) => {
+                error.message = format!(
+                    "the native binary built by the worker did not load here: {}",
+                    error.message
+                );
+                return Err(Box::new(Failure {
+                    error,
+                    attempts,
+                    notes,
+                }));
+            }
         }
+    } else {
+        // In this process: a native binary (no IGC), or SPIR-V with isolation turned off.
+        let Choice {
+            chosen,
+            built,
+            attempts,
+            notes: ladder_notes,
+        } = ladder::run(
+            &ladder,
+            req.spill_threshold,
+            false,
+            cancel,
+            |b: &Built| b.spills,
+            |flags, _cancel| {
+                let started = Instant::now();
+                let r = build::in_process(
+                    rt,
+                    req.device,
+                    &req.kernel_name,
+                    &req.binary,
+                    req.is_spv,
+                    flags,
+                );
+                (
+                    Attempt::new(flags, started.elapsed().as_secs_f64(), &r, |b| b.spills),
+                    r,
+                )
+            },
+        )
+        .map_err(|f| with_notes(f, &notes))?;
+        (chosen, built, attempts, ladder_notes)
     };
+    notes.extend(ladder_notes);
     let recovered = chosen == 1 && !attempts[0].ok;
     let mut loaded = finish(rt, req, built, ladder[chosen].clone())?;
     if let Some((cache, key)) = &cached {

@@ -5,13 +5,15 @@
 //! before the loader is opened, so the real driver and IGC run without a GPU (AUB capture
 //! mode, DESIGN.md §4): modules build and kernels can be inspected; nothing executes.
 
+pub mod build;
 pub mod ffi;
 pub mod load;
 
 use crate::error::{BuildError, ErrorKind, Result};
 use ffi::{zeroed, Api, Handle};
 use serde::Serialize;
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsString};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -77,18 +79,31 @@ extern "C" fn remove_simulation_dir() {
     }
 }
 
+/// Set by a caller for its Level Zero workers: the simulated device's capture files go into
+/// the caller's temp dir, removed when the caller exits, even if a worker is killed.
+const WORKER_AUB_DIR_ENV: &str = "XPU_ZEBIN_WORKER_AUB_DIR";
+
 /// Put the driver's debug keys for a simulated device into the environment, once, before
 /// the loader is opened. The AUB capture file lives in a temp dir removed at exit.
 fn enable_simulation(product: &str) -> Result<()> {
-    let dir = tempfile::Builder::new()
-        .prefix("xpu-zebin-aub-")
-        .tempdir()
-        .map_err(|e| {
-            no_device(format!(
-                "cannot create the simulated device's temp dir: {e}"
-            ))
-        })?;
-    let capture = dir.path().join("capture.aub");
+    let capture = match std::env::var_os(WORKER_AUB_DIR_ENV) {
+        Some(dir) => PathBuf::from(dir).join(format!("worker-{}.aub", std::process::id())),
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("xpu-zebin-aub-")
+                .tempdir()
+                .map_err(|e| {
+                    no_device(format!(
+                        "cannot create the simulated device's temp dir: {e}"
+                    ))
+                })?;
+            let capture = dir.path().join("capture.aub");
+            *SIMULATION_DIR.lock().unwrap() = Some(dir);
+            // SAFETY: registers a plain extern "C" function with no captured state.
+            unsafe { libc::atexit(remove_simulation_dir) };
+            capture
+        }
+    };
     // These variables are read by the driver in zeInit; set before any thread of ours uses
     // Level Zero (this runs under RUNTIME's one-time initialisation).
     for (key, value) in [
@@ -105,10 +120,16 @@ fn enable_simulation(product: &str) -> Result<()> {
     if std::env::var_os("IGC_EnableZEBinary").is_none() {
         std::env::set_var("IGC_EnableZEBinary", "1");
     }
-    *SIMULATION_DIR.lock().unwrap() = Some(dir);
-    // SAFETY: registers a plain extern "C" function with no captured state.
-    unsafe { libc::atexit(remove_simulation_dir) };
     Ok(())
+}
+
+/// Environment for this process's Level Zero workers: they open the same driver with the
+/// same settings (inherited), and keep simulated-device captures in this process's dir.
+pub fn worker_env() -> Vec<(OsString, OsString)> {
+    match SIMULATION_DIR.lock().unwrap().as_ref() {
+        Some(dir) => vec![(WORKER_AUB_DIR_ENV.into(), dir.path().as_os_str().to_owned())],
+        None => Vec::new(),
+    }
 }
 
 fn check(api_result: ffi::ze_result_t, what: &str) -> Result<()> {

@@ -1,0 +1,160 @@
+//! Which attempts, in which order: the GRF ladder run by every backend (ocloc and Level
+//! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), and
+//! the choice between the attempts made. The policy itself is `grf.rs`.
+
+use crate::engine::Failure;
+use crate::error::Result;
+use crate::grf::{self, Pick};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One build of the ladder.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub build_flags: String,
+    pub ok: bool,
+    pub spill_size: Option<u64>,
+    pub seconds: f64,
+    /// `kind: message` of the failure, when it failed.
+    pub error: Option<String>,
+}
+
+impl Attempt {
+    pub fn new<B>(
+        flags: &str,
+        seconds: f64,
+        result: &Result<B>,
+        spills: impl Fn(&B) -> u64,
+    ) -> Self {
+        Attempt {
+            build_flags: flags.to_string(),
+            ok: result.is_ok(),
+            spill_size: result.as_ref().ok().map(spills),
+            seconds,
+            error: result.as_ref().err().map(|e| e.to_string()),
+        }
+    }
+}
+
+/// One attempt and what it built.
+pub type Tried<B> = (Attempt, Result<B>);
+
+/// The attempt chosen, what it built, and every attempt made.
+pub struct Choice<B> {
+    pub chosen: usize,
+    pub built: B,
+    pub attempts: Vec<Attempt>,
+    /// Worth logging, not failures (a spill retry, a cancelled speculative build).
+    pub notes: Vec<String>,
+}
+
+/// Below this SPIR-V size a build takes tens of milliseconds: a speculative twin would
+/// only cost a cancelled worker (measured: 37 ms per small Triton kernel with it, 23 ms
+/// without), so automatic speculation is for kernels at least this large.
+pub const SPECULATE_MIN_SPIRV_BYTES: usize = 32 * 1024;
+
+/// Speculate only for a kernel big enough to gain, and only when a core would otherwise
+/// sit idle: this job and its twin both fit.
+pub fn worth_speculating(input_len: usize) -> bool {
+    input_len >= SPECULATE_MIN_SPIRV_BYTES
+        && crate::pool::busy() + 2 <= crate::batch::default_jobs()
+}
+
+/// Run `ladder` (one or two build flag sets) with `build`, which makes one attempt and
+/// stops when any of its cancel flags is set. A second rung is tried when the first fails
+/// or spills more than `spill_threshold`; with `speculate`, both run at once and the large
+/// one is cancelled if the first is accepted: the same answer as in sequence, sooner.
+pub fn run<B: Send>(
+    ladder: &[String],
+    spill_threshold: u64,
+    speculate: bool,
+    cancel: &AtomicBool,
+    spills: impl Fn(&B) -> u64 + Sync,
+    build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
+) -> std::result::Result<Choice<B>, Box<Failure>> {
+    let needs_retry = |first: &Result<B>| {
+        grf::needs_retry(
+            first.as_ref().map(&spills).map_err(|e| e.kind),
+            spill_threshold,
+        )
+    };
+    let mut notes = Vec::new();
+    let (first, retry) = if ladder.len() == 2 && speculate {
+        let lost = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let large = scope.spawn(|| build(&ladder[1], &[cancel, &lost]));
+            let first = build(&ladder[0], &[cancel]);
+            if needs_retry(&first.1) {
+                let retry = large.join().expect("large-GRF attempt panicked");
+                (first, Some(retry))
+            } else {
+                lost.store(true, Ordering::Relaxed);
+                let _ = large.join();
+                notes.push("speculative large-GRF build cancelled: default GRF accepted".into());
+                (first, None)
+            }
+        })
+    } else {
+        let first = build(&ladder[0], &[cancel]);
+        let retry =
+            (ladder.len() == 2 && needs_retry(&first.1)).then(|| build(&ladder[1], &[cancel]));
+        (first, retry)
+    };
+    if let (Ok(b), Some(_)) = (&first.1, &retry) {
+        notes.push(format!(
+            "spills {} bytes with '{}'; tried '{}'",
+            spills(b),
+            ladder[0],
+            ladder[1]
+        ));
+    }
+    match choose(first, retry, &spills) {
+        Ok(mut choice) => {
+            choice.notes = notes;
+            Ok(choice)
+        }
+        Err(mut failure) => {
+            failure.notes.extend(notes);
+            Err(failure)
+        }
+    }
+}
+
+/// Apply the GRF policy's pick to the attempts made. The build not chosen drops here.
+fn choose<B>(
+    first: Tried<B>,
+    retry: Option<Tried<B>>,
+    spills: impl Fn(&B) -> u64,
+) -> std::result::Result<Choice<B>, Box<Failure>> {
+    let (a0, r0) = first;
+    let built_spills = |r: &Result<B>| r.as_ref().ok().map(&spills);
+    let (p, mut attempts) = match &retry {
+        None => (
+            built_spills(&r0).map_or(Pick::Neither, |_| Pick::First),
+            vec![a0],
+        ),
+        Some((a1, r1)) => (
+            grf::pick(built_spills(&r0), built_spills(r1)),
+            vec![a0, a1.clone()],
+        ),
+    };
+    let (chosen, built) = match (p, r0, retry) {
+        (Pick::First, Ok(b), _) => (0, b),
+        (Pick::Retry, _, Some((_, Ok(b)))) => (1, b),
+        // Both failed: the FIRST attempt's error, the one that explains the kernel.
+        (_, Err(error), _) => {
+            return Err(Box::new(Failure {
+                error,
+                attempts: std::mem::take(&mut attempts),
+                notes: Vec::new(),
+            }))
+        }
+        _ => unreachable!("pick only chooses an attempt that built"),
+    };
+    Ok(Choice {
+        chosen,
+        built,
+        attempts,
+        notes: Vec::new(),
+    })
+}
