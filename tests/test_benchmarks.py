@@ -27,8 +27,11 @@ def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
         "small_kernel_speedup",
         "warm_cache_speedup",
         "ze_warm_load_speedup",
+        "ze_fallback_speedup",
+        "ze_batch_speedup",
     ):
         assert report[key] > 0, key
     assert report["peak_rss_mb"]["baseline_ocloc"] > 0
     assert report["peak_rss_mb"]["package_workers"] > 0
+    assert "ze_isolation_overhead_percent" in report
     assert "| PTSS kernel, needs large GRF" in run.stdout

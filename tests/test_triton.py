@@ -1,60 +1,29 @@
 """The Triton drop-ins, with real Triton (triton-xpu 3.3 compiling on the CPU) and the real
-compilers and driver. Triton's XPU arch parser needs SYCL headers; it is replaced by a stub
-that names the device "pvc" (DESIGN.md §4): it stands where a GPU's SYCL runtime would be.
-"""
+compilers and driver (see ``triton_helpers``)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-
-# triton-xpu is a test dependency (pyproject's `test` extra): missing, these tests fail.
 import triton
 import triton.language as tl
 from triton.backends import backends
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton.runtime.errors import OutOfResources
+from triton_helpers import TARGET, compile_triton, triton_on_cpu
 
 import xpu_zebin
 import xpu_zebin.triton as xt
 
 GRF256 = "-cl-intel-256-GRF-per-thread"
-ARCH = {
-    "architecture": 0,
-    "name": "pvc",
-    "max_work_group_size": 1024,
-    "max_num_sub_groups": 64,
-    "sub_group_sizes": [16, 32],
-    "has_fp64": True,
-    # DPAS / 2D block IO stay off: the bookworm driver leaves such modules unlinked.
-    "has_subgroup_matrix_multiply_accumulate": False,
-    "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
-    "has_subgroup_2d_block_io": False,
-}
-
-
-class _ArchParser:
-    """Stand-in for Triton's SYCL-built arch parser (no SYCL headers on this machine)."""
-
-    @staticmethod
-    def parse_device_arch(_architecture: int) -> str:
-        return "pvc"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def triton_on_cpu(tmp_path_factory):
-    """Triton compiles on the CPU here, into a cache of its own."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
-    init_globals = backends["intel"].compiler.__init__.__globals__
-    saved = init_globals["compile_module_from_src"]
-    init_globals["compile_module_from_src"] = lambda *args, **kwargs: _ArchParser()
-    yield
-    init_globals["compile_module_from_src"] = saved
+def on_cpu(tmp_path_factory):
+    with triton_on_cpu(str(tmp_path_factory.mktemp("triton-cache"))):
+        yield
     xt.uninstall()
-    mp.undo()
 
 
 @triton.jit
@@ -82,18 +51,12 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
 
 
-TARGET = GPUTarget("xpu", ARCH, 16)
 ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
 MM_SIG = {
     **{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
     **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
     **{p: "constexpr" for p in ("BM", "BN", "BK")},
 }
-
-
-def compile_triton(fn, signature, constants, num_warps=4):
-    src = ASTSource(fn, signature, {(list(signature).index(k),): v for k, v in constants.items()})
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,179 @@
+//! What every binding shares: the Attempt class, errors as Python exceptions, and running
+//! native work with the GIL released while Ctrl-C stays live.
+
+use crate::engine::{self, Failure};
+use crate::error::ErrorKind;
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub mod level_zero;
+pub mod offline;
+pub mod workers;
+
+/// One build of the GRF ladder.
+#[pyclass(frozen, get_all, from_py_object, module = "xpu_zebin._core")]
+#[derive(Clone)]
+pub struct Attempt {
+    build_flags: String,
+    ok: bool,
+    spill_size: Option<u64>,
+    seconds: f64,
+    error: Option<String>,
+}
+
+#[pymethods]
+impl Attempt {
+    #[new]
+    fn new(
+        build_flags: String,
+        ok: bool,
+        spill_size: Option<u64>,
+        seconds: f64,
+        error: Option<String>,
+    ) -> Self {
+        Attempt {
+            build_flags,
+            ok,
+            spill_size,
+            seconds,
+            error,
+        }
+    }
+
+    /// Picklable, so results can come back from process pools, Ray or Dask.
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (
+        Bound<'py, pyo3::types::PyType>,
+        (String, bool, Option<u64>, f64, Option<String>),
+    ) {
+        let a = slf.get();
+        (
+            slf.get_type(),
+            (
+                a.build_flags.clone(),
+                a.ok,
+                a.spill_size,
+                a.seconds,
+                a.error.clone(),
+            ),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={:?})",
+            self.build_flags, self.ok, self.spill_size, self.seconds, self.error
+        )
+    }
+}
+
+pub(crate) fn attempts(list: &[engine::Attempt]) -> Vec<Attempt> {
+    list.iter()
+        .map(|a| Attempt {
+            build_flags: a.build_flags.clone(),
+            ok: a.ok,
+            spill_size: a.spill_size,
+            seconds: a.seconds,
+            error: a.error.clone(),
+        })
+        .collect()
+}
+
+/// Build the Python exception (a subclass of `xpu_zebin.BuildError`) for a failure.
+pub(crate) fn to_exception(py: Python<'_>, f: Failure) -> PyResult<Bound<'_, PyAny>> {
+    let Failure {
+        error: e,
+        attempts: tried,
+        notes,
+    } = f;
+    py.import("xpu_zebin.errors")?
+        .getattr("_from_core")?
+        .call1((
+            e.kind.name(),
+            e.message,
+            e.log,
+            e.required,
+            e.limit,
+            attempts(&tried),
+            notes,
+        ))
+}
+
+pub(crate) fn to_pyerr(py: Python<'_>, f: Failure) -> PyErr {
+    match to_exception(py, f) {
+        Ok(value) => PyErr::from_value(value),
+        Err(e) => e,
+    }
+}
+
+/// Run `work` on another thread with the GIL released, checking for Ctrl-C meanwhile;
+/// on a signal, `cancel` is raised so running compilers are killed, and the signal's
+/// exception propagates.
+pub(crate) fn interruptible<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce(&AtomicBool) -> T + Send,
+) -> PyResult<T> {
+    let cancel = AtomicBool::new(false);
+    let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(|| {
+            let out = work(&cancel);
+            *done.0.lock().unwrap() = true;
+            done.1.notify_all();
+            out
+        });
+        let mut interrupted = None;
+        // Wake at once when the work ends; every 20 ms otherwise, to look for Ctrl-C.
+        let finished = || {
+            let guard = done.0.lock().unwrap();
+            let (guard, _) = done
+                .1
+                .wait_timeout_while(guard, Duration::from_millis(20), |d| !*d)
+                .unwrap();
+            *guard
+        };
+        while !py.detach(finished) {
+            if interrupted.is_none() {
+                if let Err(e) = py.check_signals() {
+                    cancel.store(true, Ordering::Relaxed);
+                    interrupted = Some(e);
+                }
+            }
+        }
+        let out = py.detach(|| handle.join()).map_err(|_| {
+            PyErr::new::<pyo3::exceptions::PyRuntimeError, _>("compile worker panicked")
+        })?;
+        match interrupted {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    })
+}
+
+pub(crate) fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        Some(t) if !t.is_finite() || t < 0.0 => Err(pyo3::exceptions::PyValueError::new_err(
+            format!("timeout must be a non-negative number of seconds, got {t}"),
+        )),
+        Some(t) => Ok(Some(Duration::from_secs_f64(t))),
+        None => Ok(None),
+    }
+}
+
+/// The error kinds as (name, description) pairs.
+#[pyfunction]
+pub fn error_kinds() -> Vec<(&'static str, &'static str)> {
+    ErrorKind::ALL
+        .iter()
+        .map(|k| (k.name(), k.description()))
+        .collect()
+}
+
+/// Parallel jobs `compile_many` uses by default: the machine's cores.
+#[pyfunction]
+pub fn default_jobs() -> usize {
+    engine::default_jobs()
+}

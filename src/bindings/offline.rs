@@ -1,0 +1,296 @@
+//! The offline engine's bindings: `compile`, `compile_many` and the SPIR-V/zebin helpers.
+
+use super::{attempts, interruptible, timeout_of, to_exception, to_pyerr, Attempt};
+use crate::engine::{self, CompileRequest, Compiled};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::path::PathBuf;
+
+/// A successful compile: the zebin and how it was obtained.
+#[pyclass(frozen, get_all, module = "xpu_zebin._core")]
+pub struct CompileResult {
+    binary: Py<PyBytes>,
+    kernel: String,
+    device: String,
+    build_flags: String,
+    grf_mode: String,
+    n_regs: u32,
+    spill_size: u64,
+    recovered: bool,
+    cached: bool,
+    attempts: Vec<Attempt>,
+    log: String,
+    notes: Vec<String>,
+}
+
+type ResultFields = (
+    Py<PyBytes>,
+    String,
+    String,
+    String,
+    String,
+    u32,
+    u64,
+    bool,
+    bool,
+    Vec<Attempt>,
+    String,
+    Vec<String>,
+);
+
+#[pymethods]
+impl CompileResult {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        binary: Py<PyBytes>,
+        kernel: String,
+        device: String,
+        build_flags: String,
+        grf_mode: String,
+        n_regs: u32,
+        spill_size: u64,
+        recovered: bool,
+        cached: bool,
+        attempts: Vec<Attempt>,
+        log: String,
+        notes: Vec<String>,
+    ) -> Self {
+        CompileResult {
+            binary,
+            kernel,
+            device,
+            build_flags,
+            grf_mode,
+            n_regs,
+            spill_size,
+            recovered,
+            cached,
+            attempts,
+            log,
+            notes,
+        }
+    }
+
+    /// Picklable, so results can come back from process pools, Ray or Dask.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, ResultFields) {
+        let r = slf.get();
+        let py = slf.py();
+        (
+            slf.get_type(),
+            (
+                r.binary.clone_ref(py),
+                r.kernel.clone(),
+                r.device.clone(),
+                r.build_flags.clone(),
+                r.grf_mode.clone(),
+                r.n_regs,
+                r.spill_size,
+                r.recovered,
+                r.cached,
+                r.attempts.clone(),
+                r.log.clone(),
+                r.notes.clone(),
+            ),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, recovered={}, cached={}, attempts={})",
+            self.kernel, self.device, self.build_flags, self.n_regs, self.spill_size,
+            self.recovered, self.cached, self.attempts.len()
+        )
+    }
+}
+
+fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
+    CompileResult {
+        binary: PyBytes::new(py, &c.binary).unbind(),
+        kernel: c.kernel,
+        device: c.device,
+        build_flags: c.build_flags,
+        grf_mode: c.grf_mode,
+        n_regs: c.n_regs,
+        spill_size: c.spill_size,
+        recovered: c.recovered,
+        cached: c.cached,
+        attempts: attempts(&c.attempts),
+        log: c.log,
+        notes: c.notes,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn request(
+    spirv: Vec<u8>,
+    device: String,
+    build_flags: String,
+    grf_mode: String,
+    num_warps: Option<u32>,
+    kernel_name: Option<String>,
+    ocloc: Option<PathBuf>,
+    timeout: Option<f64>,
+    cache: bool,
+    cache_dir: Option<PathBuf>,
+    spill_threshold: u64,
+    speculative: Option<bool>,
+) -> PyResult<CompileRequest> {
+    let timeout = timeout_of(timeout)?;
+    Ok(CompileRequest {
+        spirv,
+        device,
+        build_flags,
+        grf_mode,
+        num_warps,
+        kernel_name,
+        ocloc,
+        timeout,
+        cache,
+        cache_dir,
+        spill_threshold,
+        speculative,
+    })
+}
+
+/// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed.
+#[pyfunction]
+#[pyo3(signature = (spirv, *, device, build_flags=String::new(), grf_mode="default".to_string(),
+    num_warps=None, kernel_name=None, ocloc=None, timeout=None, cache=true, cache_dir=None,
+    spill_threshold=0, speculative=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn compile(
+    py: Python<'_>,
+    spirv: Vec<u8>,
+    device: String,
+    build_flags: String,
+    grf_mode: String,
+    num_warps: Option<u32>,
+    kernel_name: Option<String>,
+    ocloc: Option<PathBuf>,
+    timeout: Option<f64>,
+    cache: bool,
+    cache_dir: Option<PathBuf>,
+    spill_threshold: u64,
+    speculative: Option<bool>,
+) -> PyResult<CompileResult> {
+    let req = request(
+        spirv,
+        device,
+        build_flags,
+        grf_mode,
+        num_warps,
+        kernel_name,
+        ocloc,
+        timeout,
+        cache,
+        cache_dir,
+        spill_threshold,
+        speculative,
+    )?;
+    match interruptible(py, |cancel| engine::compile(&req, cancel))? {
+        Ok(c) => Ok(to_result(py, c)),
+        Err(f) => Err(to_pyerr(py, *f)),
+    }
+}
+
+/// Compile many requests (dicts with `compile`'s keyword names, all present) with at
+/// most `jobs` at once. Returns, in input order, a CompileResult or a BuildError each.
+#[pyfunction]
+#[pyo3(signature = (requests, *, jobs=None, progress=None))]
+pub fn compile_many(
+    py: Python<'_>,
+    requests: Vec<Bound<'_, PyDict>>,
+    jobs: Option<usize>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let mut reqs = Vec::with_capacity(requests.len());
+    for d in &requests {
+        let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+            d.get_item(k)?.ok_or_else(|| {
+                pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{k}'"))
+            })
+        };
+        reqs.push(request(
+            get("spirv")?.extract()?,
+            get("device")?.extract()?,
+            get("build_flags")?.extract()?,
+            get("grf_mode")?.extract()?,
+            get("num_warps")?.extract()?,
+            get("kernel_name")?.extract()?,
+            get("ocloc")?.extract()?,
+            get("timeout")?.extract()?,
+            get("cache")?.extract()?,
+            get("cache_dir")?.extract()?,
+            get("spill_threshold")?.extract()?,
+            get("speculative")?.extract()?,
+        )?);
+    }
+    let jobs = jobs.unwrap_or_else(engine::default_jobs);
+    if jobs == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "jobs must be at least 1",
+        ));
+    }
+    let on_done = |i: usize| {
+        if let Some(cb) = &progress {
+            Python::attach(|py| {
+                if let Err(e) = cb.call1(py, (i,)) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    };
+    let results = interruptible(py, |cancel| {
+        engine::compile_many(&reqs, jobs, cancel, &on_done)
+    })?;
+    results
+        .into_iter()
+        .map(|r| match r {
+            Ok(c) => Ok(Py::new(py, to_result(py, c))?.into_any()),
+            Err(f) => Ok(to_exception(py, *f)?.unbind()),
+        })
+        .collect()
+}
+
+/// Validate SPIR-V; returns its kernel entry points or raises InvalidSpirvError.
+#[pyfunction]
+pub fn validate_spirv(py: Python<'_>, spirv: &[u8]) -> PyResult<Vec<String>> {
+    crate::spirv::validate(spirv)
+        .map(|i| i.kernels)
+        .map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// Summarise a zebin's `.ze_info` as a dict.
+#[pyfunction]
+pub fn zebin_info<'py>(py: Python<'py>, binary: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let info = crate::zebin::parse(binary).map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(pythonize::pythonize(py, &info)?)
+}
+
+/// Resolve ocloc as `compile` would: explicit path, $XPU_ZEBIN_OCLOC, PATH.
+#[pyfunction]
+#[pyo3(signature = (ocloc=None))]
+pub fn find_ocloc(py: Python<'_>, ocloc: Option<PathBuf>) -> PyResult<PathBuf> {
+    crate::ocloc::discover(ocloc.as_deref()).map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// OpenCL C to SPIR-V with `ocloc -spv_only` (samples, fixtures).
+#[pyfunction]
+#[pyo3(signature = (source, *, device="pvc".to_string(), options=String::new(), ocloc=None))]
+pub fn opencl_to_spirv(
+    py: Python<'_>,
+    source: String,
+    device: String,
+    options: String,
+    ocloc: Option<PathBuf>,
+) -> PyResult<Py<PyBytes>> {
+    let result = py.detach(|| {
+        let path = crate::ocloc::discover(ocloc.as_deref())?;
+        crate::ocloc::opencl_to_spirv(&path, &source, &device, &options)
+    });
+    match result {
+        Ok(spirv) => Ok(PyBytes::new(py, &spirv).unbind()),
+        Err(e) => Err(to_pyerr(py, e.into())),
+    }
+}

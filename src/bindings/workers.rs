@@ -1,0 +1,52 @@
+//! The worker pool's bindings: how workers start, their main loop, and diagnostics.
+
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+/// Let the engine start persistent compiler workers with this interpreter and path.
+#[pyfunction]
+pub fn configure_workers(executable: PathBuf, pythonpath: String) {
+    crate::pool::configure(crate::pool::PythonRuntime {
+        executable,
+        pythonpath,
+    });
+}
+
+/// A worker process's main loop: `python -m xpu_zebin._worker ocloc LIBOCLOC` or
+/// `python -m xpu_zebin._worker ze`.
+#[pyfunction]
+#[pyo3(signature = (kind, libocloc=None))]
+pub fn serve_worker(py: Python<'_>, kind: String, libocloc: Option<PathBuf>) -> PyResult<()> {
+    let served = py.detach(|| match (kind.as_str(), libocloc) {
+        ("ocloc", Some(lib)) => crate::libocloc::serve(&lib),
+        ("ze", None) => crate::ze::build::serve(),
+        _ => Err(std::io::Error::other(format!(
+            "unknown worker kind '{kind}': use `ocloc LIBOCLOC` or `ze`"
+        ))),
+    });
+    served.map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
+/// Stop idle persistent workers; they restart on demand.
+#[pyfunction]
+pub fn shutdown_workers() {
+    crate::pool::shutdown();
+}
+
+/// Worker kinds that could not start, and why (`ocloc:<path>`, `ze`).
+#[pyfunction]
+pub fn broken_workers() -> Vec<(String, String)> {
+    crate::pool::broken()
+}
+
+/// Pids of the idle workers (tests kill one mid-build).
+#[pyfunction]
+pub fn idle_worker_pids() -> Vec<u32> {
+    crate::pool::idle_pids()
+}
+
+/// Why this ocloc has no persistent worker (one process per compile then), if so.
+#[pyfunction]
+pub fn ocloc_worker_unavailable(ocloc: PathBuf) -> Option<String> {
+    crate::ocloc::worker_unavailable(&ocloc)
+}

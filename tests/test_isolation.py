@@ -1,0 +1,264 @@
+"""Level Zero builds in crash-isolated workers: inputs that crash Intel's compiler never end
+the caller. Real driver and IGC (simulated PVC device), real Triton SPIR-V, real crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from spirv_mutations import mutants
+from triton_helpers import SOFTMAX_SIG, compile_triton, softmax_kernel, triton_on_cpu
+
+import xpu_zebin
+import xpu_zebin.triton as xt
+from xpu_zebin import _core
+
+GRF128 = "-cl-intel-128-GRF-per-thread"
+GRF256 = "-cl-intel-256-GRF-per-thread"
+# What a type-confused module may give: the driver's compiler dies, or it says no.
+CONFUSED_KINDS = {"compiler_crash", "invalid_spirv", "build_failure"}
+
+
+@pytest.fixture(scope="module")
+def softmax_spirv(tmp_path_factory) -> bytes:
+    """A real Triton kernel's SPIR-V, compiled by triton-xpu on the CPU."""
+    with triton_on_cpu(str(tmp_path_factory.mktemp("triton-cache"))):
+        return compile_triton(softmax_kernel, SOFTMAX_SIG, {"BLOCK": 1024}).asm["spv"]
+
+
+@pytest.fixture(scope="module")
+def confused(softmax_spirv) -> list:
+    """30 type-confused variants that the structural validator accepts."""
+    found = mutants(softmax_spirv, 30, seed=7)
+    assert len(found) == 30
+    for _, blob in found:
+        assert xpu_zebin.validate_spirv(blob) == ["softmax_kernel"]
+    return found
+
+
+def _no_ocloc(monkeypatch, tmp_path) -> None:
+    """No ocloc anywhere: the Triton drop-in must build through Level Zero."""
+    monkeypatch.delenv("XPU_ZEBIN_OCLOC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty dir: python is started by path
+    with pytest.raises(xpu_zebin.ToolchainNotFound):
+        xpu_zebin.find_ocloc()
+
+
+def test_type_confused_spirv_never_ends_the_process(confused, softmax_spirv, add_spirv):
+    kinds = []
+    for what, blob in confused:
+        try:
+            xpu_zebin.compile_and_load(blob, "softmax_kernel", cache=False).close()
+            kinds.append("ok")
+        except xpu_zebin.BuildError as e:
+            assert e.kind in CONFUSED_KINDS, (what, e)
+            if e.kind == "compiler_crash":
+                assert "worker process" in e.message and "SIG" in e.message, e.message
+            kinds.append(e.kind)
+    assert sum(k != "ok" for k in kinds) >= 20, kinds
+    assert "compiler_crash" in kinds  # the crashes happened, in workers
+    # The same process goes on loading good kernels.
+    with xpu_zebin.compile_and_load(softmax_spirv, "softmax_kernel", cache=False) as k:
+        assert k.kernel_handle and k.n_regs in (128, 256)
+    with xpu_zebin.compile_and_load(add_spirv, "add", cache=False) as k:
+        assert k.kernel_handle
+
+
+def test_in_process_jit_is_what_such_inputs_crash(confused, tmp_path):
+    """The reason for the workers: the same input, built in-process, ends the process."""
+    crashing = None
+    for _, blob in confused:
+        try:
+            xpu_zebin.compile_and_load(blob, "softmax_kernel", cache=False, build_flags=GRF128)
+        except xpu_zebin.CompilerCrashError:
+            crashing = blob
+            break
+    assert crashing is not None
+    path = tmp_path / "crash.spv"
+    path.write_bytes(crashing)
+    code = (
+        "import sys, xpu_zebin\n"
+        "spirv = open(sys.argv[1], 'rb').read()\n"
+        "xpu_zebin.compile_and_load(spirv, 'softmax_kernel', cache=False, isolated=False,\n"
+        f"                           build_flags={GRF128!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True)
+    assert out.returncode < 0, (out.returncode, out.stderr[-2000:])  # killed by a signal
+
+
+def test_triton_load_binary_without_ocloc_survives_them(
+    confused, softmax_spirv, monkeypatch, tmp_path
+):
+    _no_ocloc(monkeypatch, tmp_path)
+    failed = 0
+    for what, blob in confused:
+        try:
+            module, *_ = xt.load_binary("softmax_kernel", blob, 0, "", True, 0)
+            module.close()
+        except Exception as e:  # IntelGPUError where Triton has it, else BuildError
+            assert getattr(e, "kind", None) in CONFUSED_KINDS, (what, e)
+            failed += 1
+    assert failed >= 20
+    module, function, n_regs, _, _ = xt.load_binary("softmax_kernel", softmax_spirv, 0, "", True, 0)
+    assert function == module.kernel_handle and n_regs in (128, 256)
+    module.close()
+
+
+class NativeOnlyUtils:
+    """Stand-in for a Triton XPU driver's ``utils`` (a GPU's SYCL queue cannot exist here)
+    that, like the real one, loads what it gets through Level Zero, and refuses SPIR-V: the
+    drop-in must hand it native binaries only."""
+
+    def load_binary(self, name, kernel, shared, build_flags, is_spv, device, device_arch=None):
+        assert not is_spv, "the drop-in handed SPIR-V to the driver"
+        k = xpu_zebin.compile_and_load(kernel, name, build_flags=build_flags, is_spv=False)
+        return k, k.kernel_handle, k.n_regs, k.n_spills, k.n_max_threads
+
+    def get_last_selected_build_flags(self):
+        return ""
+
+
+def test_installed_drop_in_without_ocloc_survives_them(
+    confused, softmax_spirv, monkeypatch, tmp_path
+):
+    _no_ocloc(monkeypatch, tmp_path)
+    utils = xt.install(NativeOnlyUtils(), backend=False)
+    try:
+        failed = 0
+        for what, blob in confused[:22]:
+            try:
+                utils.load_binary("softmax_kernel", blob, 0, "", True, 0)[0].close()
+            except Exception as e:
+                assert getattr(e, "kind", None) in CONFUSED_KINDS, (what, e)
+                failed += 1
+        assert failed >= 15
+        module, *_ = utils.load_binary("softmax_kernel", softmax_spirv, 0, "", True, 0)
+        assert module.kernel_handle
+        module.close()
+    finally:
+        xt.uninstall()
+
+
+def _ze_workers(marker) -> list[int]:
+    return [pid for pid, cmd in marker.processes() if "xpu_zebin._worker ze" in cmd]
+
+
+def _compiling(pid: int) -> bool:
+    """IGC is mapped into the worker: it has started compiling."""
+    try:
+        return "libigc" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_worker_killed_mid_build_is_a_crash_and_the_next_build_succeeds(
+    ptss_spirv, add_spirv, marker
+):
+    result: dict = {}
+
+    def build():
+        try:
+            xpu_zebin.compile_and_load(ptss_spirv, "pressure", build_flags=GRF128, cache=False)
+            result["loaded"] = True
+        except xpu_zebin.BuildError as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    # Wait (generously) for the worker to get into IGC; the build then takes seconds.
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        victim = next((p for p in _ze_workers(marker) if _compiling(p)), None)
+        time.sleep(0.05)
+    assert victim is not None, "no Level Zero worker started compiling"
+    os.kill(victim, signal.SIGKILL)
+    thread.join(120)
+    err = result.get("error")
+    assert isinstance(err, xpu_zebin.CompilerCrashError), result
+    assert "SIGKILL" in err.message and len(err.attempts) == 1
+    with xpu_zebin.compile_and_load(add_spirv, "add", cache=False) as k:
+        assert k.kernel_handle
+    assert "ze" not in [key for key, _ in _core.broken_workers()]
+
+
+def test_timeout_kills_the_level_zero_worker(ptss_spirv, marker):
+    with pytest.raises(xpu_zebin.CompileTimeoutError, match="Level Zero build"):
+        xpu_zebin.compile_and_load(
+            ptss_spirv, "pressure", build_flags=GRF128, cache=False, timeout=0.5
+        )
+    deadline = time.monotonic() + 30
+    while _ze_workers(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ze_workers(marker) == []
+
+
+@pytest.mark.parametrize("isolated", [True, False], ids=["isolated", "in-process"])
+def test_both_paths_give_the_same_answer(add_spirv, spill_spirv, isolated):
+    with xpu_zebin.compile_and_load(spill_spirv, "spill", cache=False, isolated=isolated) as k:
+        assert [a.build_flags for a in k.attempts] == ["", GRF256]
+        assert k.build_flags == GRF256 and k.n_regs == 256
+        assert k.n_spills == k.attempts[1].spill_size <= k.attempts[0].spill_size
+        assert xpu_zebin.zebin_info(k.native_binary)["kernels"][0]["grf_count"] == 256
+    with xpu_zebin.compile_and_load(add_spirv, "add", cache=False, isolated=isolated) as k:
+        assert [a.build_flags for a in k.attempts] == [""] and k.n_spills == 0
+
+
+def test_speculation_gives_the_sequential_answer(spill_spirv):
+    answers = []
+    for speculative in (False, True):
+        with xpu_zebin.compile_and_load(
+            spill_spirv, "spill", cache=False, speculative=speculative
+        ) as k:
+            answers.append((k.build_flags, k.n_spills, [a.build_flags for a in k.attempts]))
+    assert answers[0] == answers[1]
+
+
+def test_environment_knob_turns_isolation_off(add_spirv, marker, monkeypatch):
+    monkeypatch.setenv("XPU_ZEBIN_ISOLATED", "0")
+    with xpu_zebin.compile_and_load(add_spirv, "add", cache=False) as k:
+        assert k.kernel_handle
+    assert _ze_workers(marker) == []
+
+
+def test_compile_and_load_many(confused, add_spirv, spill_spirv, softmax_spirv):
+    crash = next(
+        blob
+        for _, blob in confused
+        if _kind(lambda b=blob: xpu_zebin.compile_and_load(b, "softmax_kernel", cache=False))
+        == "compiler_crash"
+    )
+    requests = [
+        {"binary": spill_spirv, "kernel_name": "spill", "cache": False},
+        {"binary": crash, "kernel_name": "softmax_kernel", "cache": False},
+        {"binary": add_spirv, "kernel_name": "add", "cache": False},
+        {"binary": os.urandom(512), "kernel_name": "add"},
+        {"binary": softmax_spirv, "kernel_name": "softmax_kernel", "cache": False},
+        {"binary": add_spirv, "kernel_name": "nope", "cache": False},
+    ]
+    done: list = []
+    results = xpu_zebin.compile_and_load_many(requests, jobs=2, progress=done.append)
+    assert sorted(done) == list(range(len(requests)))
+    spill, crashed, add, garbage, softmax, missing = results
+    assert isinstance(spill, xpu_zebin.LoadedKernel) and spill.build_flags == GRF256
+    assert isinstance(crashed, xpu_zebin.CompilerCrashError)
+    assert isinstance(add, xpu_zebin.LoadedKernel) and add.kernel_name == "add"
+    assert isinstance(garbage, xpu_zebin.InvalidSpirvError)
+    assert isinstance(softmax, xpu_zebin.LoadedKernel) and softmax.kernel_handle
+    assert isinstance(missing, xpu_zebin.KernelNotFoundError)
+    for r in (spill, add, softmax):
+        r.close()
+
+
+def _kind(load) -> str:
+    try:
+        load().close()
+        return "ok"
+    except xpu_zebin.BuildError as e:
+        return e.kind
