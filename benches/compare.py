@@ -278,8 +278,7 @@ def main() -> int:
 
     def ze_many(spirvs: List[bytes]) -> None:
         reqs = [
-            {"binary": s, "kernel_name": _core.validate_spirv(s)[0], "cache": False}
-            for s in spirvs
+            {"binary": s, "kernel_name": _core.validate_spirv(s)[0], "cache": False} for s in spirvs
         ]
         for r in xpu_zebin.compile_and_load_many(reqs):
             if isinstance(r, Exception):
