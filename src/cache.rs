@@ -82,6 +82,19 @@ impl Cache {
         &self.dir
     }
 
+    /// (entries, bytes) stored now.
+    pub fn usage(&self) -> (u64, u64) {
+        std::fs::read_dir(&self.dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "zeentry"))
+                    .filter_map(|e| e.metadata().ok())
+                    .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
+            })
+            .unwrap_or((0, 0))
+    }
+
     fn path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{key}.zeentry"))
     }

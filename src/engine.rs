@@ -214,7 +214,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     let cached = if req.cache {
         let identity = ocloc::identity(&ocloc_path)?;
         let key = cache::key(&[
-            b"offline-ocloc-v1",
+            b"offline-ocloc-v2",
             &req.spirv,
             req.device.as_bytes(),
             ladder.join("\n").as_bytes(),

@@ -112,3 +112,30 @@ impl BuildError {
 }
 
 pub type Result<T, E = BuildError> = std::result::Result<T, E>;
+
+/// A failed attempt's error without its log (the log of the chosen attempt is kept once,
+/// on the result or the raised error): what `--json` and `Attempt.error` carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub required: Option<u64>,
+    pub limit: Option<u64>,
+}
+
+impl From<&BuildError> for AttemptError {
+    fn from(e: &BuildError) -> Self {
+        AttemptError {
+            kind: e.kind,
+            message: e.message.clone(),
+            required: e.required,
+            limit: e.limit,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.name(), self.message)
+    }
+}

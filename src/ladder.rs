@@ -3,7 +3,7 @@
 //! the choice between the attempts made. The policy itself is `grf.rs`.
 
 use crate::engine::Failure;
-use crate::error::Result;
+use crate::error::{AttemptError, Result};
 use crate::grf::{self, Pick};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +15,8 @@ pub struct Attempt {
     pub ok: bool,
     pub spill_size: Option<u64>,
     pub seconds: f64,
-    /// `kind: message` of the failure, when it failed.
-    pub error: Option<String>,
+    /// Why it failed, when it failed.
+    pub error: Option<AttemptError>,
 }
 
 impl Attempt {
@@ -31,7 +31,7 @@ impl Attempt {
             ok: result.is_ok(),
             spill_size: result.as_ref().ok().map(spills),
             seconds,
-            error: result.as_ref().err().map(|e| e.to_string()),
+            error: result.as_ref().err().map(AttemptError::from),
         }
     }
 }

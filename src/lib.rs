@@ -9,6 +9,7 @@ pub mod batch;
 mod bindings;
 pub mod cache;
 pub mod classify;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod grf;
@@ -36,11 +37,11 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::workers::{
-        broken_workers, configure_workers, idle_worker_pids, ocloc_worker_unavailable,
+        broken_workers, configure_workers, doctor, idle_worker_pids, ocloc_worker_unavailable,
         serve_worker, shutdown_workers,
     };
     #[pymodule_export]
-    use crate::bindings::{default_jobs, error_kinds, Attempt};
+    use crate::bindings::{default_jobs, error_kinds, Attempt, AttemptError};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -221,6 +221,11 @@ fn worker_spec(ocloc: &Path) -> std::result::Result<pool::WorkerSpec, String> {
         .clone()
 }
 
+/// The libocloc a persistent worker for this ocloc loads, or why there is none.
+pub fn worker_library(ocloc: &Path) -> std::result::Result<PathBuf, String> {
+    descriptor(ocloc).map(|d| d.libocloc)
+}
+
 /// Why an ocloc has no persistent worker (it then runs one process per compile), if so.
 pub fn worker_unavailable(ocloc: &Path) -> Option<String> {
     match worker_spec(ocloc) {

@@ -26,7 +26,8 @@ def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys
     )
     first, second = result.attempts
     assert not first.ok and first.build_flags == ""
-    assert first.error.startswith("scratch_overflow:"), first.error
+    assert first.error.kind == "scratch_overflow", first.error
+    assert first.error.required > first.error.limit == 262144
     assert second.ok and second.build_flags == GRF256
     assert result.recovered and result.build_flags == GRF256 and result.n_regs == 256
     assert xpu_zebin.zebin_info(result.binary)["kernels"][0]["grf_count"] == 256
@@ -206,6 +207,27 @@ def test_pressure_sample_still_builds_on_old_igc(system_ocloc, ptss_spirv):
     assert not result.recovered
 
 
+def test_cli_json_attempts_carry_structured_errors(tmp_path, modern_ocloc, ptss_spirv):
+    import json
+    import sys
+
+    spv = tmp_path / "pressure.spv"
+    spv.write_bytes(ptss_spirv)
+    run = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "compile", str(spv), "--device", "pvc",
+         "--ocloc", modern_ocloc, "--json"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    first, second = report["attempts"]
+    assert first["error"]["kind"] == "scratch_overflow"
+    assert first["error"]["required"] > first["error"]["limit"] == 262144
+    assert "PTSS" in first["error"]["message"]
+    assert second["ok"] and second["error"] is None
+
+
 def test_cli_compile_json_and_exit_codes(tmp_path, system_ocloc, add_spirv):
     import json
     import sys
@@ -296,7 +318,8 @@ def test_both_attempts_fail_raises_the_first_error(ocloc, system_ocloc):
         xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, cache=False)
     err = e.value
     assert [(a.build_flags, a.ok) for a in err.attempts] == [("", False), (GRF256, False)]
-    assert err.attempts[0].error == f"{err.kind}: {err.message}"
+    assert str(err.attempts[0].error) == f"{err.kind}: {err.message}"
+    assert err.attempts[0].error.kind == err.kind
     assert "8" in err.log
 
 

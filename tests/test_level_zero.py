@@ -101,7 +101,8 @@ def test_both_attempts_fail_raises_the_first_error(simd8_spirv):
     err = e.value
     assert err.kind == "build_failure"
     assert [(a.build_flags, a.ok) for a in err.attempts] == [("", False), (GRF256, False)]
-    assert err.attempts[0].error == f"{err.kind}: {err.message}"
+    assert str(err.attempts[0].error) == f"{err.kind}: {err.message}"
+    assert err.attempts[0].error.kind == err.kind
     assert "subgroup size 8" in err.log
 
 

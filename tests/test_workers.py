@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -91,7 +93,7 @@ def test_timeout_kills_the_worker(modern_ocloc, ptss_spirv, marker):
     assert marker.processes() == []  # neither a worker nor an ocloc is left
 
 
-def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, marker):
+def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, marker, caplog):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     ocloc = bindir / "ocloc"
@@ -101,6 +103,47 @@ def test_worker_that_cannot_start_falls_back(system_ocloc, add_spirv, tmp_path, 
     assert result.attempts[0].ok
     assert [k for k, _ in _core.broken_workers()] == [f"ocloc:{ocloc}"]
     assert _workers(marker) == []
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert str(ocloc) in warning.getMessage() and "libocloc" in warning.getMessage()
+
+
+def _wrapper(tmp_path, real: str) -> str:
+    """An ocloc wrapper script with no libocloc beside it and no descriptor."""
+    bindir = tmp_path / "wrapped"
+    bindir.mkdir()
+    ocloc = bindir / "ocloc"
+    ocloc.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    ocloc.chmod(0o755)
+    return str(ocloc)
+
+
+def test_a_compiler_without_libocloc_is_named_once(system_ocloc, add_spirv, tmp_path, caplog):
+    ocloc = _wrapper(tmp_path, system_ocloc)
+    for _ in range(2):
+        assert xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False).attempts[0].ok
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert ocloc in warnings[0] and "no libocloc.so beside" in warnings[0]
+    assert "every compile starts a new ocloc" in warnings[0]  # the cost
+    assert ".toolchain" in warnings[0]  # the fix
+
+
+def test_doctor_reports_the_toolchain(system_ocloc, add_spirv, tmp_path, private_cache):
+    xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
+    report = xpu_zebin.doctor(system_ocloc)
+    assert report["ocloc"] == system_ocloc and report["compiler_version"]
+    assert report["worker_mode"] == "persistent" and report["libocloc"].endswith("libocloc.so")
+    assert report["level_zero_devices"][0]["arch"] == "pvc"
+    assert report["cache_dir"].startswith(str(private_cache)) and report["cache_entries"] == 1
+    wrapped = xpu_zebin.doctor(_wrapper(tmp_path, system_ocloc))
+    assert wrapped["worker_mode"] == "one-shot" and "no libocloc.so" in wrapped["worker_note"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "doctor", "--ocloc", system_ocloc],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "offline workers: persistent" in cli.stdout and "Level Zero device 0" in cli.stdout
 
 
 def test_idle_worker_exits_and_is_replaced(system_ocloc, add_spirv, marker, monkeypatch):

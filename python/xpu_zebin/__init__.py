@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from typing import Callable, List, Optional, Sequence, Union
 
 from . import _core
-from ._core import Attempt, CompileResult, LoadedKernel
+from ._core import Attempt, AttemptError, CompileResult, LoadedKernel
 from .errors import (
     BuildError,
     CancelledError,
@@ -36,6 +36,7 @@ __version__: str = _core.__version__
 
 __all__ = [
     "Attempt",
+    "AttemptError",
     "BuildError",
     "CancelledError",
     "CompileResult",
@@ -56,6 +57,7 @@ __all__ = [
     "compile_and_load_many",
     "compile_many",
     "devices",
+    "doctor",
     "error_kinds",
     "find_ocloc",
     "opencl_to_spirv",
@@ -78,6 +80,39 @@ opencl_to_spirv = _core.opencl_to_spirv
 def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
     """The ocloc :func:`compile` would use: ``ocloc``, ``$XPU_ZEBIN_OCLOC``, or PATH."""
     return str(_core.find_ocloc(ocloc))
+
+
+def doctor(ocloc: Optional[PathLike] = None) -> dict:
+    """What the engine would use here: ocloc and its version, libocloc and the worker mode
+    (and why compiles run one process each, if they do), Level Zero devices, the cache."""
+    return _core.doctor(None if ocloc is None else os.fspath(ocloc))
+
+
+_warned_no_worker: set = set()
+
+
+def _warn_once_without_worker(ocloc: Optional[PathLike]) -> None:
+    """Say once per compiler, at WARNING, why it runs one process per compile."""
+    if os.environ.get(_core.PERSISTENT_ENV, "").strip() == "0":
+        return  # asked for
+    try:
+        path = str(_core.find_ocloc(ocloc))
+    except BuildError:
+        return
+    if path in _warned_no_worker:
+        return
+    why = _core.ocloc_worker_unavailable(path)
+    if why:
+        _warned_no_worker.add(path)
+        logger.warning(
+            "no persistent compiler worker for %s (%s): every compile starts a new ocloc "
+            "process and loads IGC again, 2-3x slower for small kernels. Fix: install "
+            "libocloc.so beside it (Debian: intel-opencl-icd) or name it in %s.toolchain "
+            '(JSON: {"libocloc": "/path/libocloc.so"})',
+            path,
+            why,
+            path,
+        )
 
 
 def error_kinds() -> List[tuple]:
@@ -182,6 +217,8 @@ def compile(
         speculative=speculative,
     )
     result = _core.compile(**req)
+    if not result.cached:
+        _warn_once_without_worker(req["ocloc"])
     return _report(result, result.kernel)
 
 
@@ -209,6 +246,8 @@ def compile_many(
         return _core.compile_many(reqs, jobs=jobs, progress=callback)
 
     results = _with_progress(len(reqs), progress, run)
+    for ocloc in {r["ocloc"] for r in reqs} if executor is None else ():
+        _warn_once_without_worker(ocloc)
     for r in results:
         if isinstance(r, CompileResult):
             _report(r, r.kernel)

@@ -41,7 +41,7 @@ def _attempt_json(a: Any) -> dict:
         ok=a.ok,
         spill_size=a.spill_size,
         seconds=round(a.seconds, 3),
-        error=a.error,
+        error=None if a.error is None else a.error.to_dict(),
     )
 
 
@@ -225,6 +225,40 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What the engine would use here, and why something is slow or off."""
+    r = xpu_zebin.doctor(args.ocloc)
+    if args.json:
+        print(json.dumps(r))
+        return EXIT_OK
+    print(f"xpu-zebin {xpu_zebin.__version__} (Python {sys.version.split()[0]})")
+    print(f"ocloc: {r['ocloc'] or 'not found: ' + str(r['ocloc_error'])}")
+    if r["ocloc"]:
+        print(f"compiler version: {r['compiler_version']}")
+        print(f"libocloc: {r['libocloc'] or 'none'}")
+        mode = r["worker_mode"]
+        if r["worker_note"]:
+            mode += f" ({r['worker_note']}; one ocloc process per compile)"
+        print(f"offline workers: {mode}")
+    if r["level_zero_devices"]:
+        for d in r["level_zero_devices"]:
+            sim = ", simulated" if d["simulated"] else ""
+            print(f"Level Zero device {d['index']}: {d['name']} (arch {d['arch']}{sim}, "
+                  f"driver {d['driver']})")  # fmt: skip
+        isolated = os.environ.get(xpu_zebin.ISOLATED_ENV, "1") != "0"
+        note = r["level_zero_worker_note"]
+        print(
+            "Level Zero builds: "
+            + ("in this process (XPU_ZEBIN_ISOLATED=0)" if not isolated else "isolated workers")
+            + (f" (cannot start: {note})" if note else "")
+        )
+    else:
+        print(f"Level Zero: {r['level_zero_error']}")
+    size = r["cache_bytes"] / (1 << 20)
+    print(f"cache: {r['cache_dir']} ({r['cache_entries']} entries, {size:.1f} MiB)")
+    return EXIT_OK
+
+
 def cmd_kinds(args: argparse.Namespace) -> int:
     for kind, description in xpu_zebin.error_kinds():
         print(f"{kind:20} {description}")
@@ -309,6 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("devices", help="list Level Zero devices")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_devices)
+
+    t = sub.add_parser("doctor", help="show the toolchain, workers, devices and cache in use")
+    t.add_argument("--ocloc", default=None)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_doctor)
 
     k = sub.add_parser("kinds", help="list the error kinds")
     k.set_defaults(func=cmd_kinds)

@@ -4,12 +4,75 @@
 use crate::engine::{self, Failure};
 use crate::error::ErrorKind;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub mod level_zero;
 pub mod offline;
 pub mod workers;
+
+/// Why an attempt failed: the error's kind, message and, for a PTSS overflow, the
+/// required and limit bytes. `str()` is `"kind: message"`.
+#[pyclass(frozen, get_all, from_py_object, eq, module = "xpu_zebin._core")]
+#[derive(Clone, PartialEq)]
+pub struct AttemptError {
+    kind: String,
+    message: String,
+    required: Option<u64>,
+    limit: Option<u64>,
+}
+
+#[pymethods]
+impl AttemptError {
+    #[new]
+    #[pyo3(signature = (kind, message, required=None, limit=None))]
+    fn new(kind: String, message: String, required: Option<u64>, limit: Option<u64>) -> Self {
+        AttemptError {
+            kind,
+            message,
+            required,
+            limit,
+        }
+    }
+
+    /// `{kind, message, required?, limit?}`, as `--json` prints it.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("kind", &self.kind)?;
+        d.set_item("message", &self.message)?;
+        if let (Some(r), Some(l)) = (self.required, self.limit) {
+            d.set_item("required", r)?;
+            d.set_item("limit", l)?;
+        }
+        Ok(d)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> (
+        Bound<'py, pyo3::types::PyType>,
+        (String, String, Option<u64>, Option<u64>),
+    ) {
+        let e = slf.get();
+        (
+            slf.get_type(),
+            (e.kind.clone(), e.message.clone(), e.required, e.limit),
+        )
+    }
+
+    fn __str__(&self) -> String {
+        format!("{}: {}", self.kind, self.message)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "AttemptError(kind={:?}, message={:?}, required={:?}, limit={:?})",
+            self.kind, self.message, self.required, self.limit
+        )
+    }
+}
 
 /// One build of the GRF ladder.
 #[pyclass(frozen, get_all, from_py_object, module = "xpu_zebin._core")]
@@ -19,7 +82,7 @@ pub struct Attempt {
     ok: bool,
     spill_size: Option<u64>,
     seconds: f64,
-    error: Option<String>,
+    error: Option<AttemptError>,
 }
 
 #[pymethods]
@@ -30,7 +93,7 @@ impl Attempt {
         ok: bool,
         spill_size: Option<u64>,
         seconds: f64,
-        error: Option<String>,
+        error: Option<AttemptError>,
     ) -> Self {
         Attempt {
             build_flags,
@@ -47,7 +110,7 @@ impl Attempt {
         slf: &Bound<'py, Self>,
     ) -> (
         Bound<'py, pyo3::types::PyType>,
-        (String, bool, Option<u64>, f64, Option<String>),
+        (String, bool, Option<u64>, f64, Option<AttemptError>),
     ) {
         let a = slf.get();
         (
@@ -64,8 +127,12 @@ impl Attempt {
 
     fn __repr__(&self) -> String {
         format!(
-            "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={:?})",
-            self.build_flags, self.ok, self.spill_size, self.seconds, self.error
+            "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={})",
+            self.build_flags,
+            self.ok,
+            self.spill_size,
+            self.seconds,
+            self.error.as_ref().map_or("None".into(), |e| e.__repr__())
         )
     }
 }
@@ -77,7 +144,12 @@ pub(crate) fn attempts(list: &[engine::Attempt]) -> Vec<Attempt> {
             ok: a.ok,
             spill_size: a.spill_size,
             seconds: a.seconds,
-            error: a.error.clone(),
+            error: a.error.as_ref().map(|e| AttemptError {
+                kind: e.kind.name().to_string(),
+                message: e.message.clone(),
+                required: e.required,
+                limit: e.limit,
+            }),
         })
         .collect()
 }

@@ -50,3 +50,11 @@ pub fn idle_worker_pids() -> Vec<u32> {
 pub fn ocloc_worker_unavailable(ocloc: PathBuf) -> Option<String> {
     crate::ocloc::worker_unavailable(&ocloc)
 }
+
+/// What the engine would use here: ocloc, libocloc, worker mode, Level Zero, the cache.
+#[pyfunction]
+#[pyo3(signature = (ocloc=None))]
+pub fn doctor<'py>(py: Python<'py>, ocloc: Option<PathBuf>) -> PyResult<Bound<'py, PyAny>> {
+    let report = py.detach(|| crate::doctor::report(ocloc.as_deref()));
+    Ok(pythonize::pythonize(py, &report)?)
+}

@@ -177,7 +177,7 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
     let cached = (req.cache && req.is_spv).then(|| {
         let key = cache::key(&[
-            b"ze-load-v1",
+            b"ze-load-v2",
             &req.binary,
             ladder.join("\n").as_bytes(),
             &req.spill_threshold.to_le_bytes(),
