@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs what it needs, then runs the Rust and
-# Python checks and tests against the real Intel compilers. Any failure fails the run.
+# The whole test suite, on a fresh machine: installs what it needs, checks the Rust and
+# Python sources, builds the wheel users get (scripts/build-wheel.sh), installs it into a
+# fresh virtualenv with no Rust toolchain on PATH, and runs pytest there against the real
+# Intel compilers and driver, so a file missing from the wheel fails the run. Any failure
+# fails the run.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" test
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "test: cargo (Rust) is required to build xpu-zebin; install it with rustup" >&2
+  exit 1
+fi
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+# Both real compilers: Debian's ocloc on PATH, and the modern one behind a wrapper.
+XPU_ZEBIN_MODERN_OCLOC="$(bash scripts/install-toolchain.sh | tail -n 1)"
+export XPU_ZEBIN_MODERN_OCLOC
 
 echo "== cargo fmt / clippy / test" >&2
 cargo fmt --check
@@ -10,10 +25,25 @@ cargo clippy --quiet --all-targets -- -D warnings
 cargo clippy --quiet --all-targets --features python -- -D warnings
 cargo test --quiet
 
-echo "== ruff" >&2
-ruff check python tests benches
-ruff format --check python tests benches
+echo "== wheel" >&2
+wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
 
-echo "== pytest (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
+echo "== fresh virtualenv with the wheel, no Rust on PATH" >&2
+VENV="$ROOT/.test-venv"
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q "${wheel}[test]" >/dev/null
+NO_RUST_PATH="$VENV/bin:$(tr ':' '\n' <<<"$PATH" | grep -v -e '\.cargo' -e 'rustup' | paste -sd: -)"
+if PATH="$NO_RUST_PATH" command -v cargo >/dev/null 2>&1; then
+  echo "test: cargo is still on PATH for the installed-wheel tests" >&2
+  exit 1
+fi
+
+echo "== ruff" >&2
+PATH="$NO_RUST_PATH" ruff check python tests benches
+PATH="$NO_RUST_PATH" ruff format --check python tests benches
+
+echo "== pytest on the installed wheel (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
 # pytest exits 5 when it collected no tests: set -e turns that into a failure too.
-python -m pytest tests
+PATH="$NO_RUST_PATH" XPU_ZEBIN_EXPECT_INSTALLED="$VENV" "$VENV/bin/python" -m pytest tests

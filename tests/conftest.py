@@ -16,6 +16,12 @@ import pytest
 import xpu_zebin
 from xpu_zebin import _core, samples
 
+# The README's test command runs the suite on the installed wheel: prove it is that one.
+if os.environ.get("XPU_ZEBIN_EXPECT_INSTALLED"):
+    _venv = Path(os.environ["XPU_ZEBIN_EXPECT_INSTALLED"]).resolve()
+    if _venv not in Path(xpu_zebin.__file__).resolve().parents:
+        raise RuntimeError(f"xpu_zebin imported from {xpu_zebin.__file__}, not from {_venv}")
+
 # Level Zero tests run on Intel's real driver with a simulated PVC device (no GPU here).
 # Set before the driver is first opened; only Level Zero reads it.
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build what a package index accepts: a manylinux_2_28 abi3 wheel (maturin, linking against
+# glibc 2.28 through zig, so RHEL 8 / Ubuntu 20.04 and newer can install it) and an sdist,
+# into dist/. Then check the wheel with auditwheel: the manylinux tag, and no external
+# libraries (Level Zero and libocloc are opened at run time, never linked).
+# Prints the wheel's path on its last line. Idempotent; installs its tools in .build-venv.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PLATFORM="manylinux_2_28"
+BUILD_VENV="$ROOT/.build-venv"
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "build-wheel: cargo (Rust) is required; install it with rustup" >&2
+  exit 1
+fi
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+[ -x "$BUILD_VENV/bin/python" ] || python3 -m venv "$BUILD_VENV"
+"$BUILD_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+# zig is maturin's cross linker for an older glibc; auditwheel checks the result.
+"$BUILD_VENV/bin/python" -m pip install -q "maturin>=1.7,<2" ziglang auditwheel >/dev/null
+
+# maturin finds zig through the Python on PATH (the ziglang package).
+export PATH="$BUILD_VENV/bin:$PATH"
+rm -rf dist
+echo "build-wheel: maturin build --zig --compatibility $PLATFORM" >&2
+"$BUILD_VENV/bin/maturin" build --release --zig --compatibility "$PLATFORM" --out dist >&2
+"$BUILD_VENV/bin/maturin" sdist --out dist >&2
+
+wheel="$(ls dist/*.whl)"
+report="$("$BUILD_VENV/bin/auditwheel" show "$wheel")"
+echo "$report" >&2
+flat="$(tr -s '\n ' '  ' <<<"$report")"
+case "$wheel" in
+  *-cp39-abi3-"$PLATFORM"_x86_64.whl) ;;
+  *) echo "build-wheel: $wheel is not an abi3 $PLATFORM wheel" >&2; exit 1 ;;
+esac
+if ! grep -q "consistent with the following platform tag: \"${PLATFORM}_x86_64\"" <<<"$flat"; then
+  echo "build-wheel: auditwheel does not accept $wheel as $PLATFORM" >&2
+  exit 1
+fi
+if grep -qE "external shared libraries are required|lib(ze_loader|ze_intel_gpu|ocloc)" <<<"$flat"; then
+  echo "build-wheel: the extension links libraries it must open at run time" >&2
+  exit 1
+fi
+echo "$ROOT/$wheel"
