@@ -1,6 +1,8 @@
 """Triton XPU drop-ins: ``load_binary`` and ``make_zebin``.
 
-One line activates the package in a Triton XPU process (nothing happens on import)::
+The recommended activation is the environment: with ``XPU_ZEBIN_TRITON=1`` every Python
+process that imports Triton's Intel backend gets the drop-ins, subprocesses included (see
+``_xpu_zebin_hook``). In code, one line does the same (nothing happens on import)::
 
     import xpu_zebin.triton; xpu_zebin.triton.install()
 
@@ -36,6 +38,7 @@ from .errors import BuildError, ScratchOverflowError, UnsupportedDeviceError
 __all__ = [
     "get_last_selected_build_flags",
     "install",
+    "install_backend",
     "load_binary",
     "make_zebin",
     "uninstall",
@@ -53,6 +56,17 @@ _env_lock = threading.Lock()
 # (utils object, its original load_binary) for every install, so uninstall can undo it.
 _installed_utils: List[Tuple[Any, Callable]] = []
 _installed_backend: List[Tuple[type, Callable]] = []
+
+
+def _debug_logging() -> None:
+    """``TRITON_DEBUG=1``: the package's details on stderr too, as Triton's own are."""
+    if os.environ.get("TRITON_DEBUG", "").strip().lower() in ("1", "true", "on", "yes"):
+        root = logging.getLogger("xpu_zebin")
+        if not root.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            root.addHandler(handler)
+            root.setLevel(logging.DEBUG)
 
 
 def get_last_selected_build_flags() -> str:
@@ -250,10 +264,14 @@ def make_zebin(src: bytes, metadata: dict, options: Any, device_arch: Optional[s
     return result.binary
 
 
-def _install_backend() -> None:
-    from triton.backends import backends
+def install_backend(cls: Any = None) -> None:
+    """Route the XPU backend's zebin stage (``cls``: the backend class, by default Triton's
+    registered Intel backend) through :func:`make_zebin`. Idempotent."""
+    _debug_logging()
+    if cls is None:
+        from triton.backends import backends
 
-    cls = backends["intel"].compiler
+        cls = backends["intel"].compiler
     if any(c is cls for c, _ in _installed_backend):
         return
     original_add_stages = cls.add_stages
@@ -293,7 +311,8 @@ def install(utils: Any = None, *, backend: bool = True) -> Any:
         utils.load_binary = _wrap_load_binary(original)
         _installed_utils.append((utils, original))
     if backend:
-        _install_backend()
+        install_backend()
+    _debug_logging()
     return utils
 
 

@@ -1,0 +1,109 @@
+"""Activation by environment: ``XPU_ZEBIN_TRITON=1`` gives every process that imports Triton
+the drop-ins, with no code change. Each case is a fresh subprocess running real triton-xpu
+(compiling on the CPU) and the real compilers; the script never imports xpu_zebin itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GRF256 = "-cl-intel-256-GRF-per-thread"
+TESTS = Path(__file__).resolve().parent
+
+# Compiles the register-heavy matmul through triton.compile with native code, and reports
+# what it got and which modules were imported. The SYCL arch parser stub stands where a
+# GPU's SYCL runtime would be (triton_helpers).
+SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import triton
+import triton.language as tl
+from triton_helpers import compile_triton, triton_on_cpu
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, K, BK):
+        acc += tl.dot(tl.load(a), tl.load(b))
+        a += BK * sak
+        b += BK * sbk
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
+
+SIG = {**{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
+       **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
+       **{p: "constexpr" for p in ("BM", "BN", "BK")}}
+before = sorted(m for m in sys.modules if "xpu_zebin" in m)
+with triton_on_cpu(sys.argv[2]):
+    k = compile_triton(matmul_kernel, SIG, {"BM": 64, "BN": 64, "BK": 32})
+binary = k.asm["spv"]
+from triton.backends import backends
+utils_cls = backends["intel"].driver.__init__.__globals__["XPUUtils"]
+print(json.dumps({
+    "utils_patched": getattr(utils_cls.__init__, "__xpu_zebin__", False),
+    "build_flags": k.metadata.build_flags,
+    "elf": binary[:4] == b"\\x7fELF",
+    "modules_at_start": before,
+    "modules": sorted(m for m in sys.modules if "xpu_zebin" in m),
+}))
+"""
+
+
+def _run(tmp_path, env_overrides: dict) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XPU_ZEBIN_TRITON", "TRITON_DEBUG")}
+    env.update(env_overrides)
+    script = tmp_path / "probe.py"  # Triton reads a kernel's source: a file, not -c
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(TESTS), str(tmp_path / "triton-cache")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.fixture
+def native_env(system_ocloc):
+    return {"TRITON_XPU_GEN_NATIVE_CODE": "1", "XPU_ZEBIN_OCLOC": system_ocloc}
+
+
+def test_the_variable_activates_the_drop_in(tmp_path, native_env):
+    report, stderr = _run(tmp_path, {**native_env, "XPU_ZEBIN_TRITON": "1", "TRITON_DEBUG": "1"})
+    assert report["elf"] and report["build_flags"] == GRF256  # it spills at default GRF
+    assert "xpu_zebin.triton" in report["modules"]
+    assert report["utils_patched"]  # every XPUUtils the driver makes loads through the package
+    # The package's own account of the choice, shown as Triton's debug output is.
+    assert f"chose '{GRF256}'" in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", [None, "0"], ids=["unset", "zero"])
+def test_without_the_variable_triton_is_untouched(tmp_path, native_env, modern_ocloc, value):
+    # Triton's own native path runs `ocloc ... -o`, which Debian's ocloc 22.43 lacks.
+    env = {**native_env, "PATH": f"{Path(modern_ocloc).parent}:{os.environ['PATH']}"}
+    if value is not None:
+        env["XPU_ZEBIN_TRITON"] = value
+    report, stderr = _run(tmp_path, env)
+    assert report["modules_at_start"] == [] and report["modules"] == []  # nothing imported
+    assert report["elf"] and not report["utils_patched"]  # Triton's own path built it
+    assert "xpu_zebin" not in stderr
+
+
+def test_the_hook_is_installed_with_the_package():
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    assert any((Path(d) / "xpu_zebin.pth").is_file() for d in dirs), dirs
+    assert any((Path(d) / "_xpu_zebin_hook.py").is_file() for d in dirs), dirs
