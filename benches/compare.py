@@ -298,7 +298,7 @@ def main() -> int:
     small_isolated = timed(lambda: ze(kernels["add1024"]), max(repeat, 20))
     overhead = statistics.median(small_isolated) / statistics.median(small_in_process) - 1
     results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
-    rows.append(("Level Zero small kernel: in-process / isolated", summary(small_in_process),
+    rows.append(("Level Zero small kernel: in-process/isolated", summary(small_in_process),
                  summary(small_isolated), 1 / (1 + overhead)))  # fmt: skip
 
     spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"

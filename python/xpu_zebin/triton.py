@@ -28,14 +28,19 @@ import contextlib
 import copy
 import logging
 import os
+import sys
 import threading
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import xpu_zebin
 
 from .errors import BuildError, ScratchOverflowError, UnsupportedDeviceError
 
 __all__ = [
+    "ConfigResult",
+    "compile_configs",
     "get_last_selected_build_flags",
     "install",
     "install_backend",
@@ -324,3 +329,145 @@ def uninstall() -> None:
     while _installed_backend:
         cls, original_add_stages = _installed_backend.pop()
         cls.add_stages = original_add_stages
+
+
+@dataclass
+class ConfigResult:
+    """One config of a sweep: Triton's compiled kernel and the build flags that won, or
+    the error (``OutOfResources`` for a PTSS overflow, with required and limit bytes)."""
+
+    config: Any
+    kernel: Any = None
+    build_flags: Optional[str] = None
+    error: Optional[BaseException] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _jit_function(fn: Any) -> Any:
+    """The JITFunction under an autotuner or heuristics wrapper."""
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(fn, JITFunction):
+        inner = getattr(fn, "fn", None)
+        if inner is None:
+            raise TypeError(f"{fn!r} is not a Triton kernel (@triton.jit or @triton.autotune)")
+        fn = inner
+    return fn
+
+
+def _split_config(config: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(constexpr values, compile options) of a ``triton.Config`` or a dict of both."""
+    if isinstance(config, dict):
+        options = dict(config)
+        constants = dict(options.pop("constexprs", None) or options.pop("kwargs", None) or {})
+        return constants, options
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    for name in ("num_ctas", "maxnreg"):
+        value = getattr(config, name, None)
+        if value is not None and (name != "num_ctas" or value != 1):
+            options[name] = value
+    return dict(config.kwargs), options
+
+
+def compile_configs(
+    fn: Any,
+    signature: Dict[str, str],
+    configs: Optional[Iterable[Any]] = None,
+    *,
+    constexprs: Optional[Dict[str, Any]] = None,
+    target: Any = None,
+    jobs: Optional[int] = None,
+    progress: Union[bool, Callable[[int], None]] = False,
+) -> List[ConfigResult]:
+    """Compile every config of a Triton kernel at once, as its autotuner would one by one.
+
+    ``fn`` is a ``@triton.jit`` kernel or an ``@triton.autotune`` one (its configs are used
+    when ``configs`` is None); ``configs`` are ``triton.Config`` objects or dicts with
+    ``constexprs`` and compile options (``num_warps``, ``num_stages``, ``grf_mode``, ...).
+    ``signature`` types the runtime arguments (``{"x_ptr": "*fp32", "n": "i32"}``);
+    constexpr arguments come from each config and ``constexprs``. Each config runs through
+    ``triton.compile`` (Triton's own pipeline and cache, so the autotuner's later compiles
+    of the same configs are cache hits) with the package's GRF fallback as its native stage;
+    at most ``jobs`` (default: cores) at once: Triton's front-end takes turns, the native
+    compiles, which dominate register-heavy kernels, run in parallel. When Triton stops at
+    SPIR-V (triton-xpu 3.3 without ``TRITON_XPU_GEN_NATIVE_CODE``), the native binary is
+    built here too, into the package's cache, where the drop-in ``load_binary`` finds it.
+    Results are in input order; a config that cannot build has its error in its slot.
+    """
+    import triton
+    from triton.compiler import ASTSource
+
+    jit = _jit_function(fn)
+    if configs is None:
+        configs = getattr(fn, "configs", None)
+        if configs is None:
+            raise TypeError("pass configs, or an @triton.autotune kernel that has them")
+    configs = list(configs)
+    if target is None:
+        from triton.runtime.driver import driver
+
+        target = driver.active.get_current_target()
+    install_backend()
+    names = list(jit.arg_names)
+
+    def one(config: Any) -> ConfigResult:
+        constants, options = _split_config(config)
+        constants = {**(constexprs or {}), **constants}
+        unknown = set(constants) - set(names)
+        if unknown:
+            raise TypeError(f"{jit.__name__} has no parameter(s) {sorted(unknown)}")
+        sig = {n: "constexpr" if n in constants else signature[n] for n in names}
+        src = ASTSource(jit, sig, {(names.index(k),): v for k, v in constants.items()})
+        try:
+            kernel = triton.compile(src, target=target, options=options)
+            flags = kernel.metadata.build_flags
+            spirv = kernel.asm.get("spv", b"")
+            if isinstance(spirv, bytes) and spirv[:4] != b"\x7fELF":
+                flags = _prebuild_native(kernel, spirv, options, target)
+            return ConfigResult(config, kernel, flags)
+        except Exception as e:  # every failure stays in its slot, as the autotuner skips it
+            return ConfigResult(config, error=e)
+
+    done = progress if callable(progress) else None
+    bar = None
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(configs), desc="xpu-zebin sweep", unit="config", file=sys.stderr)
+    workers = max(1, jobs or xpu_zebin._core.default_jobs())
+    try:
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(configs)))) as pool:
+            futures = [pool.submit(one, c) for c in configs]
+            for i, f in enumerate(futures):
+                f.add_done_callback(
+                    lambda _f, i=i: (bar.update(1) if bar else None, done(i) if done else None)
+                )
+            results = [f.result() for f in futures]
+    finally:
+        if bar is not None:
+            bar.close()
+    for r in results:
+        if r.error is not None:
+            logger.info("config %s: %s", r.config, r.error)
+    return results
+
+
+def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target: Any) -> str:
+    """The native build ``load_binary`` will need, now, into the package's cache."""
+    arch = _target_device_arch({"target": target}) or _device_arch(0, None)
+    grf_mode = options.get("grf_mode", "default")
+    try:
+        result = xpu_zebin.compile(
+            spirv,
+            device=arch,
+            build_flags=kernel.metadata.build_flags or "",
+            grf_mode=grf_mode if isinstance(grf_mode, str) else "default",
+            num_warps=options.get("num_warps"),
+            kernel_name=kernel.metadata.name,
+        )
+    except BuildError as e:
+        raise _triton_error(e) from e
+    return result.build_flags
