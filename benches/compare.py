@@ -72,6 +72,26 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
 
 
+@triton.jit
+def live_kernel(x_ptr, y_ptr, z_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Three fp64 tiles live across a reduction: one warp overflows PTSS, more warps spill."""
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    z = tl.load(z_ptr + offs)
+    s = tl.sum(x * y + z, axis=0)
+    tl.store(out_ptr + offs, x * s + y * s + z)
+
+
+ARCH = {
+    "architecture": 0, "name": "pvc", "max_work_group_size": 1024, "max_num_sub_groups": 64,
+    "sub_group_sizes": [16, 32], "has_fp64": True,
+    "has_subgroup_matrix_multiply_accumulate": False,
+    "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
+    "has_subgroup_2d_block_io": False,
+}  # fmt: skip
+
+
 def triton_spirv() -> Dict[str, bytes]:
     """Real Triton SPIR-V for a few kernels, compiled on the CPU with triton-xpu."""
 
@@ -85,14 +105,7 @@ def triton_spirv() -> Dict[str, bytes]:
     )
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xpu-zebin-bench-"))
 
-    arch = {
-        "architecture": 0, "name": "pvc", "max_work_group_size": 1024, "max_num_sub_groups": 64,
-        "sub_group_sizes": [16, 32], "has_fp64": True,
-        "has_subgroup_matrix_multiply_accumulate": False,
-        "has_subgroup_matrix_multiply_accumulate_tensor_float32": False,
-        "has_subgroup_2d_block_io": False,
-    }  # fmt: skip
-    target = GPUTarget("xpu", arch, 16)
+    target = GPUTarget("xpu", ARCH, 16)
 
     def build(fn, signature, constants, num_warps=4) -> bytes:
         names = list(signature)
@@ -188,6 +201,69 @@ def rss_probe(side: str, ocloc: str, spirv_path: str) -> int:
         _core.shutdown_workers()  # reaped workers count in RUSAGE_CHILDREN
     print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     return 0
+
+
+def sweep(ocloc: str, repeat: int, rows: list, results: dict) -> None:
+    """An autotune sweep of 6 configs (num_warps 1..32) of a register-heavy kernel: as
+    Triton's autotuner compiles it (one config after another, upstream make_zebin: one
+    ocloc per attempt, the ladder in sequence) against compile_configs, each from a cold
+    Triton cache and a cold binary cache."""
+    import xpu_zebin.triton as xt
+
+    sig = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
+    configs = [triton.Config({"BLOCK": 16384}, num_warps=w) for w in (1, 2, 4, 8, 16, 32)]
+    target = GPUTarget("xpu", ARCH, 32)
+    names = live_kernel.arg_names
+    full_sig = {n: "constexpr" if n == "BLOCK" else sig[n] for n in names}
+    saved = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "XPU_ZEBIN_CACHE_DIR")}
+    os.environ["XPU_ZEBIN_OCLOC"] = ocloc
+    os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
+    split = {"front_end_s": [], "igc_s": []}
+
+    def fresh_caches() -> None:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-sweep-triton-")
+        os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-sweep-bins-")
+
+    def baseline() -> None:
+        fresh_caches()
+        os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)  # Triton stops at SPIR-V
+        front = igc = 0.0
+        for c in configs:
+            t = time.perf_counter()
+            src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): 16384})
+            spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
+            front += time.perf_counter() - t
+            t = time.perf_counter()
+            try:
+                baseline_compile(ocloc, spirv.asm["spv"])
+            except RuntimeError:
+                pass  # the overflowing config: the autotuner skips it
+            igc += time.perf_counter() - t
+        split["front_end_s"].append(front)
+        split["igc_s"].append(igc)
+
+    def package() -> None:
+        fresh_caches()
+        os.environ["TRITON_XPU_GEN_NATIVE_CODE"] = "1"
+        try:
+            xt.compile_configs(live_kernel, sig, configs, target=target)
+        finally:
+            os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
+            xt.uninstall()
+
+    b, p = timed(baseline, repeat), timed(package, repeat)
+    ratio = statistics.median(b) / statistics.median(p)
+    results["sweep_speedup"] = round(ratio, 2)
+    results["sweep_baseline_split_s"] = {
+        k: round(statistics.median(v), 2) for k, v in split.items()
+    }
+    rows.append((f"autotune sweep of {len(configs)} configs", summary(b), summary(p), ratio))
+    print(f"  autotune sweep: {ratio:.2f}x", file=sys.stderr)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def main() -> int:
@@ -301,6 +377,8 @@ def main() -> int:
     rows.append(("Level Zero small kernel: in-process/isolated", summary(small_in_process),
                  summary(small_isolated), 1 / (1 + overhead)))  # fmt: skip
 
+    sweep(ocloc, repeat, rows, results)
+
     spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
     spv_path.write_bytes(heavy)
     results["peak_rss_mb"] = {
@@ -319,6 +397,9 @@ def main() -> int:
     rss = results["peak_rss_mb"]
     print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
           f"package worker {rss['package_workers']} MiB")  # fmt: skip
+    split = results["sweep_baseline_split_s"]
+    print(f"autotune sweep, sequential baseline: Triton front-end {split['front_end_s']} s, "
+          f"ocloc/IGC {split['igc_s']} s")  # fmt: skip
     print("Level Zero isolation overhead on a small kernel (warm worker): "
           f"{results['ze_isolation_overhead_percent']}%")  # fmt: skip
     if args.json:

@@ -29,6 +29,7 @@ def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
         "ze_warm_load_speedup",
         "ze_fallback_speedup",
         "ze_batch_speedup",
+        "sweep_speedup",
     ):
         assert report[key] > 0, key
     assert report["peak_rss_mb"]["baseline_ocloc"] > 0

@@ -74,3 +74,23 @@ def softmax_kernel(out_ptr, in_ptr, stride, n_cols, BLOCK: tl.constexpr):
 
 SOFTMAX_SIG = {"out_ptr": "*fp32", "in_ptr": "*fp32", "stride": "i32", "n_cols": "i32",
                "BLOCK": "constexpr"}  # fmt: skip
+
+
+@triton.jit
+def live_kernel(x_ptr, y_ptr, z_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Register-heavy by design: three fp64 tiles stay live across a reduction. At one warp
+    of 32 (BLOCK 16384) a hardware thread holds 384 KiB, past the 256 KiB per-thread scratch
+    limit in every GRF mode; with more warps each thread holds less and it builds, spilling.
+    """
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    z = tl.load(z_ptr + offs)
+    s = tl.sum(x * y + z, axis=0)
+    tl.store(out_ptr + offs, x * s + y * s + z)
+
+
+LIVE_SIG = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
+LIVE_BLOCK = 16384
+# Warps of 32 lanes (SIMD32), as the sweep's overflow arithmetic above assumes.
+TARGET_SIMD32 = GPUTarget("xpu", ARCH, 32)

@@ -411,6 +411,7 @@ def compile_configs(
 
         target = driver.active.get_current_target()
     install_backend()
+    _warm_triton()
     names = list(jit.arg_names)
 
     def one(config: Any) -> ConfigResult:
@@ -451,8 +452,22 @@ def compile_configs(
             bar.close()
     for r in results:
         if r.error is not None:
-            logger.info("config %s: %s", r.config, r.error)
+            logger.info("config %s: %s", r.config, r.error, exc_info=r.error)
     return results
+
+
+def _warm_triton() -> None:
+    """Triton's one-time set-up, before threads race through it: its cache key reads
+    sysconfig's config vars, whose first, lazy initialisation is not thread-safe (seen
+    here: ``EXT_SUFFIX`` None in a concurrent first call)."""
+    import sysconfig
+
+    sysconfig.get_config_vars()
+    try:
+        from triton.compiler.compiler import triton_key
+    except ImportError:  # other Triton versions: sysconfig above is the known race
+        return
+    triton_key()
 
 
 def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target: Any) -> str:
