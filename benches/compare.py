@@ -203,6 +203,27 @@ def rss_probe(side: str, ocloc: str, spirv_path: str) -> int:
     return 0
 
 
+def dask_batch(ocloc: str, batch: List[bytes], repeat: int, rows: list, results: dict) -> None:
+    """The mixed batch on a 2-worker Dask LocalCluster (workers warm, as a standing cluster
+    has them) against the local compile_many and the sequential baseline, same run."""
+    from xpu_zebin.dask import cluster_client
+
+    reqs = [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
+    with cluster_client(local_workers=2) as client:
+        xpu_zebin.compile_many(reqs[:2], client=client)  # start each worker's compilers
+        base = timed(lambda: [baseline_compile(ocloc, s) for s in batch], repeat)
+        local = timed(lambda: xpu_zebin.compile_many(reqs), repeat)
+        on_dask = timed(lambda: xpu_zebin.compile_many(reqs, client=client), repeat)
+    med = statistics.median
+    results["dask_batch_speedup"] = round(med(base) / med(on_dask), 2)
+    results["dask_overhead_percent"] = round(100 * (med(on_dask) / med(local) - 1), 1)
+    rows.append((f"batch of {len(batch)} on 2 Dask workers", summary(base), summary(on_dask),
+                 med(base) / med(on_dask)))  # fmt: skip
+    overhead = results["dask_overhead_percent"]
+    print(f"  Dask batch: {results['dask_batch_speedup']:.2f}x, {overhead}% over local",
+          file=sys.stderr)  # fmt: skip
+
+
 def sweep(ocloc: str, repeat: int, rows: list, results: dict) -> None:
     """An autotune sweep of 6 configs (num_warps 1..32) of a register-heavy kernel: as
     Triton's autotuner compiles it (one config after another, upstream make_zebin: one
@@ -273,6 +294,9 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
+    )
     parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
     parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,6 +340,8 @@ def main() -> int:
             [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
         ),
     )  # fmt: skip
+    if args.dask:
+        dask_batch(ocloc, batch, repeat, rows, results)
     compare(
         "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
         lambda: [baseline_compile(ocloc, s) for s in small],
@@ -397,6 +423,8 @@ def main() -> int:
     rss = results["peak_rss_mb"]
     print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
           f"package worker {rss['package_workers']} MiB")  # fmt: skip
+    if "dask_overhead_percent" in results:
+        print(f"Dask: {results['dask_overhead_percent']}% over the local compile_many, same batch")
     split = results["sweep_baseline_split_s"]
     print(f"autotune sweep, sequential baseline: Triton front-end {split['front_end_s']} s, "
           f"ocloc/IGC {split['igc_s']} s")  # fmt: skip

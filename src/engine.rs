@@ -246,20 +246,16 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
         chosen,
         built,
         attempts,
-        notes: ladder_notes,
+        notes,
     } = ladder::run(
         &ladder,
         req.spill_threshold,
         speculate,
         cancel,
+        notes,
         |b: &Built| b.spill_size,
         |flags, cancel| build_once(&ocloc_path, req, &kernel, flags, timeout, cancel),
-    )
-    .map_err(|mut f| {
-        f.notes.splice(0..0, notes.iter().cloned());
-        f
-    })?;
-    notes.extend(ladder_notes);
+    )?;
     let build_flags = ladder[chosen].clone();
     let mut compiled = Compiled {
         kernel,

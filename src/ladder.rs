@@ -39,6 +39,18 @@ impl Attempt {
 /// One attempt and what it built.
 pub type Tried<B> = (Attempt, Result<B>);
 
+/// Make one attempt with `build`, timed and recorded.
+pub fn timed<B>(
+    flags: &str,
+    spills: impl Fn(&B) -> u64,
+    build: impl FnOnce() -> Result<B>,
+) -> Tried<B> {
+    let started = std::time::Instant::now();
+    let result = build();
+    let attempt = Attempt::new(flags, started.elapsed().as_secs_f64(), &result, spills);
+    (attempt, result)
+}
+
 /// The attempt chosen, what it built, and every attempt made.
 pub struct Choice<B> {
     pub chosen: usize,
@@ -64,11 +76,14 @@ pub fn worth_speculating(input_len: usize) -> bool {
 /// stops when any of its cancel flags is set. A second rung is tried when the first fails
 /// or spills more than `spill_threshold`; with `speculate`, both run at once and the large
 /// one is cancelled if the first is accepted: the same answer as in sequence, sooner.
+/// `notes` so far (cache trouble, say) come back first in the choice's or failure's notes.
+#[allow(clippy::too_many_arguments)]
 pub fn run<B: Send>(
     ladder: &[String],
     spill_threshold: u64,
     speculate: bool,
     cancel: &AtomicBool,
+    mut notes: Vec<String>,
     spills: impl Fn(&B) -> u64 + Sync,
     build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
 ) -> std::result::Result<Choice<B>, Box<Failure>> {
@@ -78,7 +93,6 @@ pub fn run<B: Send>(
             spill_threshold,
         )
     };
-    let mut notes = Vec::new();
     let (first, retry) = if ladder.len() == 2 && speculate {
         let lost = AtomicBool::new(false);
         std::thread::scope(|scope| {
@@ -114,7 +128,7 @@ pub fn run<B: Send>(
             Ok(choice)
         }
         Err(mut failure) => {
-            failure.notes.extend(notes);
+            failure.notes = notes;
             Err(failure)
         }
     }

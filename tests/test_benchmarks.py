@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benches" / "compare.py"
 
 def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--ocloc", modern_ocloc, "--repeat", "1", "--json"],
+        [sys.executable, str(BENCH), "--ocloc", modern_ocloc, "--repeat", "1", "--json", "--dask"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -30,9 +30,10 @@ def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
         "ze_fallback_speedup",
         "ze_batch_speedup",
         "sweep_speedup",
+        "dask_batch_speedup",
     ):
         assert report[key] > 0, key
     assert report["peak_rss_mb"]["baseline_ocloc"] > 0
     assert report["peak_rss_mb"]["package_workers"] > 0
-    assert "ze_isolation_overhead_percent" in report
+    assert "ze_isolation_overhead_percent" in report and "dask_overhead_percent" in report
     assert "| PTSS kernel, needs large GRF" in run.stdout

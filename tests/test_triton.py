@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.errors import OutOfResources
-from triton_helpers import TARGET, compile_triton, triton_on_cpu
+from triton_helpers import MM_SIG, TARGET, compile_triton, matmul_kernel, triton_on_cpu
 
 import xpu_zebin
 import xpu_zebin.triton as xt
@@ -35,28 +35,7 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x + y, mask=mask)
 
 
-@triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    a = a_ptr + rm[:, None] * sam + rk[None, :] * sak
-    b = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, K, BK):
-        acc += tl.dot(tl.load(a), tl.load(b))
-        a += BK * sak
-        b += BK * sbk
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
-
-
 ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-MM_SIG = {
-    **{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
-    **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
-    **{p: "constexpr" for p in ("BM", "BN", "BK")},
-}
 
 
 @pytest.fixture(scope="module")

@@ -21,31 +21,11 @@ TESTS = Path(__file__).resolve().parent
 SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import triton
-import triton.language as tl
-from triton_helpers import compile_triton, triton_on_cpu
+from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
 
-@triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    a = a_ptr + rm[:, None] * sam + rk[None, :] * sak
-    b = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for _ in range(0, K, BK):
-        acc += tl.dot(tl.load(a), tl.load(b))
-        a += BK * sak
-        b += BK * sbk
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
-
-SIG = {**{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
-       **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
-       **{p: "constexpr" for p in ("BM", "BN", "BK")}}
 before = sorted(m for m in sys.modules if "xpu_zebin" in m)
 with triton_on_cpu(sys.argv[2]):
-    k = compile_triton(matmul_kernel, SIG, {"BM": 64, "BN": 64, "BK": 32})
+    k = compile_triton(matmul_kernel, MM_SIG, {"BM": 64, "BN": 64, "BK": 32})
 binary = k.asm["spv"]
 from triton.backends import backends
 utils_cls = backends["intel"].driver.__init__.__globals__["XPUUtils"]

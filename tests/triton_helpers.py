@@ -94,3 +94,26 @@ LIVE_SIG = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
 LIVE_BLOCK = 16384
 # Warps of 32 lanes (SIMD32), as the sweep's overflow arithmetic above assumes.
 TARGET_SIMD32 = GPUTarget("xpu", ARCH, 32)
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a = a_ptr + rm[:, None] * sam + rk[None, :] * sak
+    b = b_ptr + rk[:, None] * sbk + rn[None, :] * sbn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, K, BK):
+        acc += tl.dot(tl.load(a), tl.load(b))
+        a += BK * sak
+        b += BK * sbk
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc)
+
+
+MM_SIG = {
+    **{p: "*fp32" for p in ("a_ptr", "b_ptr", "c_ptr")},
+    **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
+    **{p: "constexpr" for p in ("BM", "BN", "BK")},
+}

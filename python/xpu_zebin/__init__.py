@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from concurrent.futures import Executor
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import Attempt, AttemptError, CompileResult, LoadedKernel
@@ -88,22 +88,22 @@ def doctor(ocloc: Optional[PathLike] = None) -> dict:
     return _core.doctor(None if ocloc is None else os.fspath(ocloc))
 
 
-_warned_no_worker: set = set()
+# Compilers already looked at (by how they were named), so a compile pays this check once.
+_worker_checked: set = set()
 
 
 def _warn_once_without_worker(ocloc: Optional[PathLike]) -> None:
     """Say once per compiler, at WARNING, why it runs one process per compile."""
-    if os.environ.get(_core.PERSISTENT_ENV, "").strip() == "0":
-        return  # asked for
+    named = (None if ocloc is None else os.fspath(ocloc), os.environ.get(_core.OCLOC_ENV))
+    if named in _worker_checked or os.environ.get(_core.PERSISTENT_ENV, "").strip() == "0":
+        return  # known already, or one process per compile was asked for
+    _worker_checked.add(named)
     try:
         path = str(_core.find_ocloc(ocloc))
     except BuildError:
         return
-    if path in _warned_no_worker:
-        return
     why = _core.ocloc_worker_unavailable(path)
     if why:
-        _warned_no_worker.add(path)
         logger.warning(
             "no persistent compiler worker for %s (%s): every compile starts a new ocloc "
             "process and loads IGC again, 2-3x slower for small kernels. Fix: install "
@@ -227,6 +227,7 @@ def compile_many(
     *,
     jobs: Optional[int] = None,
     executor: Optional[Executor] = None,
+    client: Any = None,
     progress: Union[bool, Callable[[int], None]] = False,
 ) -> List[Union[CompileResult, BuildError]]:
     """Compile many kernels concurrently; results in input order.
@@ -235,18 +236,24 @@ def compile_many(
     required). A failure is returned in its slot as the :class:`BuildError`, never raised,
     so one bad kernel does not sink the batch. ``jobs`` bounds the parallel compilers
     (default: cores). With ``executor`` (any ``concurrent.futures.Executor``: a process
-    pool, Ray's or Dask's), each request runs there as a :func:`compile` call instead.
+    pool, Ray's or Dask's), each request runs there as a :func:`compile` call instead; with
+    ``client`` (a ``distributed.Client``), each is a task on that Dask cluster, and a worker
+    lost mid-batch costs only a re-run of its tasks (``pip install xpu-zebin[dask]``).
     ``progress=True`` shows a progress bar; a callable is called with each finished index.
     """
     reqs = [_request(**r) for r in requests]
 
     def run(callback: Optional[Callable[[int], None]]) -> list:
+        if client is not None:
+            from . import dask
+
+            return dask.compile_many(reqs, client, callback)
         if executor is not None:
             return _run_on_executor(executor, reqs, callback)
         return _core.compile_many(reqs, jobs=jobs, progress=callback)
 
     results = _with_progress(len(reqs), progress, run)
-    for ocloc in {r["ocloc"] for r in reqs} if executor is None else ():
+    for ocloc in {r["ocloc"] for r in reqs} if executor is None and client is None else ():
         _warn_once_without_worker(ocloc)
     for r in results:
         if isinstance(r, CompileResult):

@@ -142,7 +142,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     inputs = [_read_input(f, args.device, args.ocloc) for f in args.files]
     reqs = [dict(spirv=s, **_compile_kwargs(args)) for s in inputs]
-    results = xpu_zebin.compile_many(reqs, jobs=args.jobs, progress=not args.json)
+    if args.scheduler or args.dask_local:
+        from . import dask
+
+        with dask.cluster_client(args.scheduler, args.dask_local) as client:
+            results = xpu_zebin.compile_many(reqs, client=client, progress=not args.json)
+    else:
+        results = xpu_zebin.compile_many(reqs, jobs=args.jobs, progress=not args.json)
     if args.output_dir:
         os.makedirs(args.output_dir, exist_ok=True)
     for path, outcome in zip(args.files, results):
@@ -321,6 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("files", nargs="+")
     b.add_argument("--jobs", type=int, default=None, help="parallel compilers (default: cores)")
     b.add_argument("--output-dir", default=None, help="write <stem>.zebin files here")
+    where = b.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler", default=None, help="run on this Dask scheduler (tcp://host:port)"
+    )
+    where.add_argument(
+        "--dask-local",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run on a local Dask cluster of N worker processes",
+    )
     compile_options(b)
     b.set_defaults(func=cmd_batch)
 

@@ -1,7 +1,6 @@
 //! Level Zero bindings: `compile_and_load`, `compile_and_load_many`, `LoadedKernel`, devices.
 
-use super::{attempts, interruptible, timeout_of, to_exception, to_pyerr, Attempt};
-use crate::engine;
+use super::{attempts, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
@@ -199,53 +198,34 @@ pub fn compile_and_load_many(
     jobs: Option<usize>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Vec<Py<PyAny>>> {
-    let mut reqs = Vec::with_capacity(requests.len());
-    for d in &requests {
-        let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
-            d.get_item(k)?.ok_or_else(|| {
-                pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{k}'"))
-            })
-        };
-        reqs.push(load_request(
-            get("binary")?.extract()?,
-            get("kernel_name")?.extract()?,
-            get("build_flags")?.extract()?,
-            get("is_spv")?.extract()?,
-            get("device")?.extract()?,
-            get("device_arch")?.extract()?,
-            get("cache")?.extract()?,
-            get("cache_dir")?.extract()?,
-            get("spill_threshold")?.extract()?,
-            get("isolated")?.extract()?,
-            get("timeout")?.extract()?,
-            get("speculative")?.extract()?,
-        )?);
-    }
-    let jobs = jobs.unwrap_or_else(engine::default_jobs);
-    if jobs == 0 {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "jobs must be at least 1",
-        ));
-    }
-    let on_done = |i: usize| {
-        if let Some(cb) = &progress {
-            Python::attach(|py| {
-                if let Err(e) = cb.call1(py, (i,)) {
-                    e.write_unraisable(py, None);
-                }
-            });
-        }
-    };
-    let results = interruptible(py, |cancel| {
-        crate::ze::load::compile_and_load_many(&reqs, jobs, cancel, &on_done)
-    })?;
-    results
-        .into_iter()
-        .map(|r| match r {
-            Ok(l) => Ok(Py::new(py, loaded_kernel(py, l))?.into_any()),
-            Err(f) => Ok(to_exception(py, *f)?.unbind()),
+    let reqs = requests
+        .iter()
+        .map(|d| {
+            load_request(
+                field(d, "binary")?.extract()?,
+                field(d, "kernel_name")?.extract()?,
+                field(d, "build_flags")?.extract()?,
+                field(d, "is_spv")?.extract()?,
+                field(d, "device")?.extract()?,
+                field(d, "device_arch")?.extract()?,
+                field(d, "cache")?.extract()?,
+                field(d, "cache_dir")?.extract()?,
+                field(d, "spill_threshold")?.extract()?,
+                field(d, "isolated")?.extract()?,
+                field(d, "timeout")?.extract()?,
+                field(d, "speculative")?.extract()?,
+            )
         })
-        .collect()
+        .collect::<PyResult<Vec<_>>>()?;
+    run_batch(
+        py,
+        jobs,
+        progress,
+        |jobs, cancel, on_done| {
+            crate::ze::load::compile_and_load_many(&reqs, jobs, cancel, on_done)
+        },
+        |py, loaded| Ok(Py::new(py, loaded_kernel(py, loaded))?.into_any()),
+    )
 }
 
 /// The Level Zero devices (initialising the driver on first use).

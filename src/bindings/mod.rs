@@ -225,6 +225,48 @@ pub(crate) fn interruptible<T: Send>(
     })
 }
 
+/// One key of a batch request dict (the Python side fills in every key).
+pub(crate) fn field<'py>(request: &Bound<'py, PyDict>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    request
+        .get_item(key)?
+        .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{key}'")))
+}
+
+/// Run a batch with the GIL released and Ctrl-C live: `run(jobs, cancel, on_done)` gives
+/// one outcome per item; `progress(index)` is called as each item ends. Returns, in input
+/// order, each success as `convert` makes it or each failure as its exception object.
+pub(crate) fn run_batch<T: Send>(
+    py: Python<'_>,
+    jobs: Option<usize>,
+    progress: Option<Py<PyAny>>,
+    run: impl FnOnce(usize, &AtomicBool, &(dyn Fn(usize) + Sync)) -> Vec<Result<T, Box<Failure>>> + Send,
+    convert: impl Fn(Python<'_>, T) -> PyResult<Py<PyAny>>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let jobs = jobs.unwrap_or_else(engine::default_jobs);
+    if jobs == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "jobs must be at least 1",
+        ));
+    }
+    let on_done = |i: usize| {
+        if let Some(cb) = &progress {
+            Python::attach(|py| {
+                if let Err(e) = cb.call1(py, (i,)) {
+                    e.write_unraisable(py, None);
+                }
+            });
+        }
+    };
+    let outcomes = interruptible(py, |cancel| run(jobs, cancel, &on_done))?;
+    outcomes
+        .into_iter()
+        .map(|r| match r {
+            Ok(value) => convert(py, value),
+            Err(f) => Ok(to_exception(py, *f)?.unbind()),
+        })
+        .collect()
+}
+
 pub(crate) fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     match timeout {
         Some(t) if !t.is_finite() || t < 0.0 => Err(pyo3::exceptions::PyValueError::new_err(

@@ -1,6 +1,6 @@
 //! The offline engine's bindings: `compile`, `compile_many` and the SPIR-V/zebin helpers.
 
-use super::{attempts, interruptible, timeout_of, to_exception, to_pyerr, Attempt};
+use super::{attempts, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt};
 use crate::engine::{self, CompileRequest, Compiled};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -204,53 +204,32 @@ pub fn compile_many(
     jobs: Option<usize>,
     progress: Option<Py<PyAny>>,
 ) -> PyResult<Vec<Py<PyAny>>> {
-    let mut reqs = Vec::with_capacity(requests.len());
-    for d in &requests {
-        let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
-            d.get_item(k)?.ok_or_else(|| {
-                pyo3::exceptions::PyKeyError::new_err(format!("request lacks '{k}'"))
-            })
-        };
-        reqs.push(request(
-            get("spirv")?.extract()?,
-            get("device")?.extract()?,
-            get("build_flags")?.extract()?,
-            get("grf_mode")?.extract()?,
-            get("num_warps")?.extract()?,
-            get("kernel_name")?.extract()?,
-            get("ocloc")?.extract()?,
-            get("timeout")?.extract()?,
-            get("cache")?.extract()?,
-            get("cache_dir")?.extract()?,
-            get("spill_threshold")?.extract()?,
-            get("speculative")?.extract()?,
-        )?);
-    }
-    let jobs = jobs.unwrap_or_else(engine::default_jobs);
-    if jobs == 0 {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "jobs must be at least 1",
-        ));
-    }
-    let on_done = |i: usize| {
-        if let Some(cb) = &progress {
-            Python::attach(|py| {
-                if let Err(e) = cb.call1(py, (i,)) {
-                    e.write_unraisable(py, None);
-                }
-            });
-        }
-    };
-    let results = interruptible(py, |cancel| {
-        engine::compile_many(&reqs, jobs, cancel, &on_done)
-    })?;
-    results
-        .into_iter()
-        .map(|r| match r {
-            Ok(c) => Ok(Py::new(py, to_result(py, c))?.into_any()),
-            Err(f) => Ok(to_exception(py, *f)?.unbind()),
+    let reqs = requests
+        .iter()
+        .map(|d| {
+            request(
+                field(d, "spirv")?.extract()?,
+                field(d, "device")?.extract()?,
+                field(d, "build_flags")?.extract()?,
+                field(d, "grf_mode")?.extract()?,
+                field(d, "num_warps")?.extract()?,
+                field(d, "kernel_name")?.extract()?,
+                field(d, "ocloc")?.extract()?,
+                field(d, "timeout")?.extract()?,
+                field(d, "cache")?.extract()?,
+                field(d, "cache_dir")?.extract()?,
+                field(d, "spill_threshold")?.extract()?,
+                field(d, "speculative")?.extract()?,
+            )
         })
-        .collect()
+        .collect::<PyResult<Vec<_>>>()?;
+    run_batch(
+        py,
+        jobs,
+        progress,
+        |jobs, cancel, on_done| engine::compile_many(&reqs, jobs, cancel, on_done),
+        |py, compiled| Ok(Py::new(py, to_result(py, compiled))?.into_any()),
+    )
 }
 
 /// Validate SPIR-V; returns its kernel entry points or raises InvalidSpirvError.

@@ -15,7 +15,7 @@ use crate::{batch, spirv, zebin};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct LoadRequest {
@@ -216,12 +216,8 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
         }
     }
 
-    let with_notes = |mut f: Box<Failure>, notes: &[String]| {
-        f.notes.splice(0..0, notes.iter().cloned());
-        f
-    };
     let timeout = effective_timeout(req.timeout);
-    let (chosen, built, attempts, ladder_notes) = if req.is_spv && req.isolated {
+    let (chosen, built, attempts, mut notes) = if req.is_spv && req.isolated {
         let speculate = req
             .speculative
             .unwrap_or_else(|| may_speculate && ladder::worth_speculating(req.binary.len()));
@@ -229,42 +225,38 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
             chosen,
             built: isolated,
             attempts,
-            notes: ladder_notes,
+            notes,
         } = ladder::run(
             &ladder,
             req.spill_threshold,
             speculate,
             cancel,
+            notes,
             |b: &Isolated| b.spills,
             |flags, cancel| {
-                let started = Instant::now();
-                let r = build::isolated(
-                    req.device,
-                    &req.kernel_name,
-                    &req.binary,
+                ladder::timed(
                     flags,
-                    timeout,
-                    cancel,
-                );
-                (
-                    Attempt::new(flags, started.elapsed().as_secs_f64(), &r, |b| b.spills),
-                    r,
+                    |b: &Isolated| b.spills,
+                    || {
+                        let name = &req.kernel_name;
+                        build::isolated(req.device, name, &req.binary, flags, timeout, cancel)
+                    },
                 )
             },
-        )
-        .map_err(|f| with_notes(f, &notes))?;
+        )?;
         // Only the driver's own native binary is loaded here: no IGC in this process.
+        let flags = &ladder[chosen];
         match build::in_process(
             rt,
             req.device,
             &req.kernel_name,
             &isolated.native,
             false,
-            &ladder[chosen],
+            flags,
         ) {
             Ok(mut built) => {
                 built.log = isolated.log;
-                (chosen, built, attempts, ladder_notes)
+                (chosen, built, attempts, notes)
             }
             Err(mut error) => {
                 error.message = format!(
@@ -280,37 +272,26 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
         }
     } else {
         // In this process: a native binary (no IGC), or SPIR-V with isolation turned off.
-        let Choice {
-            chosen,
-            built,
-            attempts,
-            notes: ladder_notes,
-        } = ladder::run(
+        let choice = ladder::run(
             &ladder,
             req.spill_threshold,
             false,
             cancel,
+            notes,
             |b: &Built| b.spills,
             |flags, _cancel| {
-                let started = Instant::now();
-                let r = build::in_process(
-                    rt,
-                    req.device,
-                    &req.kernel_name,
-                    &req.binary,
-                    req.is_spv,
+                ladder::timed(
                     flags,
-                );
-                (
-                    Attempt::new(flags, started.elapsed().as_secs_f64(), &r, |b| b.spills),
-                    r,
+                    |b: &Built| b.spills,
+                    || {
+                        let (name, input) = (&req.kernel_name, &req.binary);
+                        build::in_process(rt, req.device, name, input, req.is_spv, flags)
+                    },
                 )
             },
-        )
-        .map_err(|f| with_notes(f, &notes))?;
-        (chosen, built, attempts, ladder_notes)
+        )?;
+        (choice.chosen, choice.built, choice.attempts, choice.notes)
     };
-    notes.extend(ladder_notes);
     let recovered = chosen == 1 && !attempts[0].ok;
     let mut loaded = finish(rt, req, built, ladder[chosen].clone())?;
     if let Some((cache, key)) = &cached {

@@ -1,0 +1,56 @@
+"""Batches on a Dask cluster (``pip install xpu-zebin[dask]``).
+
+A batch that outgrows one machine runs on Dask's distributed scheduler: each request is one
+task, run on a worker as :func:`xpu_zebin.compile` (with that worker's own persistent
+compiler processes and its own binary cache, or a cache directory every node mounts);
+results, native binaries included, come back in input order with failures in their slot.
+A worker that dies mid-batch costs only its tasks, which the scheduler runs again
+elsewhere. Nothing here is imported unless a batch uses Dask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+
+from . import _compile_or_error
+from ._core import CompileResult
+from .errors import BuildError
+
+__all__ = ["cluster_client", "compile_many"]
+
+
+def compile_many(
+    requests: Sequence[dict],
+    client: Any,
+    progress: Optional[Callable[[int], None]] = None,
+) -> List[Union[CompileResult, BuildError]]:
+    """Run complete requests (see :func:`xpu_zebin._request`) as tasks on ``client``, a
+    ``distributed.Client``. ``progress(index)`` is called as each one finishes."""
+    from distributed import as_completed
+
+    # pure=False: two identical requests are two compiles (each reports its own timing).
+    futures = client.map(_compile_or_error, list(requests), pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
+    for done in as_completed(futures):
+        if progress is not None:
+            progress(index[done.key])
+    return client.gather(futures)
+
+
+@contextlib.contextmanager
+def cluster_client(scheduler: Optional[str] = None, local_workers: int = 0) -> Iterator[Any]:
+    """A client for the scheduler at ``scheduler`` (``tcp://host:port``), or for a local
+    cluster of ``local_workers`` single-threaded worker processes; closed on exit."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        with Client(scheduler) as client:
+            yield client
+        return
+    # One compile per worker process at a time: a compile is itself a process (or two,
+    # when both GRF modes run at once), and the cores are the workers.
+    with LocalCluster(
+        n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        yield client

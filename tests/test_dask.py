@@ -1,0 +1,144 @@
+"""Batches on a real Dask cluster (distributed.LocalCluster, worker processes) with the real
+compilers: order, classified failures, the GRF fallback, a worker lost mid-batch, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
+
+import xpu_zebin
+
+GRF256 = "-cl-intel-256-GRF-per-thread"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def matmul_spirv(tmp_path_factory) -> bytes:
+    """Real Triton SPIR-V that spills at default GRF."""
+    with triton_on_cpu(str(tmp_path_factory.mktemp("triton-cache"))):
+        return compile_triton(matmul_kernel, MM_SIG, {"BM": 64, "BN": 64, "BK": 32}).asm["spv"]
+
+
+def _mixed(add_spirv, matmul_spirv, ptss_spirv, modern_ocloc) -> list:
+    base = dict(device="pvc", ocloc=modern_ocloc, cache=False)
+    return [
+        dict(spirv=add_spirv, **base),
+        dict(spirv=matmul_spirv, **base),
+        dict(spirv=b"\x03\x02\x23\x07 not really", **base),
+        dict(spirv=ptss_spirv, **base),
+        dict(spirv=add_spirv, kernel_name="nope", **base),
+    ]
+
+
+def test_mixed_batch_on_a_local_cluster(client, add_spirv, matmul_spirv, ptss_spirv, modern_ocloc):
+    requests = _mixed(add_spirv, matmul_spirv, ptss_spirv, modern_ocloc)
+    done: list = []
+    remote = xpu_zebin.compile_many(requests, client=client, progress=done.append)
+    assert sorted(done) == list(range(len(requests)))
+    add, matmul, garbage, ptss, missing = remote
+    assert isinstance(add, xpu_zebin.CompileResult) and add.kernel == "add"
+    assert isinstance(matmul, xpu_zebin.CompileResult) and matmul.build_flags == GRF256
+    assert isinstance(garbage, xpu_zebin.InvalidSpirvError)
+    assert isinstance(ptss, xpu_zebin.CompileResult) and ptss.recovered
+    assert ptss.build_flags == GRF256 and ptss.attempts[0].error.kind == "scratch_overflow"
+    assert isinstance(missing, xpu_zebin.KernelNotFoundError)
+    # The same batch here: the same native binaries, byte for byte.
+    local = xpu_zebin.compile_many(requests)
+    for there, here in zip(remote, local):
+        assert type(there) is type(here)
+        if isinstance(there, xpu_zebin.CompileResult):
+            assert there.binary == here.binary and there.build_flags == here.build_flags
+    # The tasks ran on the cluster's workers, not here.
+    assert all(os.getpid() != pid for pid in client.run(os.getpid).values())
+
+
+def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern_ocloc):
+    requests = [
+        dict(spirv=ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
+        for _ in range(4)
+    ]
+    out: dict = {}
+    batch = threading.Thread(
+        target=lambda: out.update(results=xpu_zebin.compile_many(requests, client=client))
+    )
+    batch.start()
+    # Wait (generously) until every worker is busy with a compile, then kill one.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        busy = {w: keys for w, keys in client.processing().items() if keys}
+        if len(busy) == 2:
+            break
+        time.sleep(0.1)
+    assert len(busy) == 2, "the batch never reached both workers"
+    victim = next(iter(busy))
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGKILL)
+    batch.join(600)
+    results = out["results"]
+    assert len(results) == 4
+    for r in results:
+        assert isinstance(r, xpu_zebin.CompileResult), r
+        assert r.recovered and r.build_flags == GRF256
+
+
+def test_a_shared_cache_directory_across_workers(client, add_spirv, matmul_spirv, tmp_path):
+    shared = str(tmp_path / "shared-cache")
+    requests = [
+        dict(spirv=s, device="pvc", cache_dir=shared) for s in (add_spirv, matmul_spirv) * 4
+    ]
+    first = xpu_zebin.compile_many(requests, client=client)
+    again = xpu_zebin.compile_many(requests, client=client)
+    assert all(isinstance(r, xpu_zebin.CompileResult) for r in first + again)
+    assert all(r.cached for r in again)
+    assert not any("corrupt" in n for r in first + again for n in r.notes)
+    for a, b in zip(first, again):
+        assert a.binary == b.binary
+
+
+def _batch_json(args: list, env: dict) -> list:
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "batch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert out.returncode == 1, out.stderr[-2000:]  # one input is bad
+    reports = [json.loads(line) for line in out.stdout.splitlines()]
+    for r in reports:
+        for a in r["attempts"]:
+            a.pop("seconds")
+    return reports
+
+
+def test_cli_on_a_local_cluster_gives_the_same_json(tmp_path, add_spirv, spill_spirv, system_ocloc):
+    files = []
+    for name, data in (("add", add_spirv), ("bad", b"garbage!"), ("spill", spill_spirv)):
+        path = tmp_path / f"{name}.spv"
+        path.write_bytes(data)
+        files.append(str(path))
+    args = [*files, "--device", "pvc", "--ocloc", system_ocloc, "--no-cache", "--json"]
+    env = dict(os.environ)
+    here = _batch_json(args, env)
+    on_dask = _batch_json([*args, "--dask-local", "2"], env)
+    assert on_dask == here
+    assert [r["ok"] for r in here] == [True, False, True]
