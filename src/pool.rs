@@ -373,8 +373,9 @@ pub fn call(
     let started = Instant::now();
     let deadline = timeout.map(|t| started + t);
     // An idle worker that ends itself (idle timeout) just as a request arrives closes
-    // without answering and exits 0: then the request goes to a fresh worker.
-    for _ in 0..2 {
+    // without answering and exits 0: then the request goes to the next idle worker, or a
+    // fresh one. Each turn uses up an idle worker or starts one, so this ends.
+    loop {
         let (mut worker, reused) = match take_idle(&spec.key) {
             Some(w) => (w, true),
             None => match Worker::spawn(python, spec) {
@@ -430,7 +431,6 @@ pub fn call(
             }
         }
     }
-    Err("workers keep exiting before they answer".into())
 }
 
 /// Pids of the idle workers of every kind (tests find them to kill one mid-build).
