@@ -13,19 +13,28 @@ from pathlib import Path
 import pytest
 
 GRF256 = "-cl-intel-256-GRF-per-thread"
+RECOVERY_LINE = '(I): Build failure recovered by retrying with large GRF mode for "window_kernel"'
 TESTS = Path(__file__).resolve().parent
 
-# Compiles the register-heavy matmul through triton.compile with native code, and reports
-# what it got and which modules were imported. The SYCL arch parser stub stands where a
-# GPU's SYCL runtime would be (triton_helpers).
+# Compiles a kernel through triton.compile with native code: the register-heavy matmul
+# (spills at 128 GRF), or the PTSS-window kernel (fails at 128 GRF, builds at 256), and
+# reports what it got and which modules were imported. The SYCL arch parser stub stands
+# where a GPU's SYCL runtime would be (triton_helpers).
 SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
+import triton
+from triton_helpers import (MM_SIG, TARGET_SIMD32, WINDOW_SIG, compile_triton, matmul_kernel,
+                            triton_on_cpu, window_kernel)
+from triton.compiler import ASTSource
 
 before = sorted(m for m in sys.modules if "xpu_zebin" in m)
 with triton_on_cpu(sys.argv[2]):
-    k = compile_triton(matmul_kernel, MM_SIG, {"BM": 64, "BN": 64, "BK": 32})
+    if sys.argv[3] == "window":
+        src = ASTSource(window_kernel, WINDOW_SIG, {(7,): 16384})
+        k = triton.compile(src, target=TARGET_SIMD32, options={"num_warps": 2})
+    else:
+        k = compile_triton(matmul_kernel, MM_SIG, {"BM": 64, "BN": 64, "BK": 32})
 binary = k.asm["spv"]
 from triton.backends import backends
 utils_cls = backends["intel"].driver.__init__.__globals__["XPUUtils"]
@@ -39,13 +48,13 @@ print(json.dumps({
 """
 
 
-def _run(tmp_path, env_overrides: dict) -> tuple[dict, str]:
+def _run(tmp_path, env_overrides: dict, kernel: str = "matmul") -> tuple[dict, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("XPU_ZEBIN_TRITON", "TRITON_DEBUG")}
     env.update(env_overrides)
     script = tmp_path / "probe.py"  # Triton reads a kernel's source: a file, not -c
     script.write_text(SCRIPT)
     out = subprocess.run(
-        [sys.executable, str(script), str(TESTS), str(tmp_path / "triton-cache")],
+        [sys.executable, str(script), str(TESTS), str(tmp_path / "triton-cache"), kernel],
         capture_output=True,
         text=True,
         env=env,
@@ -67,6 +76,16 @@ def test_the_variable_activates_the_drop_in(tmp_path, native_env):
     assert report["utils_patched"]  # every XPUUtils the driver makes loads through the package
     # The package's own account of the choice, shown as Triton's debug output is.
     assert f"chose '{GRF256}'" in stderr, stderr[-3000:]
+
+
+def test_the_variable_recovers_a_ptss_failure_inside_triton_compile(
+    tmp_path, native_env, modern_ocloc
+):
+    """The window kernel still overflows PTSS at 128 GRF and builds at 256 (IGC 2.x)."""
+    env = {**native_env, "XPU_ZEBIN_OCLOC": modern_ocloc, "XPU_ZEBIN_TRITON": "1"}
+    report, stderr = _run(tmp_path, env, kernel="window")
+    assert report["elf"] and report["build_flags"] == GRF256
+    assert RECOVERY_LINE in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize("value", [None, "0"], ids=["unset", "zero"])

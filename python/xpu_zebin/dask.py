@@ -50,7 +50,8 @@ def cluster_client(scheduler: Optional[str] = None, local_workers: int = 0) -> I
         return
     # One compile per worker process at a time: a compile is itself a process (or two,
     # when both GRF modes run at once), and the cores are the workers.
-    with LocalCluster(
+    cluster = LocalCluster(
         n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    )
+    with cluster, Client(cluster) as client:
         yield client
