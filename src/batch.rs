@@ -13,22 +13,24 @@ pub fn default_jobs() -> usize {
 
 /// Run `work(item, may_speculate)` for every item with at most `jobs` at once, largest
 /// `cost` first (the long builds start at once and the short ones fill in around them);
-/// results in input order. `may_speculate` is true only for the batch's tail, when no
-/// queued item needs the core. Once `cancel` is set, items not started get `cancelled()`.
-/// `on_done(index)` is called as each finishes.
+/// results in input order. `may_speculate()` says whether a core that frees up may go to
+/// a running item's speculative build: only once no queued item waits for it. Once
+/// `cancel` is set, items not started get `cancelled()`. `on_done(index)` is called as
+/// each finishes.
 pub fn run<T: Sync, R: Send>(
     items: &[T],
     jobs: usize,
     cost: impl Fn(&T) -> usize,
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
-    work: impl Fn(&T, bool) -> R + Sync,
+    work: impl Fn(&T, &(dyn Fn() -> bool + Sync)) -> R + Sync,
     cancelled: impl Fn() -> R + Sync,
 ) -> Vec<R> {
     let slots: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(cost(&items[i])));
     let next = AtomicUsize::new(0);
+    let queue_empty = || next.load(Ordering::Relaxed) >= items.len();
     let workers = jobs.max(1).min(items.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
@@ -40,7 +42,7 @@ pub fn run<T: Sync, R: Send>(
                 let result = if cancel.load(Ordering::Relaxed) {
                     cancelled()
                 } else {
-                    work(&items[i], n + workers >= items.len())
+                    work(&items[i], &queue_empty)
                 };
                 *slots[i].lock().unwrap() = Some(result);
                 on_done(i);

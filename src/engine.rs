@@ -5,7 +5,7 @@ use crate::cache::{self, Cache, Lookup};
 use crate::classify::{classify_failure, spills_from_log, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, GrfMode};
-use crate::ladder::{self, Choice};
+use crate::ladder::{self, Choice, Speculation};
 use crate::ocloc::{self, JobSpec};
 use crate::zebin::{self, ZebinInfo};
 use crate::{batch, spirv};
@@ -190,12 +190,16 @@ fn build_once(
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
-    compile_inner(req, cancel, true)
+    compile_inner(req, cancel, &|| true)
 }
 
-/// `may_speculate` is false while more requests wait for a worker, so speculation would take a core
-/// from them; it is then off unless the request asked for it explicitly.
-fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool) -> Outcome {
+/// `may_speculate()` is false while more requests wait for a core, so a speculative build
+/// would take it from them (unless the request asked for speculation explicitly).
+fn compile_inner(
+    req: &CompileRequest,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> Outcome {
     let info = spirv::validate(&req.spirv)?;
     let kernel = info.select_kernel(req.kernel_name.as_deref())?;
     let mode = GrfMode::parse(&req.grf_mode)?;
@@ -239,9 +243,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     }
 
     let timeout = effective_timeout(req.timeout);
-    let speculate = req
-        .speculative
-        .unwrap_or_else(|| may_speculate && ladder::worth_speculating(req.spirv.len()));
+    let speculation = Speculation::choose(req.speculative, req.spirv.len(), may_speculate);
     let Choice {
         chosen,
         built,
@@ -250,7 +252,7 @@ fn compile_inner(req: &CompileRequest, cancel: &AtomicBool, may_speculate: bool)
     } = ladder::run(
         &ladder,
         req.spill_threshold,
-        speculate,
+        speculation,
         cancel,
         notes,
         |b: &Built| b.spill_size,

@@ -65,23 +65,45 @@ pub struct Choice<B> {
 /// without), so automatic speculation is for kernels at least this large.
 pub const SPECULATE_MIN_SPIRV_BYTES: usize = 32 * 1024;
 
-/// Speculate only for a kernel big enough to gain, and only when a core would otherwise
-/// sit idle: this job and its twin both fit.
-pub fn worth_speculating(input_len: usize) -> bool {
-    input_len >= SPECULATE_MIN_SPIRV_BYTES
-        && crate::pool::busy() + 2 <= crate::batch::default_jobs()
+/// When the large-GRF attempt may start before the default one has answered.
+#[derive(Clone, Copy)]
+pub enum Speculation<'a> {
+    /// The ladder in sequence.
+    Never,
+    /// Both at once.
+    Now,
+    /// As soon as a core is idle (now, or when one frees up while the default attempt
+    /// runs) and `may()` agrees (a batch says no while jobs wait for a core).
+    WhenIdle(&'a (dyn Fn() -> bool + Sync)),
+}
+
+impl<'a> Speculation<'a> {
+    /// `speculative` as asked (`Some`), else automatic for a kernel large enough to gain.
+    pub fn choose(
+        speculative: Option<bool>,
+        input_len: usize,
+        may: &'a (dyn Fn() -> bool + Sync),
+    ) -> Self {
+        match speculative {
+            Some(true) => Speculation::Now,
+            Some(false) => Speculation::Never,
+            None if input_len >= SPECULATE_MIN_SPIRV_BYTES => Speculation::WhenIdle(may),
+            None => Speculation::Never,
+        }
+    }
 }
 
 /// Run `ladder` (one or two build flag sets) with `build`, which makes one attempt and
 /// stops when any of its cancel flags is set. A second rung is tried when the first fails
-/// or spills more than `spill_threshold`; with `speculate`, both run at once and the large
-/// one is cancelled if the first is accepted: the same answer as in sequence, sooner.
-/// `notes` so far (cache trouble, say) come back first in the choice's or failure's notes.
+/// or spills more than `spill_threshold`; speculation starts it before the first has
+/// answered, and cancels it if the first is accepted: the same answer as in sequence,
+/// sooner. `notes` so far (cache trouble, say) come back first in the choice's or
+/// failure's notes.
 #[allow(clippy::too_many_arguments)]
 pub fn run<B: Send>(
     ladder: &[String],
     spill_threshold: u64,
-    speculate: bool,
+    speculation: Speculation<'_>,
     cancel: &AtomicBool,
     mut notes: Vec<String>,
     spills: impl Fn(&B) -> u64 + Sync,
@@ -93,18 +115,39 @@ pub fn run<B: Send>(
             spill_threshold,
         )
     };
-    let (first, retry) = if ladder.len() == 2 && speculate {
+    let speculate = ladder.len() == 2 && !matches!(speculation, Speculation::Never);
+    let (first, retry) = if speculate {
         let lost = AtomicBool::new(false);
+        let first_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let large = scope.spawn(|| build(&ladder[1], &[cancel, &lost]));
+            let twin = scope.spawn(|| {
+                let _core = match speculation {
+                    Speculation::WhenIdle(may) => {
+                        let give_up =
+                            || first_done.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed);
+                        Some(crate::pool::wait_for_idle_core(
+                            crate::batch::default_jobs(),
+                            &give_up,
+                            may,
+                        )?)
+                    }
+                    _ => None,
+                };
+                Some(build(&ladder[1], &[cancel, &lost]))
+            });
             let first = build(&ladder[0], &[cancel]);
+            first_done.store(true, Ordering::Relaxed);
+            crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
             if needs_retry(&first.1) {
-                let retry = large.join().expect("large-GRF attempt panicked");
+                let started = twin.join().expect("large-GRF attempt panicked");
+                let retry = started.unwrap_or_else(|| build(&ladder[1], &[cancel]));
                 (first, Some(retry))
             } else {
                 lost.store(true, Ordering::Relaxed);
-                let _ = large.join();
-                notes.push("speculative large-GRF build cancelled: default GRF accepted".into());
+                if twin.join().expect("large-GRF attempt panicked").is_some() {
+                    notes
+                        .push("speculative large-GRF build cancelled: default GRF accepted".into());
+                }
                 (first, None)
             }
         })

@@ -24,7 +24,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::{Condvar, LazyLock, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Set to `0` to use no persistent ocloc workers (one ocloc process per compile).
@@ -100,12 +100,48 @@ pub fn busy() -> usize {
     BUSY.load(Ordering::Relaxed)
 }
 
+/// Woken whenever a compiler starts or ends (and when a waiter's own condition changes).
+static BUSY_CHANGED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+/// Wake everyone waiting in [`wait_for_idle_core`].
+pub fn notify_busy_changed() {
+    let _lock = BUSY_CHANGED.0.lock().unwrap();
+    BUSY_CHANGED.1.notify_all();
+}
+
+/// Wait until one more compiler fits on the cores and `may` agrees, then take that core:
+/// the returned guard counts as a running compiler until dropped, so two waiters never
+/// take one idle core. `None` once `give_up` says so.
+pub fn wait_for_idle_core(
+    cores: usize,
+    give_up: &dyn Fn() -> bool,
+    may: &dyn Fn() -> bool,
+) -> Option<BusyGuard> {
+    let mut lock = BUSY_CHANGED.0.lock().unwrap();
+    loop {
+        if give_up() {
+            return None;
+        }
+        if busy() < cores && may() {
+            BUSY.fetch_add(1, Ordering::Relaxed); // taken under the lock: no twin takes it too
+            return Some(BusyGuard);
+        }
+        // Woken on every change; the timeout only bounds a missed wake-up.
+        lock = BUSY_CHANGED
+            .1
+            .wait_timeout(lock, Duration::from_millis(200))
+            .unwrap()
+            .0;
+    }
+}
+
 /// Counts one running compiler while alive.
 pub struct BusyGuard;
 
 impl BusyGuard {
     pub fn new() -> Self {
         BUSY.fetch_add(1, Ordering::Relaxed);
+        notify_busy_changed();
         BusyGuard
     }
 }
@@ -119,6 +155,7 @@ impl Default for BusyGuard {
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         BUSY.fetch_sub(1, Ordering::Relaxed);
+        notify_busy_changed();
     }
 }
 

@@ -10,7 +10,7 @@ use crate::cache::{self, Cache, Lookup};
 use crate::engine::{effective_timeout, Attempt, Failure};
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, GrfMode};
-use crate::ladder::{self, Choice};
+use crate::ladder::{self, Choice, Speculation};
 use crate::{batch, spirv, zebin};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -136,7 +136,7 @@ fn finish(rt: &Runtime, req: &LoadRequest, built: Built, flags: String) -> Resul
 /// Build and load `req.kernel_name`, with upstream's large-GRF fallback. `cancel` kills
 /// the running builds.
 pub fn compile_and_load(req: &LoadRequest, cancel: &AtomicBool) -> LoadOutcome {
-    load_inner(req, cancel, true)
+    load_inner(req, cancel, &|| true)
 }
 
 /// Load every request with at most `jobs` at once; results in input order, a failure in
@@ -158,7 +158,11 @@ pub fn compile_and_load_many(
     )
 }
 
-fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> LoadOutcome {
+fn load_inner(
+    req: &LoadRequest,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> LoadOutcome {
     validate(req)?;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
@@ -218,9 +222,7 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
 
     let timeout = effective_timeout(req.timeout);
     let (chosen, built, attempts, mut notes) = if req.is_spv && req.isolated {
-        let speculate = req
-            .speculative
-            .unwrap_or_else(|| may_speculate && ladder::worth_speculating(req.binary.len()));
+        let speculation = Speculation::choose(req.speculative, req.binary.len(), may_speculate);
         let Choice {
             chosen,
             built: isolated,
@@ -229,7 +231,7 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
         } = ladder::run(
             &ladder,
             req.spill_threshold,
-            speculate,
+            speculation,
             cancel,
             notes,
             |b: &Isolated| b.spills,
@@ -275,7 +277,7 @@ fn load_inner(req: &LoadRequest, cancel: &AtomicBool, may_speculate: bool) -> Lo
         let choice = ladder::run(
             &ladder,
             req.spill_threshold,
-            false,
+            Speculation::Never,
             cancel,
             notes,
             |b: &Built| b.spills,
