@@ -29,13 +29,19 @@ def compile_many(
     ``distributed.Client``. ``progress(index)`` is called as each one finishes."""
     from distributed import as_completed
 
+    # Largest first (SPIR-V size as the cost estimate), as the local batch does: the long
+    # builds start at once and the short ones fill in, instead of one trailing at the end.
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i]["spirv"]))
     # pure=False: two identical requests are two compiles (each reports its own timing).
-    futures = client.map(_compile_or_error, list(requests), pure=False)
-    index = {f.key: i for i, f in enumerate(futures)}
+    futures = client.map(_compile_or_error, [requests[i] for i in order], pure=False)
+    index = {f.key: i for i, f in zip(order, futures)}
     for done in as_completed(futures):
         if progress is not None:
             progress(index[done.key])
-    return client.gather(futures)
+    results: list = [None] * len(requests)
+    for i, result in zip(order, client.gather(futures)):
+        results[i] = result
+    return results
 
 
 @contextlib.contextmanager
