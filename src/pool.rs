@@ -470,17 +470,6 @@ pub fn call(
     }
 }
 
-/// Pids of the idle workers of every kind (tests find them to kill one mid-build).
-pub fn idle_pids() -> Vec<u32> {
-    POOL.lock()
-        .unwrap()
-        .idle
-        .values()
-        .flatten()
-        .map(|w| w.child.id())
-        .collect()
-}
-
 /// Why workers are off, for each kind that has them off (for diagnostics).
 pub fn broken() -> Vec<(String, String)> {
     POOL.lock()

@@ -39,12 +39,6 @@ pub fn broken_workers() -> Vec<(String, String)> {
     crate::pool::broken()
 }
 
-/// Pids of the idle workers (tests kill one mid-build).
-#[pyfunction]
-pub fn idle_worker_pids() -> Vec<u32> {
-    crate::pool::idle_pids()
-}
-
 /// Why this ocloc has no persistent worker (one process per compile then), if so.
 #[pyfunction]
 pub fn ocloc_worker_unavailable(ocloc: PathBuf) -> Option<String> {
