@@ -140,6 +140,11 @@ pub fn run<B: Send>(
             crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
             if needs_retry(&first.1) {
                 let started = twin.join().expect("large-GRF attempt panicked");
+                if started.is_some() {
+                    notes.push(
+                        "large-GRF build ran alongside the default one (a core was idle)".into(),
+                    );
+                }
                 let retry = started.unwrap_or_else(|| build(&ladder[1], &[cancel]));
                 (first, Some(retry))
             } else {

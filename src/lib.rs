@@ -9,6 +9,7 @@ pub mod batch;
 mod bindings;
 pub mod cache;
 pub mod classify;
+pub mod cores;
 pub mod doctor;
 pub mod engine;
 pub mod error;

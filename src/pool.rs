@@ -14,6 +14,7 @@
 //! u32 header length, JSON header, u64 payload length, payload bytes.
 
 use crate::classify::Exit;
+use crate::cores::{Slot, Taken};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
@@ -93,15 +94,18 @@ pub enum Reply {
 }
 
 /// Processes running compilers for this process right now (workers busy with a job and
-/// one-shot ocloc processes): speculation uses a core only when one is idle.
+/// one-shot ocloc processes). Each also holds a core slot of the host (`cores.rs`) when one
+/// is free: speculation uses a core only when one is idle, in this process and on the host.
 static BUSY: AtomicUsize = AtomicUsize::new(0);
 
 pub fn busy() -> usize {
     BUSY.load(Ordering::Relaxed)
 }
 
-/// Woken whenever a compiler starts or ends (and when a waiter's own condition changes).
+/// Woken whenever a compiler of this process starts or ends (and when a waiter's own
+/// condition changes). Compilers of other processes are seen at the next poll.
 static BUSY_CHANGED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
 /// Wake everyone waiting in [`wait_for_idle_core`].
 pub fn notify_busy_changed() {
@@ -109,40 +113,66 @@ pub fn notify_busy_changed() {
     BUSY_CHANGED.1.notify_all();
 }
 
-/// Wait until one more compiler fits on the cores and `may` agrees, then take that core:
-/// the returned guard counts as a running compiler until dropped, so two waiters never
-/// take one idle core. `None` once `give_up` says so.
+/// How long a core must have been idle before a speculative build takes it: compiles that
+/// start together in several processes (a batch dispatched to every Dask worker of a node
+/// at once, measured a few ms apart) take their cores first, instead of one process's twin
+/// taking the core another's real work is about to need.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// Wait until one more compiler fits on the cores (of this process, and of the host), no
+/// sooner than [`SETTLE`] from now, and `may` agrees; then take that core: the returned
+/// guard counts as a running compiler until dropped, so two waiters never take one idle
+/// core. `None` once `give_up` says so.
 pub fn wait_for_idle_core(
     cores: usize,
     give_up: &dyn Fn() -> bool,
     may: &dyn Fn() -> bool,
 ) -> Option<BusyGuard> {
+    let settled = Instant::now() + SETTLE;
     let mut lock = BUSY_CHANGED.0.lock().unwrap();
     loop {
         if give_up() {
             return None;
         }
-        if busy() < cores && may() {
-            BUSY.fetch_add(1, Ordering::Relaxed); // taken under the lock: no twin takes it too
-            return Some(BusyGuard);
+        let now = Instant::now();
+        if now < settled {
+            lock = BUSY_CHANGED.1.wait_timeout(lock, settled - now).unwrap().0;
+            continue;
         }
-        // Woken on every change; the timeout only bounds a missed wake-up.
+        if busy() < cores && may() {
+            let slot = match crate::cores::try_take() {
+                Taken::Slot(slot) => Some(Some(slot)),
+                Taken::Uncounted => Some(None),
+                Taken::Full => None, // other processes run compilers on the idle cores
+            };
+            if let Some(slot) = slot {
+                BUSY.fetch_add(1, Ordering::Relaxed); // under the lock: no twin takes it too
+                return Some(BusyGuard { slot });
+            }
+        }
+        // Woken on every change here; the timeout is when other processes are seen.
         lock = BUSY_CHANGED
             .1
-            .wait_timeout(lock, Duration::from_millis(200))
+            .wait_timeout(lock, POLL_OTHER_PROCESSES)
             .unwrap()
             .0;
     }
 }
 
-/// Counts one running compiler while alive.
-pub struct BusyGuard;
+/// Counts one running compiler (and holds its host core slot, if one was free) while alive.
+pub struct BusyGuard {
+    slot: Option<Slot>,
+}
 
 impl BusyGuard {
     pub fn new() -> Self {
+        let slot = match crate::cores::try_take() {
+            Taken::Slot(slot) => Some(slot),
+            Taken::Full | Taken::Uncounted => None,
+        };
         BUSY.fetch_add(1, Ordering::Relaxed);
         notify_busy_changed();
-        BusyGuard
+        BusyGuard { slot }
     }
 }
 
@@ -154,6 +184,7 @@ impl Default for BusyGuard {
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
+        drop(self.slot.take()); // free before waking anyone who would take it
         BUSY.fetch_sub(1, Ordering::Relaxed);
         notify_busy_changed();
     }

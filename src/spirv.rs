@@ -49,7 +49,7 @@ fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
             "empty input: a SPIR-V module needs at least a 20-byte header",
         ));
     }
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(invalid(format!(
             "{} bytes is not a whole number of 32-bit words (SPIR-V is a stream of words)",
             bytes.len()

@@ -1,0 +1,110 @@
+//! Which cores of the host are running compilers, counted across processes: a speculative
+//! large-GRF build takes a core only when one is idle on the whole host. Counted per process,
+//! two processes on one machine (Dask workers on a node, parallel test runners, two Triton
+//! jobs) each see a core free and start a twin: four compilers on two cores, every build
+//! slower (measured on a 2-worker Dask batch: up to 18% over the same batch run locally).
+//!
+//! A running compiler holds a slot: an exclusive `flock` on one of `cores` files in a
+//! per-user directory. The kernel releases the lock when its holder closes it or dies,
+//! however it dies, so a crash never leaks a slot. A compile that finds every slot taken
+//! runs anyway (the host is already full, and real work never waits on this): it only
+//! means no twin starts. Without a usable directory nothing is counted across processes,
+//! and speculation falls back to this process's own count.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+/// Where the slot files are: `XPU_ZEBIN_CORE_SLOTS_DIR`, else a per-user directory in the
+/// temp dir (every process of a user on a host shares it).
+pub const SLOTS_DIR_ENV: &str = "XPU_ZEBIN_CORE_SLOTS_DIR";
+
+/// The host's slots, set up once per process; `None` when they cannot be.
+static HOST: LazyLock<Option<Slots>> =
+    LazyLock::new(|| Slots::open(&slots_dir(), crate::batch::default_jobs()).ok());
+
+/// The directory holding the slot files.
+pub fn slots_dir() -> PathBuf {
+    match std::env::var_os(SLOTS_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        // SAFETY: getuid cannot fail.
+        _ => std::env::temp_dir().join(format!("xpu-zebin-{}-cores", unsafe { libc::getuid() })),
+    }
+}
+
+/// One core held while alive (the lock goes with the file).
+#[derive(Debug)]
+pub struct Slot(#[allow(dead_code)] File);
+
+/// What taking a slot found.
+#[derive(Debug)]
+pub enum Taken {
+    Slot(Slot),
+    /// Every core of the host is running a compiler.
+    Full,
+    /// No slot files: nothing is counted across processes.
+    Uncounted,
+}
+
+/// Take a free slot of the host without waiting.
+pub fn try_take() -> Taken {
+    HOST.as_ref().map_or(Taken::Uncounted, Slots::try_take)
+}
+
+/// `count` slot files in one directory.
+struct Slots(Vec<PathBuf>);
+
+impl Slots {
+    fn open(dir: &Path, count: usize) -> std::io::Result<Self> {
+        DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        let paths: Vec<PathBuf> = (0..count).map(|i| dir.join(format!("core-{i}"))).collect();
+        for path in &paths {
+            open(path)?;
+        }
+        Ok(Slots(paths))
+    }
+
+    /// Each take opens its own file description: `flock` locks belong to one, so two
+    /// threads of a process never share a slot.
+    fn try_take(&self) -> Taken {
+        for path in &self.0 {
+            let Ok(file) = open(path) else {
+                return Taken::Uncounted;
+            };
+            if file.try_lock().is_ok() {
+                return Taken::Slot(Slot(file));
+            }
+        }
+        Taken::Full
+    }
+}
+
+fn open(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_held_until_dropped_and_the_count_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let slots = Slots::open(dir.path(), 2).unwrap();
+        let a = slots.try_take();
+        let b = slots.try_take();
+        assert!(matches!((&a, &b), (Taken::Slot(_), Taken::Slot(_))));
+        assert!(matches!(slots.try_take(), Taken::Full));
+        // Another process's view: the same files opened anew.
+        let other = Slots::open(dir.path(), 2).unwrap();
+        assert!(matches!(other.try_take(), Taken::Full));
+        drop(a);
+        assert!(matches!(other.try_take(), Taken::Slot(_)));
+        drop(b);
+    }
+}
