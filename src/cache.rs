@@ -8,7 +8,7 @@
 
 use serde::{de::DeserializeOwned, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 const MAGIC: &[u8; 8] = b"XZCACHE1";
 const CHECKSUM_BYTES: usize = 32;
@@ -17,6 +17,11 @@ pub const CACHE_DIR_ENV: &str = "XPU_ZEBIN_CACHE_DIR";
 /// Environment variable for the size bound in bytes (default 1 GiB).
 pub const CACHE_MAX_ENV: &str = "XPU_ZEBIN_CACHE_MAX_BYTES";
 const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+/// An entry being written; renamed into place when whole.
+const TEMP_PREFIX: &str = ".tmp-";
+/// A temp file untouched this long belongs to a writer that died (an entry is a few MB
+/// written in one go); it is removed.
+const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
 
 /// The cache directory: `$XPU_ZEBIN_CACHE_DIR`, else `$XDG_CACHE_HOME/xpu-zebin`, else
 /// `~/.cache/xpu-zebin`.
@@ -132,7 +137,7 @@ impl Cache {
         let result = (|| -> std::io::Result<()> {
             std::fs::create_dir_all(&self.dir)?;
             let mut tmp = tempfile::Builder::new()
-                .prefix(".tmp-")
+                .prefix(TEMP_PREFIX)
                 .tempfile_in(&self.dir)?;
             use std::io::Write;
             tmp.write_all(&encode(meta, binary)?)?;
@@ -146,17 +151,30 @@ impl Cache {
         }
     }
 
-    /// Remove least recently used entries until the directory fits its bound.
+    /// Remove least recently used entries until the directory fits its bound, and the temp
+    /// files of writers that died mid-write (killed workers, lost nodes of a shared cache).
     fn evict(&self) -> Option<String> {
         let entries = std::fs::read_dir(&self.dir).ok()?;
-        let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == "zeentry"))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().ok()?, m.len(), e.path()))
-            })
-            .collect();
+        let now = SystemTime::now();
+        let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+        for entry in entries.filter_map(|e| e.ok()) {
+            let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
+                continue;
+            };
+            let Ok(modified) = m.modified() else {
+                continue;
+            };
+            if path.extension().is_some_and(|x| x == "zeentry") {
+                files.push((modified, m.len(), path));
+            } else if entry
+                .file_name()
+                .as_encoded_bytes()
+                .starts_with(TEMP_PREFIX.as_bytes())
+                && now.duration_since(modified).unwrap_or_default() > ABANDONED_TEMP
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
         let mut total: u64 = files.iter().map(|f| f.1).sum();
         if total <= self.max_bytes {
             return None;
@@ -239,5 +257,26 @@ mod tests {
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert!(total <= 10_000, "{total}");
+    }
+
+    #[test]
+    fn temp_files_of_dead_writers_are_removed_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(Some(dir.path()));
+        std::fs::create_dir_all(cache.dir()).unwrap();
+        let abandoned = cache.dir().join(format!("{TEMP_PREFIX}dead"));
+        let writing = cache.dir().join(format!("{TEMP_PREFIX}live"));
+        for path in [&abandoned, &writing] {
+            std::fs::write(path, b"half an entry").unwrap();
+        }
+        let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::options()
+            .append(true)
+            .open(&abandoned)
+            .and_then(|f| f.set_modified(two_hours_ago))
+            .unwrap();
+        assert!(cache.put("k", &"meta".to_string(), b"binary").is_none());
+        assert!(!abandoned.exists(), "a dead writer's temp file stays");
+        assert!(writing.exists(), "a live writer's temp file was removed");
     }
 }

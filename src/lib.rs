@@ -38,8 +38,8 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::workers::{
-        broken_workers, configure_workers, doctor, ocloc_worker_unavailable, serve_worker,
-        shutdown_workers,
+        broken_workers, configure_workers, doctor, join_multiprocess_batch,
+        ocloc_worker_unavailable, serve_worker, shutdown_workers,
     };
     #[pymodule_export]
     use crate::bindings::{default_jobs, error_kinds, Attempt, AttemptError};

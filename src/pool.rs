@@ -113,22 +113,35 @@ pub fn notify_busy_changed() {
     BUSY_CHANGED.1.notify_all();
 }
 
-/// How long a core must have been idle before a speculative build takes it: compiles that
-/// start together in several processes (a batch dispatched to every Dask worker of a node
-/// at once, measured a few ms apart) take their cores first, instead of one process's twin
-/// taking the core another's real work is about to need.
+/// How long a speculative build waits before taking an idle core, in a process that runs
+/// tasks of a batch spread over several processes (see [`join_multiprocess_batch`]).
 pub const SETTLE: Duration = Duration::from_millis(100);
+static SETTLE_TWINS: AtomicBool = AtomicBool::new(false);
 
-/// Wait until one more compiler fits on the cores (of this process, and of the host), no
-/// sooner than [`SETTLE`] from now, and `may` agrees; then take that core: the returned
-/// guard counts as a running compiler until dropped, so two waiters never take one idle
-/// core. `None` once `give_up` says so.
+/// This process runs tasks of a batch spread over several processes (Dask workers, a
+/// process pool), which start their tasks at the same moment (measured a few ms apart on a
+/// Dask LocalCluster): from now on its speculative builds wait [`SETTLE`] first, so that
+/// the other processes' real work takes its cores before any twin does. A lone process
+/// has no one to wait for, and its twins start at once.
+pub fn join_multiprocess_batch() {
+    SETTLE_TWINS.store(true, Ordering::Relaxed);
+}
+
+/// Wait until one more compiler fits on the cores (of this process, and of the host) and
+/// `may` agrees (in a multi-process batch, no sooner than [`SETTLE`] from now); then take
+/// that core: the returned guard counts as a running compiler until dropped, so two waiters
+/// never take one idle core. `None` once `give_up` says so.
 pub fn wait_for_idle_core(
     cores: usize,
     give_up: &dyn Fn() -> bool,
     may: &dyn Fn() -> bool,
 ) -> Option<BusyGuard> {
-    let settled = Instant::now() + SETTLE;
+    let settle = if SETTLE_TWINS.load(Ordering::Relaxed) {
+        SETTLE
+    } else {
+        Duration::ZERO
+    };
+    let settled = Instant::now() + settle;
     let mut lock = BUSY_CHANGED.0.lock().unwrap();
     loop {
         if give_up() {
@@ -397,8 +410,39 @@ fn write_frame(out: &mut impl Write, header: &[u8], payload: &[u8]) -> std::io::
 #[derive(Default)]
 struct Pool {
     idle: HashMap<String, Vec<Worker>>,
-    /// Kinds whose workers could not start: why.
-    broken: HashMap<String, String>,
+    /// Kinds whose workers could not start lately.
+    broken: HashMap<String, Broken>,
+}
+
+/// A kind of worker that could not start: not tried again for a while (a missing library
+/// stays missing, and each try costs a Python start), but not forever either (a fork that
+/// failed under memory pressure, a library installed since), so a long-lived process
+/// recovers. The wait doubles with each failure in a row.
+struct Broken {
+    why: String,
+    since: Instant,
+    failures: u32,
+}
+
+/// Seconds before a kind that could not start is tried again (first wait; it doubles).
+pub const RETRY_ENV: &str = "XPU_ZEBIN_WORKER_RETRY_SECONDS";
+const DEFAULT_RETRY_SECONDS: u64 = 60;
+const MAX_RETRY: Duration = Duration::from_secs(3600);
+
+impl Broken {
+    fn retry_after(&self) -> Duration {
+        let first = std::env::var(RETRY_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_RETRY_SECONDS);
+        Duration::from_secs(first)
+            .saturating_mul(1u32 << self.failures.saturating_sub(1).min(16))
+            .min(MAX_RETRY)
+    }
+
+    fn still(&self) -> bool {
+        self.since.elapsed() < self.retry_after()
+    }
 }
 
 static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(|| Mutex::new(Pool::default()));
@@ -421,11 +465,15 @@ pub fn unavailable(key: &str) -> Option<String> {
     if PYTHON.get().is_none() {
         return Some("workers are started through Python; the package was not imported".into());
     }
-    POOL.lock().unwrap().broken.get(key).cloned()
+    let pool = POOL.lock().unwrap();
+    pool.broken
+        .get(key)
+        .filter(|b| b.still())
+        .map(|b| b.why.clone())
 }
 
 /// Run one request on a worker of `spec`'s kind. `Err` says why no worker could be had (it
-/// could not start); the kind is then remembered as broken.
+/// could not start); the kind is then left alone for a while (see [`Broken`]).
 pub fn call(
     spec: &WorkerSpec,
     header: &[u8],
@@ -447,13 +495,20 @@ pub fn call(
         let (mut worker, reused) = match take_idle(&spec.key) {
             Some(w) => (w, true),
             None => match Worker::spawn(python, spec) {
-                Ok(w) => (w, false),
+                Ok(w) => {
+                    POOL.lock().unwrap().broken.remove(&spec.key);
+                    (w, false)
+                }
                 Err(e) => {
                     let why = e.to_string();
-                    POOL.lock()
-                        .unwrap()
-                        .broken
-                        .insert(spec.key.clone(), why.clone());
+                    let mut pool = POOL.lock().unwrap();
+                    let failures = pool.broken.get(&spec.key).map_or(0, |b| b.failures);
+                    let broken = Broken {
+                        why: why.clone(),
+                        since: Instant::now(),
+                        failures: failures + 1,
+                    };
+                    pool.broken.insert(spec.key.clone(), broken);
                     return Err(why);
                 }
             },
@@ -501,13 +556,14 @@ pub fn call(
     }
 }
 
-/// Why workers are off, for each kind that has them off (for diagnostics).
+/// Why workers are off, for each kind that has them off now (for diagnostics).
 pub fn broken() -> Vec<(String, String)> {
     POOL.lock()
         .unwrap()
         .broken
         .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .filter(|(_, b)| b.still())
+        .map(|(k, b)| (k.clone(), b.why.clone()))
         .collect()
 }
 

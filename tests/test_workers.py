@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -161,3 +162,30 @@ def test_idle_worker_exits_and_is_replaced(system_ocloc, add_spirv, marker, monk
     assert again.attempts[0].ok
     (second,) = _workers(marker)
     assert second != first
+
+
+def test_a_worker_that_could_not_start_is_tried_again_later(
+    system_ocloc, add_spirv, tmp_path, marker, monkeypatch
+):
+    """Not forever: once the wait is over, a compiler whose library has appeared since gets
+    its persistent worker (a long-lived process recovers from a failed start)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ocloc = bindir / "ocloc"
+    ocloc.symlink_to(system_ocloc)
+    libocloc = tmp_path / "lib" / "libocloc.so"
+    (bindir / "ocloc.toolchain").write_text(json.dumps({"libocloc": str(libocloc)}))
+    key = f"ocloc:{ocloc}"
+
+    def compiles() -> bool:
+        return xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=False).attempts[0].ok
+
+    assert compiles()  # one-shot: the worker could not start
+    assert key in [k for k, _ in _core.broken_workers()]
+    libocloc.parent.mkdir()
+    libocloc.symlink_to(xpu_zebin.doctor(system_ocloc)["libocloc"])
+    assert compiles() and _workers(marker) == []  # within the wait: not tried again
+    monkeypatch.setenv("XPU_ZEBIN_WORKER_RETRY_SECONDS", "0")  # the wait is over
+    assert compiles()
+    assert key not in [k for k, _ in _core.broken_workers()]
+    assert len(_workers(marker)) == 1

@@ -396,6 +396,8 @@ def _with_progress(total: int, progress: Union[bool, Callable[[int], None]], run
 
 
 def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:
+    """One task of a batch spread over processes (a process pool, Dask workers)."""
+    _core.join_multiprocess_batch()  # the other processes' tasks start at the same moment
     try:
         return _core.compile(**req)
     except BuildError as e:

@@ -33,6 +33,13 @@ pub fn shutdown_workers() {
     crate::pool::shutdown();
 }
 
+/// This process runs tasks of a batch spread over several processes (Dask workers, a
+/// process pool): its speculative builds let the other processes' tasks take cores first.
+#[pyfunction]
+pub fn join_multiprocess_batch() {
+    crate::pool::join_multiprocess_batch();
+}
+
 /// Worker kinds that could not start, and why (`ocloc:<path>`, `ze`).
 #[pyfunction]
 pub fn broken_workers() -> Vec<(String, String)> {
