@@ -11,13 +11,7 @@ cd "$ROOT"
 PLATFORM="manylinux_2_28"
 BUILD_VENV="$ROOT/.build-venv"
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "build-wheel: cargo (Rust) is required; install it with rustup" >&2
-  exit 1
-fi
-if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-fi
+PREREQS_NO_TOOLCHAIN=1 source scripts/prereqs.sh
 [ -x "$BUILD_VENV/bin/python" ] || python3 -m venv "$BUILD_VENV"
 "$BUILD_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 # zig is maturin's cross linker for an older glibc; auditwheel checks the result.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared set-up for scripts/demo.sh and scripts/test.sh: the real Intel toolchains, a
+# Set-up for scripts/demo.sh (and development): the real Intel toolchains, a
 # virtualenv in .venv, and this package built from source (maturin) into it. Idempotent.
 # Usage: source scripts/setup.sh [pip extras, e.g. test]
 set -euo pipefail
@@ -7,17 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: cargo (Rust) is required to build xpu-zebin; install it with rustup" >&2
-  exit 1
-fi
-if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-fi
-
-# Both real compilers: Debian's ocloc on PATH, and the modern one behind a wrapper.
-XPU_ZEBIN_MODERN_OCLOC="$(bash "$ROOT/scripts/install-toolchain.sh" | tail -n 1)"
-export XPU_ZEBIN_MODERN_OCLOC
+source scripts/prereqs.sh
 
 VENV="$ROOT/.venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -8,16 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-if ! command -v cargo >/dev/null 2>&1; then
-  echo "test: cargo (Rust) is required to build xpu-zebin; install it with rustup" >&2
-  exit 1
-fi
-if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-fi
-# Both real compilers: Debian's ocloc on PATH, and the modern one behind a wrapper.
-XPU_ZEBIN_MODERN_OCLOC="$(bash scripts/install-toolchain.sh | tail -n 1)"
-export XPU_ZEBIN_MODERN_OCLOC
+source scripts/prereqs.sh
 
 echo "== cargo fmt / clippy / test" >&2
 cargo fmt --check
