@@ -395,9 +395,12 @@ def _with_progress(total: int, progress: Union[bool, Callable[[int], None]], run
             bar.close()
 
 
-def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:
-    """One task of a batch spread over processes (a process pool, Dask workers)."""
-    _core.join_multiprocess_batch()  # the other processes' tasks start at the same moment
+def _batch_task(req: dict, caller: int) -> Union[CompileResult, BuildError]:
+    """One request of a batch run by an executor or by Dask, its failure in its slot. In a
+    process other than the caller's (a process pool's, a Dask worker's), processes start
+    tasks at the same moment: its speculative builds let the others' take their cores."""
+    if os.getpid() != caller:
+        _core.join_multiprocess_batch()
     try:
         return _core.compile(**req)
     except BuildError as e:
@@ -407,7 +410,7 @@ def _compile_or_error(req: dict) -> Union[CompileResult, BuildError]:
 def _run_on_executor(
     executor: Executor, reqs: List[dict], callback: Optional[Callable[[int], None]]
 ) -> List[Union[CompileResult, BuildError]]:
-    futures = [executor.submit(_compile_or_error, r) for r in reqs]
+    futures = [executor.submit(_batch_task, r, os.getpid()) for r in reqs]
     for i, f in enumerate(futures):
         f.add_done_callback(lambda _f, i=i: callback(i) if callback else None)
     return [f.result() for f in futures]

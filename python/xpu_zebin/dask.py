@@ -11,9 +11,11 @@ elsewhere. Nothing here is imported unless a batch uses Dask.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
-from . import _compile_or_error
+from . import _batch_task
 from ._core import CompileResult
 from .errors import BuildError
 
@@ -33,7 +35,8 @@ def compile_many(
     # builds start at once and the short ones fill in, instead of one trailing at the end.
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i]["spirv"]))
     # pure=False: two identical requests are two compiles (each reports its own timing).
-    futures = client.map(_compile_or_error, [requests[i] for i in order], pure=False)
+    task = functools.partial(_batch_task, caller=os.getpid())
+    futures = client.map(task, [requests[i] for i in order], pure=False)
     index = {f.key: i for i, f in zip(order, futures)}
     for done in as_completed(futures):
         if progress is not None:
