@@ -72,7 +72,7 @@ pub fn spills_from_log(log: &str) -> Option<u64> {
         .max()
 }
 
-fn signal_name(signal: i32) -> &'static str {
+pub fn signal_name(signal: i32) -> &'static str {
     match signal {
         libc::SIGSEGV => "SIGSEGV",
         libc::SIGABRT => "SIGABRT",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -262,3 +263,60 @@ def _kind(load) -> str:
         return "ok"
     except xpu_zebin.BuildError as e:
         return e.kind
+
+
+def _dangling_kernel_symbol(zebin: bytes) -> bytes:
+    """The zebin with its symbols' section indices pointing past the section table: it still
+    parses as a zebin with the kernel, and the driver's loader dies on it (measured here:
+    SIGSEGV, found by flipping bytes of a real zebin)."""
+    out = bytearray(zebin)
+    shoff = struct.unpack_from("<Q", zebin, 0x28)[0]
+    shentsize, shnum = struct.unpack_from("<HH", zebin, 0x3A)
+    for i in range(shnum):
+        sh_type, _, _, offset, size = struct.unpack_from("<IQQQQ", zebin, shoff + i * shentsize + 4)
+        if sh_type == 2:  # SHT_SYMTAB: Elf64_Sym entries of 24 bytes, st_shndx at +6
+            for entry in range(offset, offset + size, 24):
+                if 0 < struct.unpack_from("<H", zebin, entry + 6)[0] < shnum:
+                    struct.pack_into("<H", out, entry + 6, 0x7301)
+    assert out != zebin
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def add_zebin(add_spirv, system_ocloc) -> bytes:
+    return xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc, cache=False).binary
+
+
+def test_a_native_binary_that_kills_the_loader_never_ends_the_process(add_zebin):
+    bad = _dangling_kernel_symbol(add_zebin)
+    assert [k["name"] for k in xpu_zebin.zebin_info(bad)["kernels"]] == ["add"]  # parses
+    with pytest.raises(xpu_zebin.CompilerCrashError) as e:
+        xpu_zebin.compile_and_load(bad, "add", is_spv=False, cache=False)
+    assert "native binary" in e.value.message and "SIGSEGV" in e.value.message, e.value.message
+    with xpu_zebin.compile_and_load(add_zebin, "add", is_spv=False, cache=False) as k:
+        assert k.kernel_handle  # the process goes on
+
+
+def test_in_process_native_load_is_what_such_a_binary_kills(add_zebin, tmp_path):
+    """The reason for the trial load in a worker: loaded here, the binary ends the process."""
+    path = tmp_path / "bad.zebin"
+    path.write_bytes(_dangling_kernel_symbol(add_zebin))
+    code = (
+        "import sys, xpu_zebin\n"
+        "b = open(sys.argv[1], 'rb').read()\n"
+        "xpu_zebin.compile_and_load(b, 'add', is_spv=False, cache=False, isolated=False)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True)
+    assert out.returncode == -signal.SIGSEGV, (out.returncode, out.stderr[-2000:])
+
+
+def test_a_native_binary_is_tried_in_a_worker_once(add_zebin, marker):
+    """With the cache on, a binary that loaded in a worker loads directly the next time."""
+    _core.shutdown_workers()
+    with xpu_zebin.compile_and_load(add_zebin, "add", is_spv=False) as k:
+        assert k.kernel_handle
+    assert len(_ze_workers(marker)) == 1  # the trial load
+    _core.shutdown_workers()
+    with xpu_zebin.compile_and_load(add_zebin, "add", is_spv=False) as k:
+        assert k.kernel_handle
+    assert _ze_workers(marker) == []

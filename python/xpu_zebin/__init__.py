@@ -330,9 +330,10 @@ def compile_and_load(
 
     SPIR-V is compiled in a worker process (``isolated``, the default): an input that
     crashes the driver's compiler raises :class:`CompilerCrashError` and this process goes
-    on; only the driver's native binary is loaded here. ``isolated=False`` (or
-    ``XPU_ZEBIN_ISOLATED=0``) compiles inside this process, which such an input ends: for
-    trusted kernels only. ``timeout`` is per build, in seconds; ``speculative`` runs both
+    on; only the driver's native binary is loaded here. A native binary you pass is loaded
+    in a worker first (the driver's loader can die on a malformed one), once per binary
+    and device with the cache on. ``isolated=False`` (or ``XPU_ZEBIN_ISOLATED=0``) does
+    both inside this process, which such an input ends: for trusted kernels only. ``timeout`` is per build, in seconds; ``speculative`` runs both
     GRF modes at once (``None``: when a core is idle).
     """
     req = _load_request(

@@ -147,7 +147,8 @@ fn load_request(
 
 /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
 /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
-/// SPIR-V is built in a worker process unless `isolated` is false.
+/// SPIR-V is built, and a handed native binary first loaded, in a worker process unless
+/// `isolated` is false.
 #[pyfunction]
 #[pyo3(signature = (binary, kernel_name, *, build_flags=String::new(), is_spv=true,
     device=0, device_arch=None, cache=true, cache_dir=None, spill_threshold=0,

@@ -6,11 +6,14 @@
 //! real Triton kernel). So by default a SPIR-V attempt runs in a pool worker
 //! ([`isolated`]): the worker builds with the same driver on the same device and returns
 //! the driver's native binary, which the caller then loads (`ZE_MODULE_FORMAT_NATIVE`, no
-//! IGC involved). [`in_process`] is the build itself, run by the worker, by the caller for
-//! native binaries, and for SPIR-V only when isolation is explicitly turned off.
+//! IGC involved). A native binary the caller is handed (not one built here) can end the
+//! process too (measured: the driver's loader dies with SIGSEGV on a zebin whose kernel
+//! symbol names a section that does not exist), so it is loaded in a worker first.
+//! [`in_process`] is the build itself, run by the worker, by the caller for native
+//! binaries, and for SPIR-V only when isolation is explicitly turned off.
 
 use super::{ffi, runtime, Kernel, Module, Runtime};
-use crate::classify::{classify_driver_failure, classify_failure, Exit};
+use crate::classify::{classify_driver_failure, signal_name, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::pool;
 use serde::{Deserialize, Serialize};
@@ -125,12 +128,14 @@ pub fn in_process(
     })
 }
 
-/// What the caller asks a Level Zero worker; the payload is the SPIR-V.
+/// What the caller asks a Level Zero worker; the payload is the SPIR-V to build, or a
+/// native binary to try loading.
 #[derive(Serialize, Deserialize)]
 struct Request {
     device: usize,
     kernel_name: String,
     build_flags: String,
+    is_spv: bool,
 }
 
 /// What the worker answers; on success the payload is the native binary.
@@ -149,10 +154,10 @@ pub struct Isolated {
 
 /// The Level Zero worker's main loop (`python -m xpu_zebin._worker ze`): the same driver
 /// and devices as its caller (the environment, simulated-device keys included, is
-/// inherited), one SPIR-V build per request.
+/// inherited), one SPIR-V build or native-binary trial load per request.
 pub fn serve() -> std::io::Result<()> {
     let ready = runtime(); // load the driver before greeting; its error answers every request
-    pool::serve(|header, spirv| {
+    pool::serve(|header, input| {
         let result = match (serde_json::from_slice::<Request>(&header), ready.as_ref()) {
             (Err(e), _) => Err(BuildError::new(
                 ErrorKind::InvalidArgument,
@@ -163,11 +168,14 @@ pub fn serve() -> std::io::Result<()> {
                 rt,
                 req.device,
                 &req.kernel_name,
-                &spirv,
-                true,
+                &input,
+                req.is_spv,
                 &req.build_flags,
             )
             .and_then(|built| {
+                if !req.is_spv {
+                    return Ok((Vec::new(), built.spills, built.log)); // it loads: that was all
+                }
                 let native = built.module.native_binary();
                 if native.is_empty() {
                     return Err(BuildError::new(
@@ -202,12 +210,15 @@ pub fn unavailable() -> Option<String> {
     pool::unavailable(&worker_kind().key)
 }
 
-/// Build SPIR-V in a Level Zero worker. A worker that dies on the input is a
-/// `compiler_crash` naming how it ended, with what it printed; the caller goes on.
+/// Build SPIR-V in a Level Zero worker, or (`is_spv` false) load a native binary there
+/// first, to see that it loads (then `native` is empty: the caller loads its own bytes).
+/// A worker that dies on the input is a `compiler_crash` naming how it ended, with what it
+/// printed; the caller goes on.
 pub fn isolated(
     device: usize,
     kernel_name: &str,
-    spirv: &[u8],
+    input: &[u8],
+    is_spv: bool,
     flags: &str,
     timeout: Option<Duration>,
     cancel: &[&AtomicBool],
@@ -216,9 +227,10 @@ pub fn isolated(
         device,
         kernel_name: kernel_name.to_string(),
         build_flags: flags.to_string(),
+        is_spv,
     })
     .map_err(|e| BuildError::new(ErrorKind::InvalidArgument, e.to_string()))?;
-    let reply = pool::call(&worker_kind(), &header, spirv, cancel, timeout).map_err(|why| {
+    let reply = pool::call(&worker_kind(), &header, input, cancel, timeout).map_err(|why| {
         BuildError::new(
             ErrorKind::ToolchainMissing,
             format!(
@@ -254,23 +266,26 @@ pub fn isolated(
         }
         pool::Reply::Died { exit, chatter } => {
             let how = match exit {
-                Exit::Signal(_) => classify_failure(exit, "").message,
+                Exit::Signal(sig) => format!("killed by {} ({sig})", signal_name(sig)),
                 Exit::Code(code) => format!("the driver ended its process with exit status {code}"),
                 _ => "it ended".into(),
             };
+            let what = if is_spv {
+                format!("the Level Zero driver's compiler died building '{kernel_name}' with flags '{flags}'")
+            } else {
+                format!("the Level Zero driver died loading the native binary of '{kernel_name}'")
+            };
             Err(BuildError::new(
                 ErrorKind::CompilerCrash,
-                format!(
-                    "the Level Zero driver's compiler died building '{kernel_name}' with flags \
-                     '{flags}' in a worker process ({how}); this process is unaffected"
-                ),
+                format!("{what} in a worker process ({how}); this process is unaffected"),
             )
             .with_log(chatter))
         }
         pool::Reply::TimedOut { seconds, chatter } => Err(BuildError::new(
             ErrorKind::Timeout,
             format!(
-                "the Level Zero build did not finish within {seconds:.0} s; its worker was killed"
+                "the Level Zero {} did not finish within {seconds:.0} s; its worker was killed",
+                if is_spv { "build" } else { "native load" }
             ),
         )
         .with_log(chatter)),

@@ -1,11 +1,11 @@
 //! `compile_and_load`: build a Level Zero module (SPIR-V or a native zebin), create the
 //! kernel, read its spills, and retry in large GRF mode exactly as upstream `load_binary`
 //! does. SPIR-V is built in crash-isolated workers (`build.rs`) and only the chosen native
-//! binary is loaded here. A SPIR-V load stores that native binary in the cache, so a warm
+//! binary is loaded here; a native binary handed in is loaded in a worker first. A SPIR-V load stores that native binary in the cache, so a warm
 //! load of the same kernel skips the JIT.
 
 use super::build::{self, Built, Isolated};
-use super::{runtime, Kernel, Module, Runtime};
+use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
 use crate::cache::{self, Cache, Lookup};
 use crate::engine::{effective_timeout, Attempt, Failure};
 use crate::error::{BuildError, ErrorKind, Result};
@@ -30,8 +30,9 @@ pub struct LoadRequest {
     pub cache_dir: Option<PathBuf>,
     /// spillMemSize above which a good default-GRF build is retried in large GRF.
     pub spill_threshold: u64,
-    /// Build SPIR-V in a worker process (default). `false` runs IGC in this process, where
-    /// an input that crashes it ends the process.
+    /// Build SPIR-V, and try a handed native binary, in a worker process (default).
+    /// `false` runs IGC and the loader in this process, where an input that crashes them
+    /// ends the process.
     pub isolated: bool,
     /// Per attempt; `None`: `XPU_ZEBIN_TIMEOUT` or the default.
     pub timeout: Option<Duration>,
@@ -110,6 +111,55 @@ fn validate(req: &LoadRequest) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Loading a handed native binary in a worker before this process does. With the cache on,
+/// a binary that loaded there is remembered (per bytes, kernel, flags, device and driver),
+/// so each is tried once, not once per process.
+struct NativeTrial {
+    device: usize,
+    remembered: Option<(Cache, String)>,
+}
+
+fn native_trial(req: &LoadRequest, device: &DeviceInfo) -> NativeTrial {
+    let remembered = req.cache.then(|| {
+        let key = cache::key(&[
+            b"ze-native-loads-v1",
+            &req.binary,
+            req.kernel_name.as_bytes(),
+            req.build_flags.as_bytes(),
+            device.name.as_bytes(),
+            &device.device_id.to_le_bytes(),
+            device.driver.as_bytes(),
+        ]);
+        (Cache::open(req.cache_dir.as_deref()), key)
+    });
+    NativeTrial {
+        device: req.device,
+        remembered,
+    }
+}
+
+impl NativeTrial {
+    fn run(
+        &self,
+        name: &str,
+        native: &[u8],
+        flags: &str,
+        timeout: Option<Duration>,
+        cancel: &[&AtomicBool],
+    ) -> Result<()> {
+        if let Some((cache, key)) = &self.remembered {
+            if let Lookup::Hit((), _) = cache.get::<()>(key) {
+                return Ok(());
+            }
+        }
+        build::isolated(self.device, name, native, false, flags, timeout, cancel)?;
+        if let Some((cache, key)) = &self.remembered {
+            let _ = cache.put(key, &(), &[]); // unremembered, it is only tried again
+        }
+        Ok(())
+    }
 }
 
 fn finish(rt: &Runtime, req: &LoadRequest, built: Built, flags: String) -> Result<Loaded> {
@@ -241,7 +291,8 @@ fn load_inner(
                     |b: &Isolated| b.spills,
                     || {
                         let name = &req.kernel_name;
-                        build::isolated(req.device, name, &req.binary, flags, timeout, cancel)
+                        let (device, input) = (req.device, &req.binary);
+                        build::isolated(device, name, input, true, flags, timeout, cancel)
                     },
                 )
             },
@@ -274,6 +325,9 @@ fn load_inner(
         }
     } else {
         // In this process: a native binary (no IGC), or SPIR-V with isolation turned off.
+        // A native binary this process is handed loads in a worker first (it can end the
+        // process that loads it), unless one already loaded these bytes on this device.
+        let trial = (!req.is_spv && req.isolated).then(|| native_trial(req, &device));
         let choice = ladder::run(
             &ladder,
             req.spill_threshold,
@@ -281,12 +335,15 @@ fn load_inner(
             cancel,
             notes,
             |b: &Built| b.spills,
-            |flags, _cancel| {
+            |flags, cancel| {
                 ladder::timed(
                     flags,
                     |b: &Built| b.spills,
                     || {
                         let (name, input) = (&req.kernel_name, &req.binary);
+                        if let Some(trial) = &trial {
+                            trial.run(name, input, flags, timeout, cancel)?;
+                        }
                         build::in_process(rt, req.device, name, input, req.is_spv, flags)
                     },
                 )
