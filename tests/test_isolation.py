@@ -320,3 +320,33 @@ def test_a_native_binary_is_tried_in_a_worker_once(add_zebin, marker):
     with xpu_zebin.compile_and_load(add_zebin, "add", is_spv=False) as k:
         assert k.kernel_handle
     assert _ze_workers(marker) == []
+
+
+class _Driver:
+    """Stand-in for a Triton XPU driver's ``utils`` that records what reaches its loader
+    (upstream main's signature), loading nothing itself."""
+
+    def __init__(self):
+        self.loaded = []
+
+    def load_binary(self, name, kernel, shared, build_flags, is_spv, device, device_arch=None):
+        self.loaded.append((name, is_spv))
+        return None, 0, 128, 0, 1024
+
+    def get_last_selected_build_flags(self):
+        return ""
+
+
+def test_installed_drop_in_never_hands_the_driver_a_binary_that_kills_it(add_zebin):
+    """A native binary Triton passes through (from its cache, say) is tried in a worker
+    before the driver's in-process loader sees it."""
+    utils = xt.install(_Driver(), backend=False)
+    try:
+        with pytest.raises(Exception) as e:
+            utils.load_binary("add", _dangling_kernel_symbol(add_zebin), 0, "", False, 0)
+        assert getattr(e.value, "kind", None) == "compiler_crash", e.value
+        assert utils.loaded == []  # the driver never saw it
+        utils.load_binary("add", add_zebin, 0, "", False, 0)
+        assert utils.loaded == [("add", False)]
+    finally:
+        xt.uninstall()

@@ -333,8 +333,9 @@ def compile_and_load(
     on; only the driver's native binary is loaded here. A native binary you pass is loaded
     in a worker first (the driver's loader can die on a malformed one), once per binary
     and device with the cache on. ``isolated=False`` (or ``XPU_ZEBIN_ISOLATED=0``) does
-    both inside this process, which such an input ends: for trusted kernels only. ``timeout`` is per build, in seconds; ``speculative`` runs both
-    GRF modes at once (``None``: when a core is idle).
+    both inside this process, which such an input ends: for trusted kernels only.
+    ``timeout`` is per build, in seconds; ``speculative`` runs both GRF modes at once
+    (``None``: when a core is idle).
     """
     req = _load_request(
         binary,

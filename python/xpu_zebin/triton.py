@@ -36,7 +36,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import xpu_zebin
 
-from .errors import BuildError, ScratchOverflowError, UnsupportedDeviceError
+from .errors import (
+    BuildError,
+    NoDeviceError,
+    ScratchOverflowError,
+    ToolchainNotFound,
+    UnsupportedDeviceError,
+)
 
 __all__ = [
     "ConfigResult",
@@ -197,6 +203,25 @@ def load_binary(
     return loaded, loaded.kernel_handle, loaded.n_regs, loaded.n_spills, loaded.n_max_threads
 
 
+def _trial_load(
+    name: str, native: bytes, build_flags: str, device: int, device_arch: Optional[str]
+) -> None:
+    """A native binary Triton hands over (from its cache, say) loads in a worker process
+    before the driver loads it here: the driver's loader dies on a malformed one. Once per
+    binary and device (the package's cache remembers it); skipped without isolation."""
+    if not xpu_zebin._isolated_default():
+        return
+    try:
+        xpu_zebin.compile_and_load(
+            native, name, build_flags=build_flags, is_spv=False, device=device,
+            device_arch=device_arch,
+        ).close()  # fmt: skip
+    except (NoDeviceError, ToolchainNotFound) as e:  # cannot try it: the driver decides
+        logger.debug("kernel %r: native binary not tried in a worker (%s)", name, e)
+    except BuildError as e:
+        raise _triton_error(e) from e
+
+
 def _wrap_load_binary(original: Callable) -> Callable:
     def load_binary(*args: Any) -> Any:
         global _last_build_flags
@@ -216,6 +241,7 @@ def _wrap_load_binary(original: Callable) -> Callable:
                 return original(name, binary, shared, flags, spv, device, *rest)
 
         if not is_spv:
+            _trial_load(name, kernel, build_flags, device, device_arch)
             result = load(kernel, build_flags, False)
             _last_build_flags = build_flags
             return result
