@@ -114,6 +114,25 @@ def test_a_shared_cache_directory_across_workers(client, add_spirv, matmul_spirv
         assert a.binary == b.binary
 
 
+def test_the_executor_interface_gives_the_same_results(
+    client, add_spirv, matmul_spirv, modern_ocloc
+):
+    """``executor=client.get_executor()`` (any concurrent.futures interface) runs the same
+    tasks on the cluster as ``client=``."""
+    requests = [
+        dict(spirv=s, device="pvc", ocloc=modern_ocloc, cache=False)
+        for s in (add_spirv, b"\x03\x02\x23\x07 not really", matmul_spirv)
+    ]
+    via_executor = xpu_zebin.compile_many(requests, executor=client.get_executor())
+    via_client = xpu_zebin.compile_many(requests, client=client)
+    assert [type(r) for r in via_executor] == [type(r) for r in via_client] == [
+        xpu_zebin.CompileResult, xpu_zebin.InvalidSpirvError, xpu_zebin.CompileResult
+    ]  # fmt: skip
+    for a, b in zip(via_executor, via_client):
+        if isinstance(a, xpu_zebin.CompileResult):
+            assert a.binary == b.binary and a.build_flags == b.build_flags
+
+
 def _batch_json(args: list, env: dict) -> list:
     out = subprocess.run(
         [sys.executable, "-m", "xpu_zebin", "batch", *args],
