@@ -52,6 +52,18 @@ pub fn try_take() -> Taken {
     HOST.as_ref().map_or(Taken::Uncounted, Slots::try_take)
 }
 
+/// For diagnostics: the host's slot directory, how many slots it has and how many are held
+/// right now (by any process); `None` when slots are not counted.
+pub fn census() -> Option<(PathBuf, usize, usize)> {
+    let slots = HOST.as_ref()?;
+    let held = slots
+        .0
+        .iter()
+        .filter(|path| open(path).is_ok_and(|f| f.try_lock().is_err()))
+        .count();
+    Some((slots_dir(), slots.0.len(), held))
+}
+
 /// `count` slot files in one directory.
 struct Slots(Vec<PathBuf>);
 

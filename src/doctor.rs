@@ -24,6 +24,13 @@ pub struct Report {
     pub cache_dir: String,
     pub cache_entries: u64,
     pub cache_bytes: u64,
+    /// Cores a compile may use at once (batches' default `jobs`).
+    pub cores: usize,
+    /// Where compilers of every process on this host count the cores they use; `None`
+    /// when that directory is unusable (then speculation only sees this process).
+    pub core_slots_dir: Option<String>,
+    /// Cores running a compiler of some process on this host right now.
+    pub cores_busy_on_host: Option<usize>,
 }
 
 /// Look at everything the engine would use, without compiling anything.
@@ -52,6 +59,7 @@ pub fn report(explicit_ocloc: Option<&Path>) -> Report {
     };
     let cache = cache::Cache::open(None);
     let (entries, bytes) = cache.usage();
+    let census = crate::cores::census();
     Report {
         ocloc: found.as_ref().ok().map(|p| p.display().to_string()),
         ocloc_error: found.err().map(|e| e.to_string()),
@@ -69,5 +77,8 @@ pub fn report(explicit_ocloc: Option<&Path>) -> Report {
         cache_dir: cache.dir().display().to_string(),
         cache_entries: entries,
         cache_bytes: bytes,
+        cores: crate::batch::default_jobs(),
+        core_slots_dir: census.as_ref().map(|c| c.0.display().to_string()),
+        cores_busy_on_host: census.map(|c| c.2),
     }
 }

@@ -71,3 +71,17 @@ def test_a_twin_waits_for_a_core_no_process_uses(matmul_path, modern_ocloc, tmp_
     assert busy_host["flags"] == idle_host["flags"] == "-cl-intel-256-GRF-per-thread"
     assert not any(TWIN_NOTE in n for n in busy_host["notes"]), busy_host["notes"]
     assert any(TWIN_NOTE in n for n in idle_host["notes"]), idle_host["notes"]
+
+
+def test_doctor_counts_the_cores_other_processes_use(tmp_path):
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots)}
+    cmd = [sys.executable, "-m", "xpu_zebin", "doctor", "--json"]
+    idle = json.loads(subprocess.run(cmd, env=env, capture_output=True, check=True).stdout)
+    with every_core_taken(slots):
+        full = json.loads(subprocess.run(cmd, env=env, capture_output=True, check=True).stdout)
+    cores = len(os.sched_getaffinity(0))
+    assert idle["core_slots_dir"] == full["core_slots_dir"] == str(slots)
+    assert idle["cores"] == cores and idle["cores_busy_on_host"] == 0
+    assert full["cores_busy_on_host"] == cores

@@ -262,6 +262,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"Level Zero: {r['level_zero_error']}")
     size = r["cache_bytes"] / (1 << 20)
     print(f"cache: {r['cache_dir']} ({r['cache_entries']} entries, {size:.1f} MiB)")
+    if r["core_slots_dir"]:
+        busy = f"{r['cores_busy_on_host']} running a compiler on this host now"
+        print(f"cores: {r['cores']} ({busy}; slots in {r['core_slots_dir']})")
+    else:
+        print(f"cores: {r['cores']} (not counted across processes: no usable slot directory)")
     return EXIT_OK
 
 
