@@ -161,3 +161,17 @@ def test_cli_on_a_local_cluster_gives_the_same_json(tmp_path, add_spirv, spill_s
     on_dask = _batch_json([*args, "--dask-local", "2"], env)
     assert on_dask == here
     assert [r["ok"] for r in here] == [True, False, True]
+
+
+def test_cli_names_a_scheduler_it_cannot_reach(tmp_path, add_spirv):
+    spv = tmp_path / "add.spv"
+    spv.write_bytes(add_spirv)
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "batch", str(spv), "--device", "pvc",
+         "--scheduler", "tcp://127.0.0.1:1"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in out.stderr
+    assert "Traceback" not in out.stderr

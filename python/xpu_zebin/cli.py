@@ -6,6 +6,7 @@ Exit codes: 0 built, 1 build error, 2 usage error (bad arguments, unreadable inp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -145,7 +146,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.scheduler or args.dask_local:
         from . import dask
 
-        with dask.cluster_client(args.scheduler, args.dask_local) as client:
+        with contextlib.ExitStack() as stack:
+            try:
+                client = stack.enter_context(dask.cluster_client(args.scheduler, args.dask_local))
+            except ImportError as e:
+                raise _UsageError(
+                    f"Dask batches need `pip install 'xpu-zebin[dask]'` ({e})"
+                ) from None
+            except OSError as e:  # also asyncio/Dask timeouts: both are OSError here
+                where = args.scheduler or "a local cluster"
+                raise _UsageError(f"cannot reach the Dask scheduler at {where}: {e}") from None
             results = xpu_zebin.compile_many(reqs, client=client, progress=not args.json)
     else:
         results = xpu_zebin.compile_many(reqs, jobs=args.jobs, progress=not args.json)
