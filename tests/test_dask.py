@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
 from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
@@ -175,3 +176,39 @@ def test_cli_names_a_scheduler_it_cannot_reach(tmp_path, add_spirv):
     assert out.returncode == 2, out.stderr
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_task_whose_worker_keeps_dying_is_an_error_in_its_slot(
+    add_spirv, ptss_spirv, modern_ocloc
+):
+    """Dask gives up on a task whose worker died each time (here: at once, allowed-failures
+    0): that task is a CompilerCrashError in its slot, every other result arrives."""
+    base = dict(device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
+    requests = [dict(spirv=s, **base) for s in (ptss_spirv, add_spirv, ptss_spirv, add_spirv)]
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        out: dict = {}
+        batch = threading.Thread(
+            target=lambda: out.update(results=xpu_zebin.compile_many(requests, client=c))
+        )
+        batch.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            busy = {w: keys for w, keys in c.processing().items() if keys}
+            if len(busy) == 2:
+                break
+            time.sleep(0.1)
+        assert len(busy) == 2, "the batch never reached both workers"
+        victim = next(iter(busy))
+        os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        batch.join(600)
+    results = out["results"]
+    assert len(results) == 4
+    lost = [r for r in results if isinstance(r, xpu_zebin.CompilerCrashError)]
+    assert lost and all("Dask worker" in r.message for r in lost), results
+    assert all(isinstance(r, xpu_zebin.CompileResult) for r in results if r not in lost), results

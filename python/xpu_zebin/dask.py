@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
 from . import _batch_task
 from ._core import CompileResult
-from .errors import BuildError
+from .errors import BuildError, CompilerCrashError
 
 __all__ = ["cluster_client", "compile_many"]
 
@@ -42,9 +42,27 @@ def compile_many(
         if progress is not None:
             progress(index[done.key])
     results: list = [None] * len(requests)
-    for i, result in zip(order, client.gather(futures)):
-        results[i] = result
+    finished = [f for f in futures if f.status != "error"]
+    for f, result in zip(finished, client.gather(finished)):
+        results[index[f.key]] = result
+    for f in futures:
+        if f.status == "error":
+            results[index[f.key]] = _lost(f.exception())
     return results
+
+
+def _lost(error: BaseException) -> BuildError:
+    """A task Dask gave up on: its worker died every time it ran it (``KilledWorker``, after
+    ``distributed.scheduler.allowed-failures`` retries). A compile cannot do that itself
+    (the compilers run in their own processes), so something killed the worker: the OOM
+    killer, a node lost. An error in its slot; the rest of the batch is unaffected. Any
+    other task error is a bug and is raised."""
+    if type(error).__name__ != "KilledWorker":
+        raise error
+    return CompilerCrashError(
+        f"the Dask worker running this compile died each time it was tried ({error})",
+        kind="compiler_crash",
+    )
 
 
 @contextlib.contextmanager
