@@ -60,8 +60,7 @@ def _lost(error: BaseException) -> BuildError:
     if type(error).__name__ != "KilledWorker":
         raise error
     return CompilerCrashError(
-        f"the Dask worker running this compile died each time it was tried ({error})",
-        kind="compiler_crash",
+        f"the Dask worker running this compile died each time it was tried ({error})"
     )
 
 

@@ -1,8 +1,9 @@
 //! `compile_and_load`: build a Level Zero module (SPIR-V or a native zebin), create the
 //! kernel, read its spills, and retry in large GRF mode exactly as upstream `load_binary`
 //! does. SPIR-V is built in crash-isolated workers (`build.rs`) and only the chosen native
-//! binary is loaded here; a native binary handed in is loaded in a worker first. A SPIR-V load stores that native binary in the cache, so a warm
-//! load of the same kernel skips the JIT.
+//! binary is loaded here; a native binary handed in is loaded in a worker first. A SPIR-V
+//! load stores that native binary in the cache, so a warm load of the same kernel skips
+//! the JIT.
 
 use super::build::{self, Built, Isolated};
 use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
