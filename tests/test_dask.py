@@ -25,7 +25,7 @@ GRF256 = "-cl-intel-256-GRF-per-thread"
 def client():
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as c,
     ):
@@ -188,7 +188,7 @@ def test_a_task_whose_worker_keeps_dying_is_an_error_in_its_slot(
     with (
         dask.config.set({"distributed.scheduler.allowed-failures": 0}),
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as c,
     ):

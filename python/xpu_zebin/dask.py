@@ -77,7 +77,7 @@ def cluster_client(scheduler: Optional[str] = None, local_workers: int = 0) -> I
     # One compile per worker process at a time: a compile is itself a process (or two,
     # when both GRF modes run at once), and the cores are the workers.
     cluster = LocalCluster(
-        n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=":0"
     )
     with cluster, Client(cluster) as client:
         yield client
