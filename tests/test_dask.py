@@ -72,17 +72,14 @@ def test_mixed_batch_on_a_local_cluster(client, add_spirv, matmul_spirv, ptss_sp
     assert all(os.getpid() != pid for pid in client.run(os.getpid).values())
 
 
-def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern_ocloc):
-    requests = [
-        dict(spirv=ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
-        for _ in range(4)
-    ]
+def _batch_losing_a_worker(client, requests: list) -> list:
+    """Run the batch on ``client``; once every worker is busy with a compile (waited for
+    generously), SIGKILL one of them. The batch's results."""
     out: dict = {}
     batch = threading.Thread(
         target=lambda: out.update(results=xpu_zebin.compile_many(requests, client=client))
     )
     batch.start()
-    # Wait (generously) until every worker is busy with a compile, then kill one.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         busy = {w: keys for w, keys in client.processing().items() if keys}
@@ -91,10 +88,17 @@ def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern
         time.sleep(0.1)
     assert len(busy) == 2, "the batch never reached both workers"
     victim = next(iter(busy))
-    pid = client.run(os.getpid, workers=[victim])[victim]
-    os.kill(pid, signal.SIGKILL)
+    os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
     batch.join(600)
-    results = out["results"]
+    return out["results"]
+
+
+def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern_ocloc):
+    requests = [
+        dict(spirv=ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
+        for _ in range(4)
+    ]
+    results = _batch_losing_a_worker(client, requests)
     assert len(results) == 4
     for r in results:
         assert isinstance(r, xpu_zebin.CompileResult), r
@@ -192,22 +196,7 @@ def test_a_task_whose_worker_keeps_dying_is_an_error_in_its_slot(
         ) as cluster,
         Client(cluster) as c,
     ):
-        out: dict = {}
-        batch = threading.Thread(
-            target=lambda: out.update(results=xpu_zebin.compile_many(requests, client=c))
-        )
-        batch.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            busy = {w: keys for w, keys in c.processing().items() if keys}
-            if len(busy) == 2:
-                break
-            time.sleep(0.1)
-        assert len(busy) == 2, "the batch never reached both workers"
-        victim = next(iter(busy))
-        os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-        batch.join(600)
-    results = out["results"]
+        results = _batch_losing_a_worker(c, requests)
     assert len(results) == 4
     lost = [r for r in results if isinstance(r, xpu_zebin.CompilerCrashError)]
     assert lost and all("Dask worker" in r.message for r in lost), results
