@@ -153,7 +153,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                 raise _UsageError(
                     f"Dask batches need `pip install 'xpu-zebin[dask]'` ({e})"
                 ) from None
-            except OSError as e:  # also asyncio/Dask timeouts: both are OSError here
+            except OSError as e:  # Dask raises OSError when it cannot connect in time
                 where = args.scheduler or "a local cluster"
                 raise _UsageError(f"cannot reach the Dask scheduler at {where}: {e}") from None
             results = xpu_zebin.compile_many(reqs, client=client, progress=not args.json)

@@ -114,6 +114,15 @@ fn validate(req: &LoadRequest) -> Result<()> {
     Ok(())
 }
 
+/// The request's cache and the key of `what` on this device: what a driver built or loaded
+/// holds only for that device and driver version.
+fn device_cache(req: &LoadRequest, device: &DeviceInfo, what: &[&[u8]]) -> (Cache, String) {
+    let id = device.device_id.to_le_bytes();
+    let on_device: [&[u8]; 3] = [device.name.as_bytes(), &id, device.driver.as_bytes()];
+    let key = cache::key(&[what, &on_device].concat());
+    (Cache::open(req.cache_dir.as_deref()), key)
+}
+
 /// Loading a handed native binary in a worker before this process does. With the cache on,
 /// a binary that loaded there is remembered (per bytes, kernel, flags, device and driver),
 /// so each is tried once, not once per process.
@@ -124,16 +133,13 @@ struct NativeTrial {
 
 fn native_trial(req: &LoadRequest, device: &DeviceInfo) -> NativeTrial {
     let remembered = req.cache.then(|| {
-        let key = cache::key(&[
+        let what: &[&[u8]] = &[
             b"ze-native-loads-v1",
             &req.binary,
             req.kernel_name.as_bytes(),
             req.build_flags.as_bytes(),
-            device.name.as_bytes(),
-            &device.device_id.to_le_bytes(),
-            device.driver.as_bytes(),
-        ]);
-        (Cache::open(req.cache_dir.as_deref()), key)
+        ];
+        device_cache(req, device, what)
     });
     NativeTrial {
         device: req.device,
@@ -231,16 +237,14 @@ fn load_inner(
     let mut notes = Vec::new();
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
     let cached = (req.cache && req.is_spv).then(|| {
-        let key = cache::key(&[
+        let rungs = ladder.join("\n");
+        let what: &[&[u8]] = &[
             b"ze-load-v2",
             &req.binary,
-            ladder.join("\n").as_bytes(),
+            rungs.as_bytes(),
             &req.spill_threshold.to_le_bytes(),
-            device.name.as_bytes(),
-            &device.device_id.to_le_bytes(),
-            device.driver.as_bytes(),
-        ]);
-        (Cache::open(req.cache_dir.as_deref()), key)
+        ];
+        device_cache(req, &device, what)
     });
     if let Some((cache, key)) = &cached {
         match cache.get::<CachedLoad>(key) {
