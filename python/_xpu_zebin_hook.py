@@ -1,25 +1,67 @@
 """xpu-zebin's Triton drop-in, activated by the environment: ``XPU_ZEBIN_TRITON=1``.
 
 The wheel installs ``xpu_zebin.pth`` beside this module; at interpreter start it imports
-this module only when ``XPU_ZEBIN_TRITON`` is set to a true value, so without it nothing is
-imported, patched or slowed. :func:`arm` then waits, with an import hook, for Triton's
+this module only when ``XPU_ZEBIN_TRITON`` is set to something other than a false value, so
+without it nothing is imported, patched or slowed. :func:`activate` reads the variable
+(:func:`parse_setting`: ``1``, ``true``, ``yes``, ``on`` turn the drop-in on; ``0``,
+``false``, ``no``, ``off`` or empty leave it off; anything else is warned about and leaves it
+off). :func:`arm` then waits, with an import hook, for Triton's
 backend registry (``triton.backends``, imported by ``import triton``): once it holds the
 Intel backend, its zebin stage goes through :func:`xpu_zebin.triton.make_zebin`, and every
 ``XPUUtils`` its driver creates loads kernels through the package's ``load_binary``.
 Subprocesses that inherit the environment (Inductor's compile workers, serving stacks) get
 the same. The package itself is imported only then.
+
+Nothing here may break the interpreter or Triton: a package that cannot be imported (a
+broken or half-removed install), or a Triton it cannot patch, leaves Triton as it is, with
+one warning on the ``xpu_zebin`` logger that says why (printed by :mod:`logging`'s
+last-resort handler when nothing is configured). The ``.pth`` line itself prints one line,
+not a traceback, when this module cannot be imported at all.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from typing import Any, Callable, Dict, Optional
+
+#: The variable that turns the drop-in on.
+ENV = "XPU_ZEBIN_TRITON"
+#: Its values, compared with surrounding whitespace removed and case ignored. The ``.pth``
+#: line skips importing this module for exactly the false ones.
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("", "0", "false", "no", "off")
 
 # Triton fills its backend registry when this package is imported (triton-xpu 3.3 loads
 # each backend's compiler.py and driver.py from their files, past any import hook).
 BACKENDS = "triton.backends"
+
+
+def parse_setting(value: Optional[str]) -> Optional[bool]:
+    """``True`` or ``False`` for a recognised value of :data:`ENV` (unset is ``False``),
+    ``None`` for any other."""
+    word = (value or "").strip().lower()
+    if word in TRUE_VALUES:
+        return True
+    if word in FALSE_VALUES:
+        return False
+    return None
+
+
+def _warn(message: str, *args: Any) -> None:
+    import logging
+
+    logging.getLogger("xpu_zebin").warning(message, *args)
+
+
+def _inactive(why: str) -> None:
+    _warn("xpu-zebin's Triton drop-in is not active: %s; Triton runs without it", why)
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
 
 def _patch_utils_class(cls: Any) -> None:
@@ -43,8 +85,11 @@ def _patch_backends(module: Any) -> None:
     intel = getattr(module, "backends", {}).get("intel")
     if intel is None:
         return
-    import xpu_zebin.triton
-
+    try:
+        import xpu_zebin.triton
+    except Exception as e:  # a broken or half-removed install: Triton stays as it is
+        _inactive(f"cannot import xpu_zebin ({_error(e)})")
+        return
     xpu_zebin.triton.install_backend(intel.compiler)
     # The driver builds its utils lazily from the XPUUtils class of its own module.
     utils_cls = vars(sys.modules.get(intel.driver.__module__) or object).get("XPUUtils")
@@ -55,6 +100,14 @@ def _patch_backends(module: Any) -> None:
 
 
 _PATCHES: Dict[str, Callable[[Any], None]] = {BACKENDS: _patch_backends}
+
+
+def _apply(patch: Callable[[Any], None], module: Any) -> None:
+    """A patch that fails leaves the import it follows working."""
+    try:
+        patch(module)
+    except Exception as e:
+        _inactive(f"patching {module.__name__} failed ({_error(e)})")
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -69,7 +122,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        self._patch(module)
+        _apply(self._patch, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -93,5 +146,32 @@ def arm() -> None:
         return
     for name, patch in _PATCHES.items():
         if name in sys.modules:
-            patch(sys.modules[name])
+            _apply(patch, sys.modules[name])
     sys.meta_path.insert(0, _Finder())
+
+
+_UNSET: Any = object()
+_activated: Any = _UNSET
+
+
+def activate() -> Optional[bool]:
+    """What the ``.pth`` line runs: :func:`arm` when :data:`ENV` is true; for a value that is
+    neither true nor false, one warning and nothing else. The parsed setting. Once per
+    process: Python 3.11's ``site`` runs a venv's ``.pth`` files twice."""
+    global _activated
+    if _activated is not _UNSET:
+        return _activated
+    value = os.environ.get(ENV)
+    setting = _activated = parse_setting(value)
+    if setting is None:
+        _warn(
+            "%s=%r is neither true (%s) nor false (%s or empty): xpu-zebin's Triton drop-in "
+            "is not active",
+            ENV,
+            value,
+            ", ".join(TRUE_VALUES),
+            ", ".join(FALSE_VALUES[1:]),
+        )
+    elif setting:
+        arm()
+    return setting

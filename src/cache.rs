@@ -6,7 +6,10 @@
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
 //! fail a compile; every problem comes back as a note.
 
+use crate::private;
 use serde::{de::DeserializeOwned, Serialize};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -22,26 +25,31 @@ const TEMP_PREFIX: &str = ".tmp-";
 /// A temp file untouched this long belongs to a writer that died (an entry is a few MB
 /// written in one go); it is removed.
 const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
+/// No entry is larger (a zebin is a few MB): a bigger file is not an entry, and is never
+/// read into memory whole.
+pub const MAX_ENTRY_BYTES: u64 = 256 << 20;
 
 /// The cache directory: `$XPU_ZEBIN_CACHE_DIR`, else `$XDG_CACHE_HOME/xpu-zebin`, else
-/// `~/.cache/xpu-zebin`.
+/// `~/.cache/xpu-zebin`, else (no home) `cache` in the package's private temp directory.
 pub fn default_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    std::env::var_os("XDG_CACHE_HOME")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("xpu-zebin")
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })
+        .map(|base| base.join("xpu-zebin"))
+        .unwrap_or_else(|| private::base().join("cache"))
 }
 
 fn max_bytes() -> u64 {
-    std::env::var(CACHE_MAX_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DEFAULT_MAX_BYTES)
+    // A bad value fails the request before it gets here (`knobs::check`).
+    crate::knobs::bytes_knob(CACHE_MAX_ENV, DEFAULT_MAX_BYTES).unwrap_or(DEFAULT_MAX_BYTES)
 }
 
 /// A key: blake3 over every input that can change the output.
@@ -57,6 +65,8 @@ pub fn key(parts: &[&[u8]]) -> String {
 pub struct Cache {
     dir: PathBuf,
     max_bytes: u64,
+    /// Why this directory is not used, when another user could write into it.
+    refused: Option<String>,
 }
 
 /// What a lookup found.
@@ -68,13 +78,29 @@ pub enum Lookup<M> {
 }
 
 impl Cache {
+    /// The cache in `dir` (default: [`default_dir`]). Its entries directory must belong to
+    /// this user and not be world-writable (a group may share it); otherwise the cache is
+    /// off for this request, said once as a warning: entries anyone may write are not
+    /// trusted.
     pub fn open(dir: Option<&Path>) -> Cache {
+        let dir = dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(default_dir)
+            .join("zebin-v1");
+        let refused = match std::fs::symlink_metadata(&dir) {
+            Err(_) => None, // made by the first put, 0700
+            Ok(_) => private::check_dir(&dir, 0o002).err(),
+        };
+        if let Some(why) = &refused {
+            crate::diag::warn_once(
+                &format!("cache:{}", dir.display()),
+                format!("the binary cache is off: {why}"),
+            );
+        }
         Cache {
-            dir: dir
-                .map(Path::to_path_buf)
-                .unwrap_or_else(default_dir)
-                .join("zebin-v1"),
+            dir,
             max_bytes: max_bytes(),
+            refused,
         }
     }
 
@@ -104,21 +130,47 @@ impl Cache {
         self.dir.join(format!("{key}.zeentry"))
     }
 
+    /// An entry's bytes: a regular file of this user's, not larger than an entry can be,
+    /// opened without following links or blocking.
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        let file = private::open_file(path, false, false)?;
+        let meta = file.metadata()?;
+        if meta.uid() != private::uid() {
+            return Err(std::io::Error::other(format!(
+                "it belongs to user {}, not to this user: entries are only taken from this user",
+                meta.uid()
+            )));
+        }
+        if meta.len() > MAX_ENTRY_BYTES {
+            return Err(std::io::Error::other(format!(
+                "{} bytes, more than an entry can be ({MAX_ENTRY_BYTES})",
+                meta.len()
+            )));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_ENTRY_BYTES).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
     pub fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
+        if self.refused.is_some() {
+            return Lookup::Miss;
+        }
         let path = self.path(key);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match self.read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
             Err(e) => {
-                return Lookup::Corrupt(format!("cache entry {} unreadable: {e}", path.display()))
+                return Lookup::Corrupt(format!(
+                    "cache entry {} not used: {e}; it is rebuilt",
+                    path.display()
+                ))
             }
         };
         match decode(&bytes) {
             Ok((meta, binary)) => {
                 // Mark as recently used for eviction; failure to do so is harmless.
-                let _ = std::fs::File::options()
-                    .append(true)
-                    .open(&path)
+                let _ = private::open_file(&path, true, false)
                     .and_then(|f| f.set_modified(SystemTime::now()));
                 Lookup::Hit(meta, binary)
             }
@@ -134,8 +186,14 @@ impl Cache {
 
     /// Store an entry; returns a note when it could not (the compile still succeeds).
     pub fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
+        if self.refused.is_some() {
+            return None;
+        }
         let result = (|| -> std::io::Result<()> {
-            std::fs::create_dir_all(&self.dir)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)?;
             let mut tmp = tempfile::Builder::new()
                 .prefix(TEMP_PREFIX)
                 .tempfile_in(&self.dir)?;
@@ -197,7 +255,8 @@ impl Cache {
     }
 }
 
-fn encode<M: Serialize>(meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
+/// The bytes of an entry holding `meta` and `binary`.
+pub fn encode<M: Serialize>(meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
     let meta = serde_json::to_vec(meta)?;
     let mut out = Vec::with_capacity(MAGIC.len() + 4 + meta.len() + binary.len() + CHECKSUM_BYTES);
     out.extend_from_slice(MAGIC);
@@ -209,7 +268,8 @@ fn encode<M: Serialize>(meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+/// An entry's metadata and binary; `Err` says why the bytes are not a whole entry.
+pub fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
     let head = MAGIC.len() + 4;
     if bytes.len() < head + CHECKSUM_BYTES || &bytes[..MAGIC.len()] != MAGIC {
         return Err("bad header".into());
@@ -218,8 +278,9 @@ fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
     if blake3::hash(body).as_bytes() != sum {
         return Err("checksum mismatch".into());
     }
-    let meta_len = u32::from_le_bytes(body[MAGIC.len()..head].try_into().unwrap()) as usize;
-    if head + meta_len > body.len() {
+    let len = &body[MAGIC.len()..head];
+    let meta_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if meta_len > body.len() - head {
         return Err("metadata runs past the end".into());
     }
     let meta = serde_json::from_slice(&body[head..head + meta_len])

@@ -98,7 +98,7 @@ fn headline(log: &str) -> Option<&str> {
 /// Name the cause of a failed compile from how it ended and what it printed.
 pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
-    match exit {
+    let code = match exit {
         Exit::TimedOut { seconds } => {
             return err(
                 ErrorKind::Timeout,
@@ -120,10 +120,7 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
                 ),
             )
         }
-        Exit::Code(_) => {}
-    }
-    let Exit::Code(code) = exit else {
-        unreachable!()
+        Exit::Code(code) => code,
     };
     if let Some(e) = scratch_overflow_error(log) {
         return e;

@@ -10,26 +10,46 @@
 //! runs anyway (the host is already full, and real work never waits on this): it only
 //! means no twin starts. Without a usable directory nothing is counted across processes,
 //! and speculation falls back to this process's own count.
+//!
+//! The directory is private (`private.rs`): one another user made first, world-writable or
+//! holding FIFOs, is refused with a warning, never waited on.
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::os::unix::fs::DirBuilderExt;
+use crate::private;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
-/// Where the slot files are: `XPU_ZEBIN_CORE_SLOTS_DIR`, else a per-user directory in the
-/// temp dir (every process of a user on a host shares it).
+/// Where the slot files are: `XPU_ZEBIN_CORE_SLOTS_DIR`, else `cores` in the package's
+/// private directory (every process of a user on a host shares it).
 pub const SLOTS_DIR_ENV: &str = "XPU_ZEBIN_CORE_SLOTS_DIR";
 
-/// The host's slots, set up once per process; `None` when they cannot be.
-static HOST: LazyLock<Option<Slots>> =
-    LazyLock::new(|| Slots::open(&slots_dir(), crate::batch::default_jobs()).ok());
+/// The host's slots, set up once per process; `None` when they cannot be (said once).
+static HOST: LazyLock<Option<Slots>> = LazyLock::new(|| {
+    let opened = slots_dir().and_then(|dir| {
+        Slots::open(&dir, crate::batch::default_jobs())
+            .map_err(|e| format!("{}: {e}", dir.display()))
+    });
+    opened
+        .map_err(|why| {
+            crate::diag::warn_once(
+                "core-slots",
+                format!(
+                    "host-wide core slots are off ({why}); speculation counts only this \
+                     process's compilers"
+                ),
+            )
+        })
+        .ok()
+});
 
-/// The directory holding the slot files.
-pub fn slots_dir() -> PathBuf {
+/// The directory holding the slot files, made and checked as private.
+pub fn slots_dir() -> Result<PathBuf, String> {
     match std::env::var_os(SLOTS_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        // SAFETY: getuid cannot fail.
-        _ => std::env::temp_dir().join(format!("xpu-zebin-{}-cores", unsafe { libc::getuid() })),
+        Some(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            private::ensure_dir(&dir).map(|()| dir)
+        }
+        _ => private::subdir("cores"),
     }
 }
 
@@ -61,20 +81,19 @@ pub fn census() -> Option<(PathBuf, usize, usize)> {
         .iter()
         .filter(|path| open(path).is_ok_and(|f| f.try_lock().is_err()))
         .count();
-    Some((slots_dir(), slots.0.len(), held))
+    Some((slots.1.clone(), slots.0.len(), held))
 }
 
-/// `count` slot files in one directory.
-struct Slots(Vec<PathBuf>);
+/// `count` slot files in one (checked, private) directory.
+struct Slots(Vec<PathBuf>, PathBuf);
 
 impl Slots {
     fn open(dir: &Path, count: usize) -> std::io::Result<Self> {
-        DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
         let paths: Vec<PathBuf> = (0..count).map(|i| dir.join(format!("core-{i}"))).collect();
         for path in &paths {
             open(path)?;
         }
-        Ok(Slots(paths))
+        Ok(Slots(paths, dir.to_path_buf()))
     }
 
     /// Each take opens its own file description: `flock` locks belong to one, so two
@@ -93,11 +112,7 @@ impl Slots {
 }
 
 fn open(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+    private::open_file(path, true, true)
 }
 
 #[cfg(test)]

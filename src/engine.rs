@@ -107,18 +107,23 @@ impl From<BuildError> for Box<Failure> {
     }
 }
 
-pub(crate) fn effective_timeout(requested: Option<Duration>) -> Option<Duration> {
-    if requested.is_some() {
-        return requested.filter(|t| !t.is_zero());
-    }
-    match std::env::var(TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-    {
-        Some(s) if s <= 0.0 => None,
-        Some(s) => Some(Duration::from_secs_f64(s)),
-        None => Some(DEFAULT_TIMEOUT),
-    }
+/// The time limit of each compiler run: the request's, else `XPU_ZEBIN_TIMEOUT`, else the
+/// default; zero means none. A bad variable is an `invalid_argument` naming it.
+pub(crate) fn effective_timeout(requested: Option<Duration>) -> Result<Option<Duration>> {
+    let timeout = match requested {
+        Some(t) => t,
+        None => crate::knobs::seconds_knob(TIMEOUT_ENV, DEFAULT_TIMEOUT)?,
+    };
+    Ok((!timeout.is_zero()).then_some(timeout))
+}
+
+/// What every request checks before anything runs: the environment's knobs, and text that
+/// would reach a compiler cut at a NUL.
+pub(crate) fn check_request(texts: &[(&str, &str)]) -> Result<()> {
+    crate::knobs::check()?;
+    texts
+        .iter()
+        .try_for_each(|(name, value)| crate::knobs::text_argument(name, value))
 }
 
 struct Built {
@@ -200,6 +205,13 @@ fn compile_inner(
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
+    check_request(&[
+        ("build_flags", &req.build_flags),
+        ("device", &req.device),
+        ("grf_mode", &req.grf_mode),
+        ("kernel_name", req.kernel_name.as_deref().unwrap_or("")),
+    ])?;
+    let timeout = effective_timeout(req.timeout)?;
     let info = spirv::validate(&req.spirv)?;
     let kernel = info.select_kernel(req.kernel_name.as_deref())?;
     let mode = GrfMode::parse(&req.grf_mode)?;
@@ -242,7 +254,6 @@ fn compile_inner(
         }
     }
 
-    let timeout = effective_timeout(req.timeout);
     let speculation = Speculation::choose(req.speculative, req.spirv.len(), may_speculate);
     let Choice {
         chosen,
@@ -298,6 +309,6 @@ pub fn compile_many(
         cancel,
         on_done,
         |r, may_speculate| compile_inner(r, cancel, may_speculate),
-        || Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into()),
+        |e| Err(e.into()),
     )
 }

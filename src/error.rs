@@ -20,10 +20,11 @@ pub enum ErrorKind {
     Cancelled,
     NoDevice,
     LinkFailure,
+    Internal,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::ScratchOverflow,
         ErrorKind::BuildFailure,
         ErrorKind::InvalidSpirv,
@@ -37,6 +38,7 @@ impl ErrorKind {
         ErrorKind::Cancelled,
         ErrorKind::NoDevice,
         ErrorKind::LinkFailure,
+        ErrorKind::Internal,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +56,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::NoDevice => "no_device",
             ErrorKind::LinkFailure => "link_failure",
+            ErrorKind::Internal => "internal_error",
         }
     }
 
@@ -76,6 +79,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "the job was cancelled (Ctrl-C)",
             ErrorKind::NoDevice => "no Level Zero driver or GPU device (set XPU_ZEBIN_SIMULATED_DEVICE=pvc to simulate one)",
             ErrorKind::LinkFailure => "the module imports symbols nothing provides (unlinked module)",
+            ErrorKind::Internal => "a bug in xpu-zebin itself (a panic, caught and reported); please report it",
         }
     }
 }

@@ -120,7 +120,7 @@ pub fn run<B: Send>(
         let lost = AtomicBool::new(false);
         let first_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let twin = scope.spawn(|| {
+            let twin = scope.spawn(|| -> Option<Tried<B>> {
                 let _core = match speculation {
                     Speculation::WhenIdle(may) => {
                         let give_up =
@@ -133,23 +133,23 @@ pub fn run<B: Send>(
                     }
                     _ => None,
                 };
-                Some(build(&ladder[1], &[cancel, &lost]))
+                Some(guarded(&build, &ladder[1], &[cancel, &lost]))
             });
-            let first = build(&ladder[0], &[cancel]);
+            let first = guarded(&build, &ladder[0], &[cancel]);
             first_done.store(true, Ordering::Relaxed);
             crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
             if needs_retry(&first.1) {
-                let started = twin.join().expect("large-GRF attempt panicked");
+                let started = joined(twin, &ladder[1]);
                 if started.is_some() {
                     notes.push(
                         "large-GRF build ran alongside the default one (a core was idle)".into(),
                     );
                 }
-                let retry = started.unwrap_or_else(|| build(&ladder[1], &[cancel]));
+                let retry = started.unwrap_or_else(|| guarded(&build, &ladder[1], &[cancel]));
                 (first, Some(retry))
             } else {
                 lost.store(true, Ordering::Relaxed);
-                if twin.join().expect("large-GRF attempt panicked").is_some() {
+                if joined(twin, &ladder[1]).is_some() {
                     notes
                         .push("speculative large-GRF build cancelled: default GRF accepted".into());
                 }
@@ -157,9 +157,9 @@ pub fn run<B: Send>(
             }
         })
     } else {
-        let first = build(&ladder[0], &[cancel]);
-        let retry =
-            (ladder.len() == 2 && needs_retry(&first.1)).then(|| build(&ladder[1], &[cancel]));
+        let first = guarded(&build, &ladder[0], &[cancel]);
+        let retry = (ladder.len() == 2 && needs_retry(&first.1))
+            .then(|| guarded(&build, &ladder[1], &[cancel]));
         (first, retry)
     };
     if let (Ok(b), Some(_)) = (&first.1, &retry) {
@@ -180,6 +180,33 @@ pub fn run<B: Send>(
             Err(failure)
         }
     }
+}
+
+/// One attempt with `build`; a panic in it is that attempt's `internal_error`.
+fn guarded<B>(
+    build: &(impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync),
+    flags: &str,
+    cancel: &[&AtomicBool],
+) -> Tried<B> {
+    crate::sync::catch("a build attempt", || build(flags, cancel)).unwrap_or_else(|e| {
+        let result = Err(e);
+        (Attempt::new(flags, 0.0, &result, |_: &B| 0), result)
+    })
+}
+
+/// The speculative twin's outcome: its attempt if it started; a panic outside the attempt
+/// itself (waiting for a core) is that attempt's `internal_error`.
+fn joined<B>(
+    twin: std::thread::ScopedJoinHandle<'_, Option<Tried<B>>>,
+    flags: &str,
+) -> Option<Tried<B>> {
+    twin.join().unwrap_or_else(|_| {
+        let result = Err(crate::error::BuildError::new(
+            crate::error::ErrorKind::Internal,
+            "the speculative large-GRF attempt panicked (a bug in xpu-zebin; please report it)",
+        ));
+        Some((Attempt::new(flags, 0.0, &result, |_: &B| 0), result))
+    })
 }
 
 /// Apply the GRF policy's pick to the attempts made. The build not chosen drops here.
@@ -211,7 +238,17 @@ fn choose<B>(
                 notes: Vec::new(),
             }))
         }
-        _ => unreachable!("pick only chooses an attempt that built"),
+        // `pick` only chooses an attempt that built; anything else is a bug, said as one.
+        _ => {
+            return Err(Box::new(Failure {
+                error: crate::error::BuildError::new(
+                    crate::error::ErrorKind::Internal,
+                    format!("the GRF policy chose {p:?}, an attempt that did not build"),
+                ),
+                attempts,
+                notes: Vec::new(),
+            }))
+        }
     };
     Ok(Choice {
         chosen,

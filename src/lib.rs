@@ -10,15 +10,20 @@ mod bindings;
 pub mod cache;
 pub mod classify;
 pub mod cores;
+pub mod diag;
 pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod grf;
+pub mod knobs;
 pub mod ladder;
 pub mod libocloc;
 pub mod ocloc;
 pub mod pool;
+pub mod private;
 pub mod spirv;
+pub mod sync;
+pub mod trusted;
 pub mod ze;
 pub mod zebin;
 
@@ -38,7 +43,7 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::workers::{
-        broken_workers, configure_workers, doctor, join_multiprocess_batch,
+        bool_knob, broken_workers, configure_workers, doctor, join_multiprocess_batch,
         ocloc_worker_unavailable, serve_worker, shutdown_workers,
     };
     #[pymodule_export]
@@ -53,6 +58,7 @@ mod _core {
         m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
         m.add("PERSISTENT_ENV", crate::pool::PERSISTENT_ENV)?;
         m.add("SIMULATED_DEVICE_ENV", crate::ze::SIMULATED_DEVICE_ENV)?;
+        m.add("MAX_SECONDS", crate::knobs::MAX_SECONDS)?;
         Ok(())
     }
 }

@@ -80,27 +80,36 @@ pub fn identity(ocloc: &Path) -> Result<String> {
     let meta = std::fs::metadata(ocloc)
         .map_err(|e| missing(format!("cannot stat ocloc '{}': {e}", ocloc.display())))?;
     let key = (ocloc.to_path_buf(), meta.len(), meta.mtime());
-    if let Some(found) = IDENTITIES.lock().unwrap().get(&key) {
+    if let Some(found) = crate::sync::lock(&IDENTITIES).get(&key) {
         return Ok(found.clone());
     }
     let dir = tempfile::Builder::new()
         .prefix("xpu-zebin-query-")
         .tempdir()
         .map_err(|e| missing(format!("cannot create a temp dir: {e}")))?;
-    let out = Command::new(ocloc)
+    let log_path = dir.path().join("query.log");
+    let log = File::create(&log_path).map_err(|e| missing(format!("cannot create a log: {e}")))?;
+    let mut command = Command::new(ocloc);
+    command
         .args(["query", "OCL_DRIVER_VERSION"])
         .current_dir(dir.path())
         .stdin(Stdio::null())
-        .output()
+        .stdout(
+            log.try_clone()
+                .map_err(|e| missing(format!("cannot share a log: {e}")))?,
+        )
+        .stderr(log);
+    let child = spawn_in_own_group(&mut command)
         .map_err(|e| missing(format!("cannot run ocloc '{}': {e}", ocloc.display())))?;
-    let version = std::fs::read_to_string(dir.path().join("OCL_DRIVER_VERSION"))
-        .unwrap_or_else(|_| String::from_utf8_lossy(&out.stdout).into_owned());
+    let exit = wait_for(child, Instant::now(), Some(QUERY_TIMEOUT), &[])
+        .map_err(|e| missing(format!("cannot wait for ocloc query: {e}")))?;
+    let said = read_bounded(&log_path, MAX_LOG_BYTES);
+    let version = std::fs::read(dir.path().join("OCL_DRIVER_VERSION"))
+        .map(|v| String::from_utf8_lossy(&v[..v.len().min(4096)]).into_owned())
+        .unwrap_or_else(|_| said.clone());
     let version = version.trim();
-    if !out.status.success() || version.is_empty() {
-        return Err(classify_failure(
-            exit_of(out.status),
-            &String::from_utf8_lossy(&[out.stdout, out.stderr].concat()),
-        ));
+    if exit != Exit::Code(0) || version.is_empty() {
+        return Err(classify_failure(exit, &said));
     }
     let id = format!(
         "{}|{}|{}|{}",
@@ -109,8 +118,85 @@ pub fn identity(ocloc: &Path) -> Result<String> {
         meta.mtime(),
         version
     );
-    IDENTITIES.lock().unwrap().insert(key, id.clone());
+    crate::sync::lock(&IDENTITIES).insert(key, id.clone());
     Ok(id)
+}
+
+/// How long `ocloc query` may take (it loads the compiler's libraries, ~0.2 s here).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// What is kept of a compiler's log: its end, where the errors are.
+const MAX_LOG_BYTES: u64 = 4 << 20;
+/// No compiler output is larger than this (a zebin is a few MB).
+const MAX_OUTPUT_BYTES: u64 = 1 << 30;
+
+/// Start `command` in its own process group (a kill takes whatever it started too), to
+/// be killed by the kernel if the thread that started it (which waits for it) dies with
+/// its process.
+fn spawn_in_own_group(command: &mut Command) -> std::io::Result<std::process::Child> {
+    command.process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl
+    // and getppid, both async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl: then nobody waits for this run.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the caller exited"));
+            }
+            Ok(())
+        })
+    };
+    command.spawn()
+}
+
+/// Wait for a child started by [`spawn_in_own_group`] until it exits, the deadline passes
+/// or a cancel flag is set; the latter two kill its whole group (before it is reaped, so
+/// the group id cannot belong to anyone else yet).
+fn wait_for(
+    mut child: std::process::Child,
+    started: Instant,
+    timeout: Option<Duration>,
+    cancel: &[&AtomicBool],
+) -> std::io::Result<Exit> {
+    let deadline = timeout.and_then(|t| started.checked_add(t));
+    let exit_watch = ExitWatch::new(child.id());
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(exit_of(status));
+        }
+        let cancelled = cancel.iter().any(|c| c.load(Ordering::Relaxed));
+        let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
+        if cancelled || timed_out {
+            // SAFETY: killpg on the group created for this child, whose leader is not
+            // reaped yet.
+            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
+            child.wait()?;
+            return Ok(if timed_out {
+                Exit::TimedOut {
+                    seconds: timeout.unwrap_or_default().as_secs(),
+                }
+            } else {
+                Exit::Cancelled
+            });
+        }
+        exit_watch.wait(Duration::from_millis(20));
+    }
+}
+
+/// At most the last `max` bytes of a file, as text.
+fn read_bounded(path: &Path, max: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut bytes = Vec::new();
+    let _ = file.take(max).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn exit_of(status: std::process::ExitStatus) -> Exit {
@@ -205,7 +291,7 @@ fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
 fn worker_spec(ocloc: &Path) -> std::result::Result<pool::WorkerSpec, String> {
     static SPECS: LazyLock<Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>> =
         LazyLock::new(|| Mutex::new(HashMap::new()));
-    let mut specs = SPECS.lock().unwrap();
+    let mut specs = crate::sync::lock(&SPECS);
     specs
         .entry(ocloc.to_path_buf())
         .or_insert_with(|| {
@@ -264,8 +350,9 @@ fn run_on_worker(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
                 seconds,
             })
         }
-        // An IGC crash: the one-shot re-run classifies it from ocloc's own exit.
-        pool::Reply::Died { .. } => None,
+        // An IGC crash (or a worker it left garbled): the one-shot re-run classifies it
+        // from ocloc's own exit.
+        pool::Reply::Died { .. } | pool::Reply::Garbled { .. } => None,
         pool::Reply::TimedOut { chatter, .. } => Some(RawRun {
             exit: Exit::TimedOut {
                 seconds: spec.timeout.unwrap_or_default().as_secs(),
@@ -347,38 +434,13 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
         .env("IGC_EnableZEBinary", "1")
         .stdin(Stdio::null())
         .stdout(log_file)
-        .stderr(log_err)
-        .process_group(0);
-    let mut child = command
-        .spawn()
+        .stderr(log_err);
+    let child = spawn_in_own_group(&mut command)
         .map_err(|e| missing(format!("cannot start ocloc '{}': {e}", ocloc.display())))?;
-
-    let deadline = spec.timeout.map(|t| started + t);
-    let exit_watch = ExitWatch::new(child.id());
-    let exit = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break exit_of(status),
-            Ok(None) => {}
-            Err(e) => return Err(io("cannot wait for ocloc", e)),
-        }
-        let cancelled = spec.cancel.iter().any(|c| c.load(Ordering::Relaxed));
-        let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
-        if cancelled || timed_out {
-            // SAFETY: killpg on the group we created for this child; no memory is involved.
-            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
-            let _ = child.wait();
-            break if timed_out {
-                Exit::TimedOut {
-                    seconds: spec.timeout.unwrap_or_default().as_secs(),
-                }
-            } else {
-                Exit::Cancelled
-            };
-        }
-        exit_watch.wait(Duration::from_millis(20));
-    };
+    let exit = wait_for(child, started, spec.timeout, spec.cancel)
+        .map_err(|e| io("cannot wait for ocloc", e))?;
     let seconds = started.elapsed().as_secs_f64();
-    let log = String::from_utf8_lossy(&std::fs::read(&log_path).unwrap_or_default()).into_owned();
+    let log = read_bounded(&log_path, MAX_LOG_BYTES);
     // ocloc names its output differently across versions ("kernel", "kernel.bin", "kernel.spv").
     let output = std::fs::read_dir(&out_dir)
         .ok()
@@ -388,7 +450,13 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
                     .is_some_and(|n| n.to_string_lossy().starts_with("kernel"))
             })
         })
-        .and_then(|p| std::fs::read(p).ok());
+        .and_then(|p| {
+            use std::io::Read;
+            let file = File::open(p).ok()?;
+            let mut bytes = Vec::new();
+            file.take(MAX_OUTPUT_BYTES).read_to_end(&mut bytes).ok()?;
+            Some(bytes)
+        });
     Ok(RawRun {
         exit,
         log,

@@ -11,21 +11,30 @@
 //! worker that dies still leaves its log behind.
 //!
 //! Frames on the worker's stdin/stdout, integers little-endian, both directions:
-//! u32 header length, JSON header, u64 payload length, payload bytes.
+//! the magic `XZF3` (the protocol's version), u32 header length, u64 payload length, JSON
+//! header, payload bytes. Both sides check the magic and the lengths' bounds before they
+//! read, and grow their buffers only as bytes arrive: a garbled or oversized frame is a
+//! dead worker (replaced), never a huge allocation. Writes and reads have deadlines and
+//! watch the cancel flags, so a worker that stops reading cannot hang the caller.
+//!
+//! A worker dies with its caller: it watches its stdin, and when the caller's end closes
+//! (the caller exited, however it ended) it kills its own process group at once, even in
+//! the middle of a build.
 
 use crate::classify::Exit;
 use crate::cores::{Slot, Taken};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, LazyLock, Mutex, OnceLock};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Set to `0` to use no persistent ocloc workers (one ocloc process per compile).
@@ -33,8 +42,19 @@ pub const PERSISTENT_ENV: &str = "XPU_ZEBIN_PERSISTENT";
 /// A worker with no request for this long exits by itself, returning its memory.
 pub const IDLE_EXIT_ENV: &str = "XPU_ZEBIN_WORKER_IDLE_SECONDS";
 const DEFAULT_IDLE_EXIT_SECONDS: u64 = 300;
-/// What a worker says once its library is loaded.
-const READY: &[u8; 4] = b"XZW2";
+/// What a worker says once its library is loaded (changes with the frame format).
+const READY: &[u8; 4] = b"XZW3";
+/// Every frame starts with this.
+const FRAME_MAGIC: &[u8; 4] = b"XZF3";
+/// Bounds of a frame's parts: a header is JSON with a compiler log, a payload one SPIR-V
+/// module or zebin.
+pub const MAX_HEADER_BYTES: u64 = 64 << 20;
+pub const MAX_PAYLOAD_BYTES: u64 = 1 << 30;
+/// What is kept of a worker's chatter per job: the end, where the errors are.
+const MAX_CHATTER_BYTES: u64 = 1 << 20;
+/// A worker that could not start is tried again this many times (with a growing pause)
+/// before the request gives up on workers of its kind.
+const SPAWN_TRIES: u32 = 3;
 /// How long a new worker may take to load IGC or the driver and greet.
 const STARTUP: Duration = Duration::from_secs(60);
 /// A worker is replaced after this many jobs, bounding whatever IGC accumulates.
@@ -59,9 +79,16 @@ pub fn configure(runtime: PythonRuntime) {
     let _ = PYTHON.set(runtime);
 }
 
-/// Are persistent ocloc workers wanted (`XPU_ZEBIN_PERSISTENT` is not `0`)?
+/// Are persistent ocloc workers wanted (`XPU_ZEBIN_PERSISTENT` is not false)?
 pub fn persistent_enabled() -> bool {
-    std::env::var(PERSISTENT_ENV).map_or(true, |v| v.trim() != "0")
+    // A bad value fails the request before it gets here (`knobs::check`).
+    crate::knobs::bool_knob(PERSISTENT_ENV, true).unwrap_or(true)
+}
+
+/// How long an idle worker is kept; zero: none is kept, each ends after its job.
+fn idle_exit() -> Duration {
+    let default = Duration::from_secs(DEFAULT_IDLE_EXIT_SECONDS);
+    crate::knobs::seconds_knob(IDLE_EXIT_ENV, default).unwrap_or(default)
 }
 
 /// One kind of worker: workers with the same key are interchangeable.
@@ -91,6 +118,9 @@ pub enum Reply {
     TimedOut { seconds: f64, chatter: String },
     /// Killed because a cancel flag was set.
     Cancelled,
+    /// The worker answered something that is not a frame (or too large a one): it was
+    /// killed and will be replaced.
+    Garbled { why: String, chatter: String },
 }
 
 /// Processes running compilers for this process right now (workers busy with a job and
@@ -109,7 +139,7 @@ const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
 /// Wake everyone waiting in [`wait_for_idle_core`].
 pub fn notify_busy_changed() {
-    let _lock = BUSY_CHANGED.0.lock().unwrap();
+    let _lock = lock(&BUSY_CHANGED.0);
     BUSY_CHANGED.1.notify_all();
 }
 
@@ -142,14 +172,14 @@ pub fn wait_for_idle_core(
         Duration::ZERO
     };
     let settled = Instant::now() + settle;
-    let mut lock = BUSY_CHANGED.0.lock().unwrap();
+    let mut guard = lock(&BUSY_CHANGED.0);
     loop {
         if give_up() {
             return None;
         }
         let now = Instant::now();
         if now < settled {
-            lock = BUSY_CHANGED.1.wait_timeout(lock, settled - now).unwrap().0;
+            guard = wait_timeout(guard, settled - now);
             continue;
         }
         if busy() < cores && may() {
@@ -164,11 +194,14 @@ pub fn wait_for_idle_core(
             }
         }
         // Woken on every change here; the timeout is when other processes are seen.
-        lock = BUSY_CHANGED
-            .1
-            .wait_timeout(lock, POLL_OTHER_PROCESSES)
-            .unwrap()
-            .0;
+        guard = wait_timeout(guard, POLL_OTHER_PROCESSES);
+    }
+}
+
+fn wait_timeout(guard: MutexGuard<'_, ()>, timeout: Duration) -> MutexGuard<'_, ()> {
+    match BUSY_CHANGED.1.wait_timeout(guard, timeout) {
+        Ok((guard, _)) => guard,
+        Err(poisoned) => poisoned.into_inner().0,
     }
 }
 
@@ -204,6 +237,92 @@ impl Drop for BusyGuard {
 }
 
 // ---------------------------------------------------------------------------------------
+// Framing, both sides.
+
+/// A frame's parts, as read: bounded, and grown only as bytes arrive.
+struct FrameHead {
+    header_len: usize,
+    payload_len: usize,
+}
+
+fn frame_prefix(header: &[u8], payload: &[u8]) -> [u8; 16] {
+    let mut prefix = [0u8; 16];
+    prefix[..4].copy_from_slice(FRAME_MAGIC);
+    prefix[4..8].copy_from_slice(&(header.len() as u32).to_le_bytes());
+    prefix[8..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    prefix
+}
+
+/// Check a frame's 16-byte prefix: the magic and both lengths within bounds.
+fn parse_prefix(prefix: &[u8; 16]) -> Result<FrameHead, String> {
+    if &prefix[..4] != FRAME_MAGIC {
+        return Err(format!(
+            "not a frame: starts with {:02x?}, expected {:?} (a worker of another version, or \
+             output that is not the protocol)",
+            &prefix[..4],
+            String::from_utf8_lossy(FRAME_MAGIC)
+        ));
+    }
+    let header = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]) as u64;
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&prefix[8..]);
+    let payload = u64::from_le_bytes(len);
+    if header > MAX_HEADER_BYTES || payload > MAX_PAYLOAD_BYTES {
+        return Err(format!(
+            "a frame of {header} + {payload} bytes is over the bounds ({MAX_HEADER_BYTES} + \
+             {MAX_PAYLOAD_BYTES})"
+        ));
+    }
+    Ok(FrameHead {
+        header_len: header as usize,
+        payload_len: payload as usize,
+    })
+}
+
+/// Check that `header` and `payload` fit in a frame before sending them.
+fn check_sizes(header: &[u8], payload: &[u8]) -> Result<(), String> {
+    if header.len() as u64 > MAX_HEADER_BYTES || payload.len() as u64 > MAX_PAYLOAD_BYTES {
+        return Err(format!(
+            "a request of {} + {} bytes is over the worker protocol's bounds ({MAX_HEADER_BYTES} \
+             + {MAX_PAYLOAD_BYTES})",
+            header.len(),
+            payload.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Read one frame from a blocking reader (the worker's side). `Ok(None)` at a clean end.
+pub fn read_frame(input: &mut impl Read) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    let mut prefix = [0u8; 16];
+    match input.read_exact(&mut prefix) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        other => other?,
+    }
+    let head = parse_prefix(&prefix).map_err(std::io::Error::other)?;
+    let mut read_part = |len: usize| -> std::io::Result<Vec<u8>> {
+        let mut part = Vec::new();
+        input.take(len as u64).read_to_end(&mut part)?;
+        if part.len() < len {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(part)
+    };
+    let header = read_part(head.header_len)?;
+    let payload = read_part(head.payload_len)?;
+    Ok(Some((header, payload)))
+}
+
+/// Write one frame to a blocking writer (the worker's side).
+pub fn write_frame(out: &mut impl Write, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    check_sizes(header, payload).map_err(std::io::Error::other)?;
+    out.write_all(&frame_prefix(header, payload))?;
+    out.write_all(header)?;
+    out.write_all(payload)?;
+    out.flush()
+}
+
+// ---------------------------------------------------------------------------------------
 // Caller side.
 
 struct Worker {
@@ -221,10 +340,61 @@ enum Wait {
     TimedOut,
     Cancelled,
     Closed,
+    Garbled(String),
+}
+
+/// Why no worker could be had for a request.
+enum Unstarted {
+    Failed(String),
+    Cancelled,
+    TimedOut,
+}
+
+fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor this process owns; no memory is involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Wait for `events` on `fd` for at most 20 ms (so cancel flags are seen), or until the
+/// deadline. `Ok(true)` when `fd` is ready (or hung up), `Ok(false)` when the slice passed,
+/// `Err(wait)` when the wait is over for good.
+fn poll_slice(
+    fd: RawFd,
+    events: libc::c_short,
+    cancel: &[&AtomicBool],
+    deadline: Option<Instant>,
+) -> Result<bool, Wait> {
+    if cancel.iter().any(|c| c.load(Ordering::Relaxed)) {
+        return Err(Wait::Cancelled);
+    }
+    let now = Instant::now();
+    if deadline.is_some_and(|d| now >= d) {
+        return Err(Wait::TimedOut);
+    }
+    let slice = deadline.map_or(20, |d| (d - now).as_millis().clamp(1, 20) as i32);
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call. A failure (EINTR) or a
+    // timeout is just another turn of the caller's loop.
+    Ok(unsafe { libc::poll(&mut pfd, 1, slice) } > 0)
 }
 
 impl Worker {
-    fn spawn(python: &PythonRuntime, spec: &WorkerSpec) -> std::io::Result<Worker> {
+    fn spawn(
+        python: &PythonRuntime,
+        spec: &WorkerSpec,
+        cancel: &[&AtomicBool],
+        deadline: Option<Instant>,
+    ) -> Result<Worker, Unstarted> {
+        let failed = |e: std::io::Error| Unstarted::Failed(e.to_string());
         let mut command = match &spec.loader {
             Some((loader, library_path)) => {
                 let mut c = Command::new(loader);
@@ -236,7 +406,7 @@ impl Worker {
             }
             None => Command::new(&python.executable),
         };
-        let chatter = tempfile::tempfile()?;
+        let chatter = tempfile::tempfile().map_err(failed)?;
         command
             .args(["-m", "xpu_zebin._worker"])
             .args(&spec.args)
@@ -244,13 +414,17 @@ impl Worker {
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(chatter.try_clone()?)
+            .stderr(chatter.try_clone().map_err(failed)?)
             // Its own group: the terminal's Ctrl-C reaches Python, which cancels us; a kill
             // takes the worker and anything it started.
             .process_group(0);
-        let mut child = command.spawn()?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
+        let mut child = command.spawn().map_err(failed)?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            // SAFETY: killpg on the group just created for this child.
+            unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
+            let _ = child.wait();
+            return Err(Unstarted::Failed("the worker's pipes were not made".into()));
+        };
         let mut worker = Worker {
             child,
             stdin,
@@ -259,74 +433,109 @@ impl Worker {
             seen: 0,
             jobs: 0,
         };
-        let mut greeting = [0u8; 4];
-        let waited = worker.read_exact_until(&mut greeting, &[], Some(Instant::now() + STARTUP));
-        if !matches!(waited, Wait::Done) || &greeting != READY {
-            let said = worker.new_chatter();
+        if let Err(e) = set_nonblocking(worker.stdin.as_raw_fd()) {
             worker.kill();
-            let said = said.trim();
-            return Err(std::io::Error::other(format!(
-                "a worker (python -m xpu_zebin._worker {}) did not start{}",
-                spec.args
-                    .iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                if said.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", said.lines().last().unwrap_or(said))
-                }
-            )));
+            return Err(failed(e));
         }
-        Ok(worker)
+        let mut greeting = [0u8; 4];
+        let startup = Instant::now() + STARTUP;
+        let until = deadline.map_or(startup, |d| d.min(startup));
+        let waited = worker.read_exact_until(&mut greeting, cancel, Some(until));
+        match waited {
+            Wait::Done if &greeting == READY => return Ok(worker),
+            Wait::Cancelled => {
+                worker.kill();
+                return Err(Unstarted::Cancelled);
+            }
+            Wait::TimedOut if deadline.is_some_and(|d| d <= startup) => {
+                worker.kill();
+                return Err(Unstarted::TimedOut);
+            }
+            _ => {}
+        }
+        let said = worker.new_chatter();
+        worker.kill();
+        let said = said.trim();
+        Err(Unstarted::Failed(format!(
+            "a worker (python -m xpu_zebin._worker {}) did not start{}",
+            spec.args
+                .iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+            // The line that names the problem: the last error, else the last line.
+            match (
+                waited,
+                said.lines()
+                    .rfind(|l| l.to_ascii_lowercase().contains("error"))
+                    .or(said.lines().last()),
+            ) {
+                (Wait::TimedOut, _) => format!(" within {} s", STARTUP.as_secs()),
+                (_, Some(last)) => format!(": {last}"),
+                (Wait::Done, None) => ": it greeted with something else".into(),
+                _ => String::new(),
+            }
+        )))
     }
 
     fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Text the worker printed since the last call.
+    /// Text the worker printed since the last call (its last MiB, where errors are).
     fn new_chatter(&mut self) -> String {
         let end = self.chatter.metadata().map_or(self.seen, |m| m.len());
         if end <= self.seen {
             return String::new();
         }
-        let mut buf = vec![0u8; (end - self.seen) as usize];
-        let n = self.chatter.read_at(&mut buf, self.seen).unwrap_or(0);
+        let from = self.seen.max(end.saturating_sub(MAX_CHATTER_BYTES));
+        let mut buf = vec![0u8; (end - from) as usize];
+        let n = self.chatter.read_at(&mut buf, from).unwrap_or(0);
         buf.truncate(n);
-        self.seen += n as u64;
+        self.seen = from + n as u64;
         String::from_utf8_lossy(&buf).into_owned()
     }
 
+    /// Kill the worker's whole group, then reap it (in this order: once reaped, its pid
+    /// and group id may belong to someone else).
     fn kill(mut self) {
-        // SAFETY: killpg on the group created for this worker.
+        // SAFETY: killpg on the group created for this worker, whose leader is not reaped.
         unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
         let _ = self.child.wait();
     }
 
-    /// How a worker whose stdout closed ended: wait a little for it to go, then kill it.
+    /// How a worker whose stdout closed ended: wait a little for it to go (without
+    /// reaping it, so its group id stays ours), kill its group, then reap it.
     fn reap(mut self) -> Exit {
         let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => {
-                    // SAFETY: as in kill(): the rest of the worker's group goes too.
-                    unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
-                    return match (status.code(), status.signal()) {
-                        (Some(code), _) => Exit::Code(code),
-                        (None, Some(sig)) => Exit::Signal(sig),
-                        _ => Exit::Code(-1),
-                    };
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => {
-                    self.kill();
-                    return Exit::Code(-1);
-                }
+        let pid = self.child.id() as libc::id_t;
+        while Instant::now() < deadline {
+            // SAFETY: waitid with a zeroed siginfo out-parameter; WNOWAIT leaves the child
+            // to be reaped below.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let r = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            // SAFETY: si_pid is set by waitid when a child changed state (0 otherwise).
+            if r != 0 || unsafe { info.si_pid() } != 0 {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: the leader is not reaped yet: the group id is still this worker's.
+        unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
+        match self.child.wait() {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => Exit::Code(code),
+                (None, Some(sig)) => Exit::Signal(sig),
+                _ => Exit::Code(-1),
+            },
+            Err(_) => Exit::Code(-1),
         }
     }
 
@@ -340,33 +549,69 @@ impl Worker {
         let fd = self.stdout.as_raw_fd();
         let mut filled = 0;
         while filled < buf.len() {
-            if cancel.iter().any(|c| c.load(Ordering::Relaxed)) {
-                return Wait::Cancelled;
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Wait::TimedOut;
-            }
-            // Wake on data at once; every 20 ms otherwise to look at the cancel flags.
-            let slice = deadline.map_or(20, |d| (d - now).as_millis().clamp(1, 20) as i32);
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            if unsafe { libc::poll(&mut pfd, 1, slice) } <= 0 {
-                continue;
+            match poll_slice(fd, libc::POLLIN, cancel, deadline) {
+                Err(wait) => return wait,
+                Ok(false) => continue,
+                Ok(true) => {}
             }
             match self.stdout.read(&mut buf[filled..]) {
-                Ok(0) | Err(_) => return Wait::Closed,
+                Ok(0) => return Wait::Closed,
                 Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Wait::Closed,
             }
         }
         Wait::Done
     }
 
-    /// Send one request and read its response; `Err(bytes read)` when the worker closed.
+    /// Read `len` bytes, growing the buffer only as they arrive.
+    fn read_part(
+        &mut self,
+        len: usize,
+        cancel: &[&AtomicBool],
+        deadline: Option<Instant>,
+    ) -> Result<Vec<u8>, Wait> {
+        const CHUNK: usize = 1 << 20;
+        let mut part = Vec::new();
+        while part.len() < len {
+            let at = part.len();
+            part.resize(at + (len - at).min(CHUNK), 0);
+            match self.read_exact_until(&mut part[at..], cancel, deadline) {
+                Wait::Done => {}
+                other => return Err(other),
+            }
+        }
+        Ok(part)
+    }
+
+    /// Write all of `bytes` to the worker's stdin (non-blocking), giving up at the deadline,
+    /// on cancel, or when the worker closed it.
+    fn write_until(
+        &mut self,
+        bytes: &[u8],
+        cancel: &[&AtomicBool],
+        deadline: Option<Instant>,
+    ) -> Wait {
+        let fd = self.stdin.as_raw_fd();
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match self.stdin.write(&bytes[sent..]) {
+                Ok(0) => return Wait::Closed,
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Err(wait) = poll_slice(fd, libc::POLLOUT, cancel, deadline) {
+                        return wait;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Wait::Closed,
+            }
+        }
+        Wait::Done
+    }
+
+    /// Send one request and read its response; `Err((how, answered))` otherwise, where
+    /// `answered` says whether any byte of a response came.
     fn exchange(
         &mut self,
         header: &[u8],
@@ -374,37 +619,28 @@ impl Worker {
         cancel: &[&AtomicBool],
         deadline: Option<Instant>,
     ) -> Result<(Vec<u8>, Vec<u8>), (Wait, bool)> {
-        let sent = write_frame(&mut self.stdin, header, payload);
-        if sent.is_err() {
-            return Err((Wait::Closed, false));
+        for part in [&frame_prefix(header, payload)[..], header, payload] {
+            match self.write_until(part, cancel, deadline) {
+                Wait::Done => {}
+                other => return Err((other, false)),
+            }
         }
-        let mut started = false;
-        let mut read = |w: &mut Worker, buf: &mut [u8]| {
-            let r = match w.read_exact_until(buf, cancel, deadline) {
-                Wait::Done => Ok(()),
-                other => Err((other, started)),
-            };
-            started = true;
-            r
-        };
-        let mut len = [0u8; 4];
-        read(self, &mut len)?;
-        let mut header = vec![0u8; u32::from_le_bytes(len) as usize];
-        read(self, &mut header)?;
-        let mut len = [0u8; 8];
-        read(self, &mut len)?;
-        let mut payload = vec![0u8; u64::from_le_bytes(len) as usize];
-        read(self, &mut payload)?;
+        let mut prefix = [0u8; 16];
+        match self.read_exact_until(&mut prefix, cancel, deadline) {
+            Wait::Done => {}
+            // A worker that closed before any byte of an answer: see `call`.
+            Wait::Closed => return Err((Wait::Closed, false)),
+            other => return Err((other, true)),
+        }
+        let head = parse_prefix(&prefix).map_err(|why| (Wait::Garbled(why), true))?;
+        let header = self
+            .read_part(head.header_len, cancel, deadline)
+            .map_err(|w| (w, true))?;
+        let payload = self
+            .read_part(head.payload_len, cancel, deadline)
+            .map_err(|w| (w, true))?;
         Ok((header, payload))
     }
-}
-
-fn write_frame(out: &mut impl Write, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
-    out.write_all(&(header.len() as u32).to_le_bytes())?;
-    out.write_all(header)?;
-    out.write_all(&(payload.len() as u64).to_le_bytes())?;
-    out.write_all(payload)?;
-    out.flush()
 }
 
 #[derive(Default)]
@@ -414,10 +650,10 @@ struct Pool {
     broken: HashMap<String, Broken>,
 }
 
-/// A kind of worker that could not start: not tried again for a while (a missing library
-/// stays missing, and each try costs a Python start), but not forever either (a fork that
-/// failed under memory pressure, a library installed since), so a long-lived process
-/// recovers. The wait doubles with each failure in a row.
+/// A kind of worker that could not start, [`SPAWN_TRIES`] times in a row within one
+/// request: not tried again for a while (each try costs a Python start), then tried again
+/// (a fork that failed under memory pressure, a library installed since), so a long-lived
+/// process recovers. The wait doubles with each such failure in a row.
 struct Broken {
     why: String,
     since: Instant,
@@ -426,16 +662,14 @@ struct Broken {
 
 /// Seconds before a kind that could not start is tried again (first wait; it doubles).
 pub const RETRY_ENV: &str = "XPU_ZEBIN_WORKER_RETRY_SECONDS";
-const DEFAULT_RETRY_SECONDS: u64 = 60;
+const DEFAULT_RETRY_SECONDS: u64 = 5;
 const MAX_RETRY: Duration = Duration::from_secs(3600);
 
 impl Broken {
     fn retry_after(&self) -> Duration {
-        let first = std::env::var(RETRY_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_RETRY_SECONDS);
-        Duration::from_secs(first)
+        let default = Duration::from_secs(DEFAULT_RETRY_SECONDS);
+        let first = crate::knobs::seconds_knob(RETRY_ENV, default).unwrap_or(default);
+        first
             .saturating_mul(1u32 << self.failures.saturating_sub(1).min(16))
             .min(MAX_RETRY)
     }
@@ -449,7 +683,7 @@ static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(|| Mutex::new(Pool::default()
 
 /// A live idle worker of this kind, if any (idle workers may have ended themselves).
 fn take_idle(key: &str) -> Option<Worker> {
-    let mut pool = POOL.lock().unwrap();
+    let mut pool = lock(&POOL);
     let idle = pool.idle.get_mut(key)?;
     while let Some(mut w) = idle.pop() {
         if w.alive() {
@@ -465,15 +699,63 @@ pub fn unavailable(key: &str) -> Option<String> {
     if PYTHON.get().is_none() {
         return Some("workers are started through Python; the package was not imported".into());
     }
-    let pool = POOL.lock().unwrap();
-    pool.broken
+    lock(&POOL)
+        .broken
         .get(key)
         .filter(|b| b.still())
         .map(|b| b.why.clone())
 }
 
+/// A new worker, tried [`SPAWN_TRIES`] times with a growing pause (a failed fork under
+/// memory pressure passes); cancel and the deadline end the tries.
+fn spawn_with_retries(
+    python: &PythonRuntime,
+    spec: &WorkerSpec,
+    cancel: &[&AtomicBool],
+    deadline: Option<Instant>,
+) -> Result<Worker, Unstarted> {
+    let mut pause = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match Worker::spawn(python, spec, cancel, deadline) {
+            Err(Unstarted::Failed(why)) => {
+                tries += 1;
+                if tries >= SPAWN_TRIES {
+                    return Err(Unstarted::Failed(why));
+                }
+                let until = Instant::now() + pause;
+                while Instant::now() < until {
+                    if cancel.iter().any(|c| c.load(Ordering::Relaxed)) {
+                        return Err(Unstarted::Cancelled);
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Unstarted::TimedOut);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                pause *= 4;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Remember that workers of this kind could not start. Said once by whoever needs them:
+/// the ocloc engine warns once per compiler (it goes on one process per compile), a Level
+/// Zero build raises `toolchain_missing` naming why.
+fn mark_broken(spec: &WorkerSpec, why: &str) {
+    let mut pool = lock(&POOL);
+    let failures = pool.broken.get(&spec.key).map_or(0, |b| b.failures);
+    let broken = Broken {
+        why: why.to_string(),
+        since: Instant::now(),
+        failures: failures + 1,
+    };
+    pool.broken.insert(spec.key.clone(), broken);
+}
+
 /// Run one request on a worker of `spec`'s kind. `Err` says why no worker could be had (it
-/// could not start); the kind is then left alone for a while (see [`Broken`]).
+/// could not start, or quit without answering): never a build failure of the input.
 pub fn call(
     spec: &WorkerSpec,
     header: &[u8],
@@ -481,34 +763,48 @@ pub fn call(
     cancel: &[&AtomicBool],
     timeout: Option<Duration>,
 ) -> Result<Reply, String> {
-    if let Some(why) = unavailable(&spec.key) {
-        return Err(why);
+    let Some(python) = PYTHON.get() else {
+        return Err("workers are started through Python; the package was not imported".into());
+    };
+    call_with(python, spec, header, payload, cancel, timeout)
+}
+
+fn call_with(
+    python: &PythonRuntime,
+    spec: &WorkerSpec,
+    header: &[u8],
+    payload: &[u8],
+    cancel: &[&AtomicBool],
+    timeout: Option<Duration>,
+) -> Result<Reply, String> {
+    if let Some(why) = lock(&POOL).broken.get(&spec.key).filter(|b| b.still()) {
+        return Err(why.why.clone());
     }
-    let python = PYTHON.get().expect("checked above");
+    check_sizes(header, payload)?;
     let _busy = BusyGuard::new();
     let started = Instant::now();
-    let deadline = timeout.map(|t| started + t);
+    let deadline = timeout.and_then(|t| started.checked_add(t));
+    let timed_out = |chatter: String| Reply::TimedOut {
+        seconds: timeout.unwrap_or_default().as_secs_f64(),
+        chatter,
+    };
+    let mut quit_fresh = 0;
     // An idle worker that ends itself (idle timeout) just as a request arrives closes
     // without answering and exits 0: then the request goes to the next idle worker, or a
     // fresh one. Each turn uses up an idle worker or starts one, so this ends.
     loop {
         let (mut worker, reused) = match take_idle(&spec.key) {
             Some(w) => (w, true),
-            None => match Worker::spawn(python, spec) {
+            None => match spawn_with_retries(python, spec, cancel, deadline) {
                 Ok(w) => {
-                    POOL.lock().unwrap().broken.remove(&spec.key);
+                    lock(&POOL).broken.remove(&spec.key);
                     (w, false)
                 }
-                Err(e) => {
-                    let why = e.to_string();
-                    let mut pool = POOL.lock().unwrap();
-                    let failures = pool.broken.get(&spec.key).map_or(0, |b| b.failures);
-                    let broken = Broken {
-                        why: why.clone(),
-                        since: Instant::now(),
-                        failures: failures + 1,
-                    };
-                    pool.broken.insert(spec.key.clone(), broken);
+                Err(Unstarted::Cancelled) => return Ok(Reply::Cancelled),
+                Err(Unstarted::TimedOut) => return Ok(timed_out(String::new())),
+                Err(Unstarted::Failed(why)) => {
+                    let why = format!("{why} ({SPAWN_TRIES} tries)");
+                    mark_broken(spec, &why);
                     return Err(why);
                 }
             },
@@ -518,9 +814,10 @@ pub fn call(
             Ok((header, payload)) => {
                 let chatter = worker.new_chatter();
                 worker.jobs += 1;
-                let mut pool = POOL.lock().unwrap();
+                let keep = !idle_exit().is_zero() && worker.jobs < JOBS_PER_WORKER;
+                let mut pool = lock(&POOL);
                 let idle = pool.idle.entry(spec.key.clone()).or_default();
-                if worker.jobs < JOBS_PER_WORKER && idle.len() < MAX_IDLE_PER_KIND {
+                if keep && idle.len() < MAX_IDLE_PER_KIND {
                     idle.push(worker);
                 } else {
                     drop(pool);
@@ -535,20 +832,38 @@ pub fn call(
             Err((Wait::Closed, answered)) => {
                 let chatter = worker.new_chatter();
                 let exit = worker.reap();
-                if reused && !answered && exit == Exit::Code(0) {
-                    continue; // it had just ended of idleness
+                if !answered && exit == Exit::Code(0) {
+                    // It ended by itself without taking the job: of idleness (reused), or
+                    // a fresh one that quit at once. Neither is the input's doing.
+                    if reused {
+                        continue;
+                    }
+                    quit_fresh += 1;
+                    if quit_fresh < SPAWN_TRIES {
+                        continue;
+                    }
+                    return Err(format!(
+                        "{SPAWN_TRIES} new workers in a row exited without answering{}",
+                        chatter
+                            .trim()
+                            .lines()
+                            .last()
+                            .map_or(String::new(), |l| format!(": {l}"))
+                    ));
                 }
                 return Ok(Reply::Died { exit, chatter });
+            }
+            Err((Wait::Garbled(why), _)) => {
+                let chatter = worker.new_chatter();
+                worker.kill();
+                return Ok(Reply::Garbled { why, chatter });
             }
             Err((Wait::TimedOut, _)) => {
                 let chatter = worker.new_chatter();
                 worker.kill();
-                return Ok(Reply::TimedOut {
-                    seconds: timeout.unwrap_or_default().as_secs_f64(),
-                    chatter,
-                });
+                return Ok(timed_out(chatter));
             }
-            Err(_) => {
+            Err((Wait::Cancelled, _)) | Err((Wait::Done, _)) => {
                 worker.kill();
                 return Ok(Reply::Cancelled);
             }
@@ -558,8 +873,7 @@ pub fn call(
 
 /// Why workers are off, for each kind that has them off now (for diagnostics).
 pub fn broken() -> Vec<(String, String)> {
-    POOL.lock()
-        .unwrap()
+    lock(&POOL)
         .broken
         .iter()
         .filter(|(_, b)| b.still())
@@ -567,15 +881,13 @@ pub fn broken() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Stop every idle worker (tests, benchmarks, or before fork).
+/// Stop every idle worker and forget which kinds could not start (tests, benchmarks, or
+/// before fork): the next request starts afresh.
 pub fn shutdown() {
-    let idle: Vec<Worker> = POOL
-        .lock()
-        .unwrap()
-        .idle
-        .drain()
-        .flat_map(|(_, w)| w)
-        .collect();
+    let mut pool = lock(&POOL);
+    pool.broken.clear();
+    let idle: Vec<Worker> = pool.idle.drain().flat_map(|(_, w)| w).collect();
+    drop(pool);
     for w in idle {
         w.kill();
     }
@@ -584,19 +896,28 @@ pub fn shutdown() {
 // ---------------------------------------------------------------------------------------
 // Worker side.
 
-fn read_frame(input: &mut impl Read) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
-    let mut len = [0u8; 4];
-    match input.read_exact(&mut len) {
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        other => other?,
-    }
-    let mut header = vec![0u8; u32::from_le_bytes(len) as usize];
-    input.read_exact(&mut header)?;
-    let mut len = [0u8; 8];
-    input.read_exact(&mut len)?;
-    let mut payload = vec![0u8; u64::from_le_bytes(len) as usize];
-    input.read_exact(&mut payload)?;
-    Ok(Some((header, payload)))
+/// End this worker's whole process group as soon as its caller's end of stdin closes:
+/// the caller exited (however it ended, SIGKILL included), so nobody waits for this build.
+fn die_with_caller() -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("xpu-zebin-caller-watch".into())
+        .spawn(|| loop {
+            // events 0: only a hang-up or an error wakes this; requests do not.
+            let mut pfd = libc::pollfd {
+                fd: 0,
+                events: 0,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+            if r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                // SAFETY: kill(0) signals this process's own group (the worker and whatever
+                // it started); nothing else is touched.
+                unsafe { libc::kill(0, libc::SIGKILL) };
+                std::process::exit(1);
+            }
+        })
+        .map(|_| ())
 }
 
 /// The worker's main loop: greet, then answer each request with `handle(header, payload)`
@@ -612,33 +933,177 @@ pub fn serve(
     if protocol_fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: protocol_fd is a fresh descriptor owned from here on; dup2 on our own fds.
-    let mut protocol = unsafe {
-        libc::dup2(2, 1);
-        <File as std::os::fd::FromRawFd>::from_raw_fd(protocol_fd)
-    };
+    // SAFETY: protocol_fd is a fresh descriptor owned from here on.
+    let mut protocol = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(protocol_fd) };
+    // SAFETY: dup2 on this process's own descriptors.
+    if unsafe { libc::dup2(2, 1) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    die_with_caller()?;
     protocol.write_all(READY)?;
     protocol.flush()?;
-    let idle_exit = std::env::var(IDLE_EXIT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(DEFAULT_IDLE_EXIT_SECONDS);
-    let millis = i32::try_from(idle_exit.saturating_mul(1000)).unwrap_or(i32::MAX);
+    // Zero: the caller keeps no idle worker and ends this one itself.
+    let idle = idle_exit();
+    let millis = if idle.is_zero() {
+        -1
+    } else {
+        i32::try_from(idle.as_millis()).unwrap_or(i32::MAX)
+    };
     let mut stdin = std::io::stdin().lock();
+    let mut served = 0u64;
     loop {
         let mut pfd = libc::pollfd {
             fd: 0,
             events: libc::POLLIN,
             revents: 0,
         };
+        // The first request follows the greeting: no idle limit before it.
+        let wait = if served == 0 { -1 } else { millis };
         // SAFETY: one valid pollfd for the duration of the call.
-        if unsafe { libc::poll(&mut pfd, 1, millis) } == 0 {
-            return Ok(()); // idle: the caller starts a new worker when it needs one
+        match unsafe { libc::poll(&mut pfd, 1, wait) } {
+            0 => return Ok(()), // idle: the caller starts a new worker when it needs one
+            r if r < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            _ => {}
         }
         let Some((header, payload)) = read_frame(&mut stdin)? else {
             return Ok(());
         };
         let (header, payload) = handle(header, payload);
         write_frame(&mut protocol, &header, &payload)?;
+        served += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker played by a shell script (the protocol's other end, misbehaving on purpose;
+    /// no compiler is involved): `sh SCRIPT -m xpu_zebin._worker KEY`.
+    fn script_worker(body: &str) -> (tempfile::TempDir, PythonRuntime, WorkerSpec) {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("worker.sh");
+        std::fs::write(&script, body).unwrap();
+        let runtime = PythonRuntime {
+            executable: script,
+            pythonpath: String::new(),
+        };
+        let spec = WorkerSpec {
+            key: format!("script:{}", dir.path().display()),
+            args: vec![],
+            loader: Some(("/bin/sh".into(), None)),
+            env: vec![],
+        };
+        (dir, runtime, spec)
+    }
+
+    fn call_script(body: &str, payload: &[u8], timeout: Duration) -> (Result<Reply, String>, f64) {
+        let (_dir, runtime, spec) = script_worker(body);
+        let started = Instant::now();
+        let reply = call_with(&runtime, &spec, b"{}", payload, &[], Some(timeout));
+        (reply, started.elapsed().as_secs_f64())
+    }
+
+    #[test]
+    fn a_garbled_reply_is_a_garbled_worker() {
+        let (reply, _) = call_script(
+            "printf XZW3; head -c 16 >/dev/null; printf 'this is no frame at all'; sleep 30\n",
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(matches!(reply, Ok(Reply::Garbled { .. })), "{reply:?}");
+    }
+
+    #[test]
+    fn an_oversized_reply_is_refused_before_it_is_read() {
+        // Magic, header length 0, payload length 2^63: refused at once, nothing allocated.
+        let (reply, seconds) = call_script(
+            "printf XZW3; head -c 18 >/dev/null; printf 'XZF3\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\200'; sleep 30\n",
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(&reply, Ok(Reply::Garbled { why, .. }) if why.contains("bounds")),
+            "{reply:?}"
+        );
+        assert!(seconds < 20.0, "{seconds}");
+    }
+
+    #[test]
+    fn a_worker_that_never_reads_cannot_block_the_write() {
+        // 4 MiB does not fit in a pipe: a blocking write would wait forever.
+        let (reply, seconds) = call_script(
+            "printf XZW3; sleep 60\n",
+            &vec![0u8; 4 << 20],
+            Duration::from_millis(500),
+        );
+        assert!(matches!(reply, Ok(Reply::TimedOut { .. })), "{reply:?}");
+        assert!(seconds < 20.0, "{seconds}");
+    }
+
+    #[test]
+    fn start_up_honours_the_callers_deadline() {
+        let (reply, seconds) = call_script("sleep 60\n", b"", Duration::from_millis(500));
+        assert!(matches!(reply, Ok(Reply::TimedOut { .. })), "{reply:?}");
+        assert!(seconds < 20.0, "{seconds}");
+    }
+
+    #[test]
+    fn workers_that_quit_without_answering_are_no_crash_of_the_input() {
+        let (reply, _) = call_script("printf XZW3; exit 0\n", b"", Duration::from_secs(60));
+        assert!(
+            matches!(&reply, Err(why) if why.contains("without answering")),
+            "{reply:?}"
+        );
+        let (reply, _) = call_script("exit 3\n", b"", Duration::from_secs(60));
+        assert!(
+            matches!(&reply, Err(why) if why.contains("did not start")),
+            "{reply:?}"
+        );
+    }
+
+    #[test]
+    fn a_worker_that_dies_mid_reply_is_a_death_not_a_hang() {
+        let (reply, _) = call_script(
+            "printf XZW3; head -c 18 >/dev/null; printf 'XZF3\\002\\000\\000\\000'; kill -9 $$\n",
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(
+                reply,
+                Ok(Reply::Died {
+                    exit: Exit::Signal(9),
+                    ..
+                })
+            ),
+            "{reply:?}"
+        );
+    }
+
+    #[test]
+    fn frames_round_trip_and_bad_prefixes_are_refused() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"{\"a\":1}", b"payload").unwrap();
+        let (h, p) = read_frame(&mut wire.as_slice()).unwrap().unwrap();
+        assert_eq!(
+            (h.as_slice(), p.as_slice()),
+            (&b"{\"a\":1}"[..], &b"payload"[..])
+        );
+        // A huge declared payload is refused before any allocation.
+        let mut huge = frame_prefix(b"", b"").to_vec();
+        huge[8..].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(read_frame(&mut huge.as_slice()).is_err());
+        // A truncated frame is an error, not a short read taken as whole.
+        let cut = &wire[..wire.len() - 1];
+        assert!(read_frame(&mut &cut[..]).is_err());
+        assert!(read_frame(&mut &b"XZF2xxxxxxxxxxxx"[..]).is_err());
+        assert!(read_frame(&mut &b""[..]).unwrap().is_none());
     }
 }

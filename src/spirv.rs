@@ -42,6 +42,12 @@ fn invalid(message: impl Into<String>) -> BuildError {
     BuildError::new(ErrorKind::InvalidSpirv, message)
 }
 
+/// The little-endian word at index `i` (callers check `i` is inside `bytes`).
+fn word_at(bytes: &[u8], i: usize) -> u32 {
+    let w = &bytes[4 * i..4 * i + 4];
+    u32::from_le_bytes([w[0], w[1], w[2], w[3]])
+}
+
 /// Cheap checks with precise messages, before the full parse.
 fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
     if bytes.is_empty() {
@@ -61,7 +67,7 @@ fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
             bytes.len()
         )));
     }
-    let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+    let word = |i: usize| word_at(bytes, i);
     let magic = word(0);
     if magic == MAGIC.swap_bytes() {
         return Err(invalid(
@@ -97,7 +103,7 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
     let words = bytes.len() / 4;
     let (mut at, mut index) = (HEADER_BYTES / 4, 1usize);
     while at < words {
-        let first = u32::from_le_bytes(bytes[4 * at..4 * at + 4].try_into().unwrap());
+        let first = word_at(bytes, at);
         let (count, opcode) = ((first >> 16) as usize, first & 0xffff);
         if count == 0 {
             return Err(invalid(format!(
@@ -123,7 +129,9 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
 #[derive(Default)]
 struct Collector {
     bound: usize,
-    defined: Vec<bool>,
+    /// Ids defined so far: a set, not a table sized by the header's id bound (an untrusted
+    /// number: 2^32-1 in 28 bytes would ask for 4 GiB).
+    defined: std::collections::HashSet<u32>,
     /// (id, opcode name) of every id operand, checked once all definitions are known.
     used: Vec<(u32, &'static str)>,
     kernels: Vec<String>,
@@ -154,7 +162,6 @@ impl Consumer for Collector {
 
     fn consume_header(&mut self, header: dr::ModuleHeader) -> ParseAction {
         self.bound = header.bound as usize;
-        self.defined = vec![false; self.bound];
         ParseAction::Continue
     }
 
@@ -185,8 +192,10 @@ impl Consumer for Collector {
             _ => {}
         }
         if let Some(id) = inst.result_id {
-            match self.defined.get_mut(id as usize) {
-                Some(slot) if id != 0 => *slot = true,
+            match id {
+                1.. if (id as usize) < self.bound => {
+                    self.defined.insert(id);
+                }
                 _ => {
                     let bound = self.bound;
                     return self.fail(format!(
@@ -242,11 +251,7 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     // Every id an instruction uses must be defined somewhere in the module (forward
     // references are legal). Measured: one dangling operand makes the Level Zero driver end
     // the process.
-    if let Some((id, op)) = c
-        .used
-        .iter()
-        .find(|(id, _)| !c.defined.get(*id as usize).copied().unwrap_or(false))
-    {
+    if let Some((id, op)) = c.used.iter().find(|(id, _)| !c.defined.contains(id)) {
         return Err(invalid(format!(
             "Op{op} uses %{id}, which no instruction defines"
         )));

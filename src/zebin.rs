@@ -125,11 +125,11 @@ pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
         .into_iter()
         .map(|k| {
             let sum = |kind: &str| {
+                // Saturating: the sizes are the file's word, not ours (no overflow panic).
                 k.per_thread_memory_buffers
                     .iter()
                     .filter(|b| b.kind == kind)
-                    .map(|b| b.size)
-                    .sum()
+                    .fold(0u64, |total, b| total.saturating_add(b.size))
             };
             KernelInfo {
                 grf_count: k.execution_env.grf_count,

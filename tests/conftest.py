@@ -72,8 +72,12 @@ def modern_ocloc() -> str:
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
-    """Each test gets its own binary cache, so nothing leaks between tests or to ~/.cache."""
+    """Each test gets its own binary cache and temp dir (where the package's private
+    directory lives: the record of native binaries that loaded safely), so nothing leaks
+    between tests or to ~/.cache."""
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     return tmp_path / "cache"
 
 

@@ -167,7 +167,11 @@ def test_timeout_kills_the_compiler(modern_ocloc, ptss_spirv, marker, monkeypatc
     assert marker.processes() == []  # ocloc, its process group, or the worker: all gone
 
 
+# Ctrl-C's default handler first: a child inherits an ignored SIGINT from a test run started
+# in the background (bash `cmd &`, nohup), and Python then leaves it ignored.
 CTRL_C_SCRIPT = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys, xpu_zebin
 spirv = open(sys.argv[1], "rb").read()
 print("compiling", flush=True)
@@ -189,8 +193,11 @@ def test_ctrl_c_kills_the_compilers(
         text=True,
     )
     assert child.stdout.readline().strip() == "compiling"
-    time.sleep(1.5)  # the compilers are running now (a build takes several seconds)
-    assert marker.processes(), "the child should have started compilers"
+    deadline = time.monotonic() + 60  # wait for the compilers (a build takes seconds)
+    while not marker.processes():
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "the child should have started compilers"
+        time.sleep(0.05)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
     assert child.returncode != 0 and "KeyboardInterrupt" in err

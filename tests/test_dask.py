@@ -12,11 +12,14 @@ import threading
 import time
 
 import dask
+import distributed
 import pytest
 from distributed import Client, LocalCluster
 from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
 
 import xpu_zebin
+import xpu_zebin.dask
+import xpu_zebin.errors
 
 GRF256 = "-cl-intel-256-GRF-per-thread"
 
@@ -201,3 +204,67 @@ def test_a_task_whose_worker_keeps_dying_is_an_error_in_its_slot(
     lost = [r for r in results if isinstance(r, xpu_zebin.CompilerCrashError)]
     assert lost and all("Dask worker" in r.message for r in lost), results
     assert all(isinstance(r, xpu_zebin.CompileResult) for r in results if r not in lost), results
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_a_local_cluster_without_workers_is_an_argument_error(workers):
+    """A cluster with no workers would take the batch and never run it."""
+    with (
+        pytest.raises(xpu_zebin.InvalidArgumentError, match="local_workers") as e,
+        xpu_zebin.dask.cluster_client(None, workers),
+    ):
+        pass
+    assert e.value.kind == "invalid_argument"
+
+
+def test_cli_rejects_a_local_cluster_without_workers(tmp_path, add_spirv):
+    spv = tmp_path / "add.spv"
+    spv.write_bytes(add_spirv)
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "batch", str(spv), "--device", "pvc",
+         "--dask-local", "-1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "local_workers" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_task_that_raises_on_its_worker_is_an_error_in_its_slot(client, add_spirv, modern_ocloc):
+    """A task that raises something other than a BuildError on its worker is a classified
+    error in its slot naming the exception; the rest of the batch still comes back. Here the
+    worker's real compile entry point rejects an option it does not know, as a worker with an
+    older xpu-zebin than the caller's would (requests go to the Dask module as they are)."""
+    good = xpu_zebin._request(add_spirv, "pvc", ocloc=modern_ocloc, cache=False)
+    requests = [good, dict(good, newer_option=1), good]
+    done: list = []
+    first, skewed, last = xpu_zebin.dask.compile_many(requests, client, progress=done.append)
+    assert sorted(done) == [0, 1, 2]
+    assert isinstance(first, xpu_zebin.CompileResult) and isinstance(last, xpu_zebin.CompileResult)
+    assert isinstance(skewed, xpu_zebin.CompilerCrashError), skewed
+    assert skewed.kind == "compiler_crash"
+    message = skewed.message
+    assert "TypeError" in message and "unexpected keyword argument 'newer_option'" in message
+    assert "Traceback" in skewed.log  # the worker's, for the curious
+
+
+def test_a_cancelled_task_is_a_cancelled_error_in_its_slot(client, spill_spirv):
+    """A task cancelled mid-batch (here, from the progress callback, as soon as the first
+    result arrives: two workers, five slow builds, so others are still to come) is a
+    CancelledError in its slot; every other result arrives."""
+    base = dict(device="pvc", cache=False, speculative=False)
+    requests = [dict(spirv=spill_spirv, **base) for _ in range(5)]
+    cancelled: list = []
+
+    def cancel_one(index: int) -> None:
+        if cancelled:
+            return
+        pending = [key for key, state in client.futures.items() if state.status == "pending"]
+        assert pending, "every task finished at once"
+        cancelled.append(pending[0])
+        client.cancel([distributed.Future(pending[0], client)], reason="test")
+
+    results = xpu_zebin.compile_many(requests, client=client, progress=cancel_one)
+    assert len(results) == 5 and cancelled
+    [lost] = [r for r in results if isinstance(r, xpu_zebin.errors.CancelledError)]
+    assert lost.kind == "cancelled" and "cancelled" in lost.message and "test" in lost.message
+    assert all(isinstance(r, xpu_zebin.CompileResult) for r in results if r is not lost), results

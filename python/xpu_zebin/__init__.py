@@ -22,6 +22,7 @@ from .errors import (
     CompilerCrashError,
     CompileTimeoutError,
     DegenerateBinaryError,
+    InternalError,
     InvalidArgumentError,
     InvalidSpirvError,
     KernelNotFoundError,
@@ -43,6 +44,7 @@ __all__ = [
     "CompileTimeoutError",
     "CompilerCrashError",
     "DegenerateBinaryError",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidSpirvError",
     "KernelNotFoundError",
@@ -95,7 +97,7 @@ _worker_checked: set = set()
 def _warn_once_without_worker(ocloc: Optional[PathLike]) -> None:
     """Say once per compiler, at WARNING, why it runs one process per compile."""
     named = (None if ocloc is None else os.fspath(ocloc), os.environ.get(_core.OCLOC_ENV))
-    if named in _worker_checked or os.environ.get(_core.PERSISTENT_ENV, "").strip() == "0":
+    if named in _worker_checked or not _core.bool_knob(_core.PERSISTENT_ENV, True):
         return  # known already, or one process per compile was asked for
     _worker_checked.add(named)
     try:
@@ -164,15 +166,58 @@ _OPTIONS = {
 }
 
 
+# What each option may hold: (types, or None for any non-negative int of the width given).
+_U32, _U64 = 2**32 - 1, 2**64 - 1
+_OPTION_TYPES = {
+    "build_flags": str,
+    "grf_mode": str,
+    "num_warps": _U32,
+    "kernel_name": str,
+    "ocloc": (str, bytes, os.PathLike),
+    "timeout": (int, float),
+    "cache": bool,
+    "cache_dir": (str, bytes, os.PathLike),
+    "spill_threshold": _U64,
+    "speculative": bool,
+    "is_spv": bool,
+    "device_arch": str,
+    "isolated": bool,
+}
+
+
+def _check_options(options: dict) -> None:
+    """Every option's type and range, as an :class:`InvalidArgumentError` naming it (the
+    engine checks their values: GRF modes, timeouts, NULs)."""
+    for name, value in options.items():
+        expected = _OPTION_TYPES.get(name)
+        if value is None or expected is None:
+            continue
+        if isinstance(expected, int):
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= expected
+            want = f"an integer from 0 to {expected}"
+        else:
+            ok = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
+            want = " or ".join(
+                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
+            )
+        if not ok:
+            raise InvalidArgumentError(
+                f"{name}={value!r} is not valid: expected {want}", kind="invalid_argument"
+            )
+
+
 def _request(spirv: bytes, device: str, **options: object) -> dict:
     """A complete request for the native engine: every option present, paths as strings."""
     unknown = set(options) - set(_OPTIONS)
     if unknown:
         raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}")
+    _check_options(options)
+    if not isinstance(device, str):
+        raise InvalidArgumentError(f"device={device!r} is not valid: expected a str")
     req = {**_OPTIONS, **options, "spirv": bytes(spirv), "device": device}
     for key in ("ocloc", "cache_dir"):
         if req[key] is not None:
-            req[key] = os.fspath(req[key])  # type: ignore[arg-type]
+            req[key] = os.fsdecode(req[key])  # type: ignore[arg-type]
     return req
 
 
@@ -275,7 +320,9 @@ ISOLATED_ENV = "XPU_ZEBIN_ISOLATED"
 
 
 def _isolated_default() -> bool:
-    return os.environ.get(ISOLATED_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    """``XPU_ZEBIN_ISOLATED`` (default on); a value that is not a boolean raises
+    :class:`InvalidArgumentError` naming it, as every knob does."""
+    return _core.bool_knob(ISOLATED_ENV, True)
 
 
 # compile_and_load()'s options and their defaults; compile_and_load_many() uses the same.
@@ -297,11 +344,17 @@ def _load_request(binary: bytes, kernel_name: str, **options: object) -> dict:
     unknown = set(options) - set(_LOAD_OPTIONS)
     if unknown:
         raise TypeError(f"unknown compile_and_load option(s): {', '.join(sorted(unknown))}")
+    _check_options(options)
+    device = options.get("device", 0)
+    if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < 2**32:
+        raise InvalidArgumentError(f"device={device!r} is not valid: expected a device index")
+    if not isinstance(kernel_name, str):
+        raise InvalidArgumentError(f"kernel_name={kernel_name!r} is not valid: expected a str")
     req = {**_LOAD_OPTIONS, **options, "binary": bytes(binary), "kernel_name": kernel_name}
     if req["isolated"] is None:
         req["isolated"] = _isolated_default()
     if req["cache_dir"] is not None:
-        req["cache_dir"] = os.fspath(req["cache_dir"])  # type: ignore[arg-type]
+        req["cache_dir"] = os.fsdecode(req["cache_dir"])  # type: ignore[arg-type]
     return req
 
 

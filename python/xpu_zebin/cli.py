@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -149,6 +150,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             try:
                 client = stack.enter_context(dask.cluster_client(args.scheduler, args.dask_local))
+            except xpu_zebin.InvalidArgumentError as e:  # --dask-local below 1
+                raise _UsageError(e.message) from None
             except ImportError as e:
                 raise _UsageError(
                     f"Dask batches need `pip install 'xpu-zebin[dask]'` ({e})"
@@ -286,10 +289,22 @@ def cmd_kinds(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
+#: The longest ``--timeout`` the engine takes, in seconds.
+MAX_TIMEOUT = 1e9
+
+
+def _timeout(text: str) -> float:
+    """``--timeout``: seconds, a finite number from 0 (no limit) to :data:`MAX_TIMEOUT`, as
+    the engine takes them; anything else (inf, nan, negative, not a number) is a usage
+    error here, before any input is read."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_TIMEOUT:  # false for nan
+        raise argparse.ArgumentTypeError(
+            f"expected seconds, a finite number from 0 (no limit) to 1e9, not {text!r}"
+        )
     return value
 
 
@@ -322,9 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--timeout",
-            type=_positive_float,
+            type=_timeout,
             default=None,
-            help="seconds per compiler run (0: none)",
+            help="seconds per compiler run, at most 1e9 (0: no limit)",
         )
         sp.add_argument(
             "--no-cache", action="store_true", help="neither read nor write the binary cache"

@@ -106,6 +106,12 @@ class LinkFailureError(BuildError):
     kind = "link_failure"
 
 
+class InternalError(BuildError, RuntimeError):
+    """A bug in xpu-zebin itself (a panic in the engine, caught): please report it."""
+
+    kind = "internal_error"
+
+
 _BY_KIND = {
     cls.kind: cls
     for cls in (
@@ -121,6 +127,7 @@ _BY_KIND = {
         CancelledError,
         NoDeviceError,
         LinkFailureError,
+        InternalError,
     )
 }
 

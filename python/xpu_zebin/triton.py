@@ -143,6 +143,10 @@ def _build_native(
             build_flags=build_flags,
             kernel_name=name,
         )
+        if result.cached:
+            # A cache entry is untrusted input (a shared cache, a neighbour): its binary
+            # loads in a worker before the driver loads it here (once per binary and host).
+            _trial_load(name, result.binary, result.build_flags, device, device_arch)
         return result.binary, result.build_flags
     with xpu_zebin.compile_and_load(
         spirv, name, build_flags=build_flags, device=device, device_arch=device_arch
@@ -208,7 +212,7 @@ def _trial_load(
 ) -> None:
     """A native binary Triton hands over (from its cache, say) loads in a worker process
     before the driver loads it here: the driver's loader dies on a malformed one. Once per
-    binary and device (the package's cache remembers it); skipped without isolation."""
+    binary, kernel, flags and device on this host; skipped without isolation."""
     if not xpu_zebin._isolated_default():
         return
     try:

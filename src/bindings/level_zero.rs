@@ -1,6 +1,8 @@
 //! Level Zero bindings: `compile_and_load`, `compile_and_load_many`, `LoadedKernel`, devices.
 
-use super::{attempts, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt};
+use super::{
+    attempts, emit_warnings, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
@@ -43,9 +45,7 @@ impl LoadedKernel {
     /// `ze_module_handle_t` as an integer (0 once closed).
     #[getter]
     fn module_handle(&self) -> usize {
-        self.loaded
-            .lock()
-            .unwrap()
+        crate::sync::lock(&self.loaded)
             .as_ref()
             .map_or(0, |l| l.module.handle as usize)
     }
@@ -53,21 +53,19 @@ impl LoadedKernel {
     /// `ze_kernel_handle_t` as an integer (0 once closed).
     #[getter]
     fn kernel_handle(&self) -> usize {
-        self.loaded
-            .lock()
-            .unwrap()
+        crate::sync::lock(&self.loaded)
             .as_ref()
             .map_or(0, |l| l.kernel.handle as usize)
     }
 
     #[getter]
     fn closed(&self) -> bool {
-        self.loaded.lock().unwrap().is_none()
+        crate::sync::lock(&self.loaded).is_none()
     }
 
     /// Destroy the kernel and module now; later calls do nothing.
     fn close(&self, py: Python<'_>) {
-        let taken = self.loaded.lock().unwrap().take();
+        let taken = crate::sync::lock(&self.loaded).take();
         py.detach(|| drop(taken));
     }
 
@@ -116,6 +114,7 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
 
 #[allow(clippy::too_many_arguments)]
 fn load_request(
+    py: Python<'_>,
     binary: Vec<u8>,
     kernel_name: String,
     build_flags: String,
@@ -140,7 +139,7 @@ fn load_request(
         cache_dir,
         spill_threshold,
         isolated,
-        timeout: timeout_of(timeout)?,
+        timeout: timeout_of(py, timeout)?,
         speculative,
     })
 }
@@ -170,6 +169,7 @@ pub fn compile_and_load(
     speculative: Option<bool>,
 ) -> PyResult<LoadedKernel> {
     let req = load_request(
+        py,
         binary,
         kernel_name,
         build_flags,
@@ -183,7 +183,9 @@ pub fn compile_and_load(
         timeout,
         speculative,
     )?;
-    match interruptible(py, |cancel| crate::ze::load::compile_and_load(&req, cancel))? {
+    let outcome = interruptible(py, |cancel| crate::ze::load::compile_and_load(&req, cancel));
+    emit_warnings(py);
+    match outcome? {
         Ok(loaded) => Ok(loaded_kernel(py, loaded)),
         Err(f) => Err(to_pyerr(py, *f)),
     }
@@ -203,6 +205,7 @@ pub fn compile_and_load_many(
         .iter()
         .map(|d| {
             load_request(
+                py,
                 field(d, "binary")?.extract()?,
                 field(d, "kernel_name")?.extract()?,
                 field(d, "build_flags")?.extract()?,

@@ -183,29 +183,38 @@ pub(crate) fn to_pyerr(py: Python<'_>, f: Failure) -> PyErr {
 
 /// Run `work` on another thread with the GIL released, checking for Ctrl-C meanwhile;
 /// on a signal, `cancel` is raised so running compilers are killed, and the signal's
-/// exception propagates.
+/// exception propagates. A panic in `work` (a bug of ours) is an `InternalError`: the wait
+/// ends however the work ends.
 pub(crate) fn interruptible<T: Send>(
     py: Python<'_>,
     work: impl FnOnce(&AtomicBool) -> T + Send,
 ) -> PyResult<T> {
     let cancel = AtomicBool::new(false);
     let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
-    std::thread::scope(|scope| {
+    /// Says "done" when dropped: after the work returns or while it unwinds.
+    struct Done<'a>(&'a (std::sync::Mutex<bool>, std::sync::Condvar));
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            *crate::sync::lock(&self.0 .0) = true;
+            self.0 .1.notify_all();
+        }
+    }
+    let out = std::thread::scope(|scope| {
         let handle = scope.spawn(|| {
-            let out = work(&cancel);
-            *done.0.lock().unwrap() = true;
-            done.1.notify_all();
-            out
+            let _done = Done(&done);
+            crate::sync::catch("the compile engine", || work(&cancel))
         });
         let mut interrupted = None;
         // Wake at once when the work ends; every 20 ms otherwise, to look for Ctrl-C.
         let finished = || {
-            let guard = done.0.lock().unwrap();
-            let (guard, _) = done
+            let guard = crate::sync::lock(&done.0);
+            match done
                 .1
                 .wait_timeout_while(guard, Duration::from_millis(20), |d| !*d)
-                .unwrap();
-            *guard
+            {
+                Ok((guard, _)) => *guard,
+                Err(poisoned) => *poisoned.into_inner().0,
+            }
         };
         while !py.detach(finished) {
             if interrupted.is_none() {
@@ -215,14 +224,42 @@ pub(crate) fn interruptible<T: Send>(
                 }
             }
         }
-        let out = py.detach(|| handle.join()).map_err(|_| {
-            PyErr::new::<pyo3::exceptions::PyRuntimeError, _>("compile worker panicked")
-        })?;
-        match interrupted {
-            Some(e) => Err(e),
-            None => Ok(out),
+        let joined = py.detach(|| handle.join());
+        (joined, interrupted)
+    });
+    match out {
+        (_, Some(e)) => Err(e),
+        (Ok(Ok(value)), None) => Ok(value),
+        (Ok(Err(error)), None) => Err(to_pyerr(py, error.into())),
+        (Err(_), None) => Err(to_pyerr(
+            py,
+            crate::error::BuildError::new(
+                crate::error::ErrorKind::Internal,
+                "the compile engine's thread ended abnormally (a bug in xpu-zebin)",
+            )
+            .into(),
+        )),
+    }
+}
+
+/// Log the engine's pending warnings (said once each) on the `xpu_zebin` logger.
+pub(crate) fn emit_warnings(py: Python<'_>) {
+    let warnings = crate::diag::take();
+    if warnings.is_empty() {
+        return;
+    }
+    let logged = (|| -> PyResult<()> {
+        let logger = py
+            .import("logging")?
+            .call_method1("getLogger", ("xpu_zebin",))?;
+        for w in &warnings {
+            logger.call_method1("warning", ("%s", w))?;
         }
-    })
+        Ok(())
+    })();
+    if let Err(e) = logged {
+        e.write_unraisable(py, None);
+    }
 }
 
 /// One key of a batch request dict (the Python side fills in every key).
@@ -257,7 +294,9 @@ pub(crate) fn run_batch<T: Send>(
             });
         }
     };
-    let outcomes = interruptible(py, |cancel| run(jobs, cancel, &on_done))?;
+    let outcomes = interruptible(py, |cancel| run(jobs, cancel, &on_done));
+    emit_warnings(py);
+    let outcomes = outcomes?;
     outcomes
         .into_iter()
         .map(|r| match r {
@@ -267,14 +306,13 @@ pub(crate) fn run_batch<T: Send>(
         .collect()
 }
 
-pub(crate) fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    match timeout {
-        Some(t) if !t.is_finite() || t < 0.0 => Err(pyo3::exceptions::PyValueError::new_err(
-            format!("timeout must be a non-negative number of seconds, got {t}"),
-        )),
-        Some(t) => Ok(Some(Duration::from_secs_f64(t))),
-        None => Ok(None),
-    }
+/// `timeout=` seconds (0: no limit); out of range (negative, not finite, over 1e9 s) is an
+/// `InvalidArgumentError`.
+pub(crate) fn timeout_of(py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    timeout
+        .map(|t| crate::knobs::seconds_argument("timeout", t))
+        .transpose()
+        .map_err(|e| to_pyerr(py, e.into()))
 }
 
 /// The error kinds as (name, description) pairs.

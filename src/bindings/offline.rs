@@ -1,6 +1,8 @@
 //! The offline engine's bindings: `compile`, `compile_many` and the SPIR-V/zebin helpers.
 
-use super::{attempts, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt};
+use super::{
+    attempts, emit_warnings, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt,
+};
 use crate::engine::{self, CompileRequest, Compiled};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -123,6 +125,7 @@ fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
 
 #[allow(clippy::too_many_arguments)]
 fn request(
+    py: Python<'_>,
     spirv: Vec<u8>,
     device: String,
     build_flags: String,
@@ -136,7 +139,7 @@ fn request(
     spill_threshold: u64,
     speculative: Option<bool>,
 ) -> PyResult<CompileRequest> {
-    let timeout = timeout_of(timeout)?;
+    let timeout = timeout_of(py, timeout)?;
     Ok(CompileRequest {
         spirv,
         device,
@@ -175,6 +178,7 @@ pub fn compile(
     speculative: Option<bool>,
 ) -> PyResult<CompileResult> {
     let req = request(
+        py,
         spirv,
         device,
         build_flags,
@@ -188,7 +192,9 @@ pub fn compile(
         spill_threshold,
         speculative,
     )?;
-    match interruptible(py, |cancel| engine::compile(&req, cancel))? {
+    let outcome = interruptible(py, |cancel| engine::compile(&req, cancel));
+    emit_warnings(py);
+    match outcome? {
         Ok(c) => Ok(to_result(py, c)),
         Err(f) => Err(to_pyerr(py, *f)),
     }
@@ -208,6 +214,7 @@ pub fn compile_many(
         .iter()
         .map(|d| {
             request(
+                py,
                 field(d, "spirv")?.extract()?,
                 field(d, "device")?.extract()?,
                 field(d, "build_flags")?.extract()?,

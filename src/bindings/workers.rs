@@ -3,13 +3,26 @@
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
-/// Let the engine start persistent compiler workers with this interpreter and path.
+/// Let the engine start persistent compiler workers with this interpreter and path; at
+/// import, with the GIL held: a simulated device's driver keys go into the environment
+/// now, never while builds run.
 #[pyfunction]
 pub fn configure_workers(executable: PathBuf, pythonpath: String) {
     crate::pool::configure(crate::pool::PythonRuntime {
         executable,
         pythonpath,
     });
+    // Its error (no temp dir) is the Level Zero runtime's error at first use.
+    if std::env::var_os(crate::ze::SIMULATED_DEVICE_ENV).is_some() {
+        let _ = crate::ze::prepare_simulation();
+    }
+}
+
+/// A boolean `XPU_ZEBIN_*` knob, parsed as the engine parses every knob: `default` when
+/// unset, `InvalidArgumentError` naming the variable when it holds something else.
+#[pyfunction]
+pub fn bool_knob(py: Python<'_>, name: &str, default: bool) -> PyResult<bool> {
+    crate::knobs::bool_knob(name, default).map_err(|e| super::to_pyerr(py, e.into()))
 }
 
 /// A worker process's main loop: `python -m xpu_zebin._worker ocloc LIBOCLOC` or

@@ -281,6 +281,14 @@ pub fn isolated(
             )
             .with_log(chatter))
         }
+        pool::Reply::Garbled { why, chatter } => Err(BuildError::new(
+            ErrorKind::CompilerCrash,
+            format!(
+                "the Level Zero worker answered garbage ({why}) for '{kernel_name}'; it was \
+                 killed and will be replaced, and this process is unaffected"
+            ),
+        )
+        .with_log(chatter)),
         pool::Reply::TimedOut { seconds, chatter } => Err(BuildError::new(
             ErrorKind::Timeout,
             format!(

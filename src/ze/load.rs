@@ -8,7 +8,7 @@
 use super::build::{self, Built, Isolated};
 use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
 use crate::cache::{self, Cache, Lookup};
-use crate::engine::{effective_timeout, Attempt, Failure};
+use crate::engine::{check_request, effective_timeout, Attempt, Failure};
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, GrfMode};
 use crate::ladder::{self, Choice, Speculation};
@@ -95,6 +95,11 @@ struct CachedLoad {
 
 /// Check the input before any byte reaches the driver (random bytes end the process there).
 fn validate(req: &LoadRequest) -> Result<()> {
+    check_request(&[
+        ("build_flags", &req.build_flags),
+        ("kernel_name", &req.kernel_name),
+        ("device_arch", req.device_arch.as_deref().unwrap_or("")),
+    ])?;
     if req.is_spv {
         spirv::validate(&req.binary)?.select_kernel(Some(&req.kernel_name))?;
     } else {
@@ -123,31 +128,31 @@ fn device_cache(req: &LoadRequest, device: &DeviceInfo, what: &[&[u8]]) -> (Cach
     (Cache::open(req.cache_dir.as_deref()), key)
 }
 
-/// Loading a handed native binary in a worker before this process does. With the cache on,
-/// a binary that loaded there is remembered (per bytes, kernel, flags, device and driver),
-/// so each is tried once, not once per process.
-struct NativeTrial {
-    device: usize,
-    remembered: Option<(Cache, String)>,
+/// Loading a native binary this process did not build (handed in, or read from a cache
+/// that others may write) in a worker before this process does. A binary that loaded there
+/// is remembered on this host (`trusted.rs`, per bytes, kernel, flags, device and driver),
+/// so each is tried once, not once per process; `remember` false (the cache off) tries it
+/// every time.
+struct NativeTrial<'a> {
+    device_index: usize,
+    device: &'a DeviceInfo,
+    remember: bool,
 }
 
-fn native_trial(req: &LoadRequest, device: &DeviceInfo) -> NativeTrial {
-    let remembered = req.cache.then(|| {
-        let what: &[&[u8]] = &[
-            b"ze-native-loads-v1",
-            &req.binary,
-            req.kernel_name.as_bytes(),
-            req.build_flags.as_bytes(),
-        ];
-        device_cache(req, device, what)
-    });
-    NativeTrial {
-        device: req.device,
-        remembered,
+impl NativeTrial<'_> {
+    fn key(&self, name: &str, native: &[u8], flags: &str) -> String {
+        let id = self.device.device_id.to_le_bytes();
+        cache::key(&[
+            b"ze-native-loads-v2",
+            native,
+            name.as_bytes(),
+            flags.as_bytes(),
+            self.device.name.as_bytes(),
+            &id,
+            self.device.driver.as_bytes(),
+        ])
     }
-}
 
-impl NativeTrial {
     fn run(
         &self,
         name: &str,
@@ -156,16 +161,31 @@ impl NativeTrial {
         timeout: Option<Duration>,
         cancel: &[&AtomicBool],
     ) -> Result<()> {
-        if let Some((cache, key)) = &self.remembered {
-            if let Lookup::Hit((), _) = cache.get::<()>(key) {
-                return Ok(());
-            }
+        let key = self.remember.then(|| self.key(name, native, flags));
+        if key.as_deref().is_some_and(crate::trusted::known) {
+            return Ok(());
         }
-        build::isolated(self.device, name, native, false, flags, timeout, cancel)?;
-        if let Some((cache, key)) = &self.remembered {
-            let _ = cache.put(key, &(), &[]); // unremembered, it is only tried again
+        build::isolated(
+            self.device_index,
+            name,
+            native,
+            false,
+            flags,
+            timeout,
+            cancel,
+        )?;
+        if let Some(key) = key {
+            crate::trusted::remember(&key);
         }
         Ok(())
+    }
+
+    /// This host's driver built `native` just now: it needs no trial when it comes back
+    /// from the cache.
+    fn vouch(&self, name: &str, native: &[u8], flags: &str) {
+        if self.remember {
+            crate::trusted::remember(&self.key(name, native, flags));
+        }
     }
 }
 
@@ -211,7 +231,7 @@ pub fn compile_and_load_many(
         cancel,
         on_done,
         |r, may_speculate| load_inner(r, cancel, may_speculate),
-        || Err(BuildError::new(ErrorKind::Cancelled, "cancelled before it started").into()),
+        |e| Err(e.into()),
     )
 }
 
@@ -221,6 +241,7 @@ fn load_inner(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> LoadOutcome {
     validate(req)?;
+    let timeout = effective_timeout(req.timeout)?;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
     let arch = req
@@ -246,17 +267,38 @@ fn load_inner(
         ];
         device_cache(req, &device, what)
     });
+    let trial = NativeTrial {
+        device_index: req.device,
+        device: &device,
+        remember: req.cache,
+    };
     if let Some((cache, key)) = &cached {
         match cache.get::<CachedLoad>(key) {
             Lookup::Hit(meta, native) => {
-                match build::in_process(
-                    rt,
-                    req.device,
-                    &req.kernel_name,
-                    &native,
-                    false,
-                    &meta.build_flags,
-                ) {
+                // A cache entry is untrusted input (a shared cache, a neighbour, a torn
+                // disk): its binary loads here only once it has loaded in a worker.
+                let tried = if req.isolated {
+                    trial.run(
+                        &req.kernel_name,
+                        &native,
+                        &meta.build_flags,
+                        timeout,
+                        &[cancel],
+                    )
+                } else {
+                    Ok(())
+                };
+                let loaded = tried.and_then(|()| {
+                    build::in_process(
+                        rt,
+                        req.device,
+                        &req.kernel_name,
+                        &native,
+                        false,
+                        &meta.build_flags,
+                    )
+                });
+                match loaded {
                     Ok(built) => {
                         let mut loaded = finish(rt, req, built, meta.build_flags)?;
                         loaded.attempts = meta.attempts;
@@ -275,7 +317,6 @@ fn load_inner(
         }
     }
 
-    let timeout = effective_timeout(req.timeout);
     let (chosen, built, attempts, mut notes) = if req.is_spv && req.isolated {
         let speculation = Speculation::choose(req.speculative, req.binary.len(), may_speculate);
         let Choice {
@@ -313,6 +354,7 @@ fn load_inner(
             flags,
         ) {
             Ok(mut built) => {
+                trial.vouch(&req.kernel_name, &isolated.native, flags);
                 built.log = isolated.log;
                 (chosen, built, attempts, notes)
             }
@@ -332,7 +374,7 @@ fn load_inner(
         // In this process: a native binary (no IGC), or SPIR-V with isolation turned off.
         // A native binary this process is handed loads in a worker first (it can end the
         // process that loads it), unless one already loaded these bytes on this device.
-        let trial = (!req.is_spv && req.isolated).then(|| native_trial(req, &device));
+        let trial = (!req.is_spv && req.isolated).then_some(&trial);
         let choice = ladder::run(
             &ladder,
             req.spill_threshold,

@@ -83,29 +83,87 @@ extern "C" fn remove_simulation_dir() {
 /// the caller's temp dir, removed when the caller exits, even if a worker is killed.
 const WORKER_AUB_DIR_ENV: &str = "XPU_ZEBIN_WORKER_AUB_DIR";
 
+/// The simulated product (`XPU_ZEBIN_SIMULATED_DEVICE`) this process set up, once.
+static SIMULATION: OnceLock<std::result::Result<Option<String>, BuildError>> = OnceLock::new();
+
+/// Set up the simulated device if `XPU_ZEBIN_SIMULATED_DEVICE` asks for one: the driver
+/// reads its debug keys from the environment in `zeInit`, so they are put there once:
+/// when the package is imported if the variable is set by then (the bindings call this
+/// with the GIL held, before any build thread of ours exists), else before the driver is
+/// first opened. Never while builds run.
+pub fn prepare_simulation() -> std::result::Result<Option<String>, BuildError> {
+    SIMULATION
+        .get_or_init(|| {
+            let product = std::env::var(SIMULATED_DEVICE_ENV)
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty());
+            if let Some(product) = &product {
+                enable_simulation(product)?;
+            }
+            Ok(product)
+        })
+        .clone()
+}
+
+/// A private directory for this process's capture files: `aub/<pid>-*` in the package's
+/// private directory, where those of processes that died (SIGKILL skips `atexit`) are
+/// removed by the next one, so they do not pile up.
+fn capture_dir() -> Result<tempfile::TempDir> {
+    let made = match crate::private::subdir("aub") {
+        Ok(aub) => {
+            sweep_dead_captures(&aub);
+            tempfile::Builder::new()
+                .prefix(&format!("{}-", std::process::id()))
+                .tempdir_in(aub)
+        }
+        Err(why) => {
+            crate::diag::warn_once("aub", format!("simulated-device captures: {why}"));
+            tempfile::Builder::new().prefix("xpu-zebin-aub-").tempdir()
+        }
+    };
+    made.map_err(|e| {
+        no_device(format!(
+            "cannot create the simulated device's temp dir: {e}"
+        ))
+    })
+}
+
+fn sweep_dead_captures(aub: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(aub) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<libc::pid_t>().ok());
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        if pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } != 0)
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Put the driver's debug keys for a simulated device into the environment, once, before
-/// the loader is opened. The AUB capture file lives in a temp dir removed at exit.
+/// the loader is opened. The AUB capture file lives in a private dir removed at exit.
 fn enable_simulation(product: &str) -> Result<()> {
     let capture = match std::env::var_os(WORKER_AUB_DIR_ENV) {
         Some(dir) => PathBuf::from(dir).join(format!("worker-{}.aub", std::process::id())),
         None => {
-            let dir = tempfile::Builder::new()
-                .prefix("xpu-zebin-aub-")
-                .tempdir()
-                .map_err(|e| {
-                    no_device(format!(
-                        "cannot create the simulated device's temp dir: {e}"
-                    ))
-                })?;
+            let dir = capture_dir()?;
             let capture = dir.path().join("capture.aub");
-            *SIMULATION_DIR.lock().unwrap() = Some(dir);
+            *crate::sync::lock(&SIMULATION_DIR) = Some(dir);
             // SAFETY: registers a plain extern "C" function with no captured state.
             unsafe { libc::atexit(remove_simulation_dir) };
             capture
         }
     };
-    // These variables are read by the driver in zeInit; set before any thread of ours uses
-    // Level Zero (this runs under RUNTIME's one-time initialisation).
+    // These variables are read by the driver in zeInit; set once, before any thread of ours
+    // uses Level Zero (see `prepare_simulation`).
     for (key, value) in [
         ("NEOReadDebugKeys", "1"),
         ("SetCommandStreamReceiver", "1"),
@@ -126,7 +184,7 @@ fn enable_simulation(product: &str) -> Result<()> {
 /// Environment for this process's Level Zero workers: they open the same driver with the
 /// same settings (inherited), and keep simulated-device captures in this process's dir.
 pub fn worker_env() -> Vec<(OsString, OsString)> {
-    match SIMULATION_DIR.lock().unwrap().as_ref() {
+    match crate::sync::lock(&SIMULATION_DIR).as_ref() {
         Some(dir) => vec![(WORKER_AUB_DIR_ENV.into(), dir.path().as_os_str().to_owned())],
         None => Vec::new(),
     }
@@ -144,13 +202,7 @@ fn check(api_result: ffi::ze_result_t, what: &str) -> Result<()> {
 }
 
 fn init() -> Result<Runtime> {
-    let simulated = std::env::var(SIMULATED_DEVICE_ENV)
-        .ok()
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty());
-    if let Some(product) = &simulated {
-        enable_simulation(product)?;
-    }
+    let simulated = prepare_simulation()?;
     let api = Api::load(LOADER).map_err(|e| {
         BuildError::new(
             ErrorKind::ToolchainMissing,

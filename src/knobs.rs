@@ -1,0 +1,203 @@
+//! Environment knobs: one parser for every `XPU_ZEBIN_*` value (booleans, byte counts,
+//! durations), so a bad value is an error naming the variable and what it holds, never a
+//! silent default, a panic, or a deadline in the year 10^12.
+//!
+//! Every request starts with [`check`]: a bad knob fails the request at once with
+//! `invalid_argument`. Code that reads a knob later (a worker, eviction) then reads a
+//! value known to parse; where it cannot fail, it falls back to the default.
+
+use crate::error::{BuildError, ErrorKind, Result};
+use std::time::Duration;
+
+/// The longest duration any knob or argument may hold: about 31 years. Longer is a typo
+/// (or `inf`); 0 is how "no limit" is said where a limit can be turned off.
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// What a knob holds, for its parser and its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    Bytes,
+    Seconds,
+    /// Any non-empty text (a path, a product name).
+    Text,
+}
+
+/// Every knob the package reads, with what it holds.
+pub const KNOBS: &[(&str, Kind)] = &[
+    ("XPU_ZEBIN_TIMEOUT", Kind::Seconds),
+    ("XPU_ZEBIN_CACHE_MAX_BYTES", Kind::Bytes),
+    ("XPU_ZEBIN_PERSISTENT", Kind::Bool),
+    ("XPU_ZEBIN_ISOLATED", Kind::Bool),
+    ("XPU_ZEBIN_WORKER_IDLE_SECONDS", Kind::Seconds),
+    ("XPU_ZEBIN_WORKER_RETRY_SECONDS", Kind::Seconds),
+    ("XPU_ZEBIN_OCLOC", Kind::Text),
+    ("XPU_ZEBIN_CACHE_DIR", Kind::Text),
+    ("XPU_ZEBIN_CORE_SLOTS_DIR", Kind::Text),
+    ("XPU_ZEBIN_SIMULATED_DEVICE", Kind::Text),
+];
+
+fn bad(name: &str, value: &str, expected: &str) -> BuildError {
+    BuildError::new(
+        ErrorKind::InvalidArgument,
+        format!("{name}={value:?} is not valid: expected {expected}"),
+    )
+}
+
+const BOOL_EXPECTED: &str = "a boolean: 1, true, yes, on or 0, false, no, off";
+const BYTES_EXPECTED: &str = "a whole number of bytes (0 to 18446744073709551615)";
+const SECONDS_EXPECTED: &str = "seconds, a finite number from 0 to 1e9";
+
+/// `1/true/yes/on` or `0/false/no/off`, any case, surrounding blanks ignored.
+pub fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    // `u64::from_str` takes a leading '+'; a byte count is plain digits.
+    (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| t.parse().ok())
+        .flatten()
+}
+
+/// A duration from a number of seconds: finite, not negative, at most [`MAX_SECONDS`].
+pub fn seconds(value: f64) -> Option<Duration> {
+    (value.is_finite() && (0.0..=MAX_SECONDS).contains(&value))
+        .then(|| Duration::try_from_secs_f64(value).ok())
+        .flatten()
+}
+
+pub fn parse_seconds(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    // Rust's float parser takes "inf", "nan" and "infinity": `seconds` rejects them.
+    t.parse::<f64>().ok().and_then(seconds)
+}
+
+/// A duration argument (Python's `timeout=`): the same rule, as an `invalid_argument`.
+pub fn seconds_argument(name: &str, value: f64) -> Result<Duration> {
+    seconds(value).ok_or_else(|| {
+        BuildError::new(
+            ErrorKind::InvalidArgument,
+            format!("{name}={value} is not valid: expected {SECONDS_EXPECTED} (0: no limit)"),
+        )
+    })
+}
+
+/// A text argument handed to a compiler (build flags, a device or kernel name): C strings
+/// end at the first NUL, so one would silently cut what the compiler sees.
+pub fn text_argument(name: &str, value: &str) -> Result<()> {
+    match value.find('\0') {
+        None => Ok(()),
+        Some(at) => Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{name} holds a NUL character at position {at}: the compiler would see only {:?}",
+                &value[..at]
+            ),
+        )),
+    }
+}
+
+/// The variable's text: `None` when unset or blank (the default applies).
+fn raw(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad(name, &v.to_string_lossy(), "text that is valid UTF-8"))
+        }
+    }
+}
+
+fn check_one(name: &str, kind: Kind) -> Result<()> {
+    let Some(text) = raw(name)? else {
+        return Ok(());
+    };
+    let ok = match kind {
+        Kind::Bool => parse_bool(&text).is_some(),
+        Kind::Bytes => parse_bytes(&text).is_some(),
+        Kind::Seconds => parse_seconds(&text).is_some(),
+        Kind::Text => !text.contains('\0'),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(bad(
+        name,
+        &text,
+        match kind {
+            Kind::Bool => BOOL_EXPECTED,
+            Kind::Bytes => BYTES_EXPECTED,
+            Kind::Seconds => SECONDS_EXPECTED,
+            Kind::Text => "text without NUL",
+        },
+    ))
+}
+
+/// Every knob set now parses; the first that does not is the error.
+pub fn check() -> Result<()> {
+    KNOBS
+        .iter()
+        .try_for_each(|&(name, kind)| check_one(name, kind))
+}
+
+/// A boolean knob: its value, `default` when unset; `Err` when it does not parse.
+pub fn bool_knob(name: &str, default: bool) -> Result<bool> {
+    match raw(name)? {
+        None => Ok(default),
+        Some(t) => parse_bool(&t).ok_or_else(|| bad(name, &t, BOOL_EXPECTED)),
+    }
+}
+
+/// A byte-count knob: its value, `default` when unset; `Err` when it does not parse.
+pub fn bytes_knob(name: &str, default: u64) -> Result<u64> {
+    match raw(name)? {
+        None => Ok(default),
+        Some(t) => parse_bytes(&t).ok_or_else(|| bad(name, &t, BYTES_EXPECTED)),
+    }
+}
+
+/// A duration knob: its value, `default` when unset; `Err` when it does not parse.
+pub fn seconds_knob(name: &str, default: Duration) -> Result<Duration> {
+    match raw(name)? {
+        None => Ok(default),
+        Some(t) => parse_seconds(&t).ok_or_else(|| bad(name, &t, SECONDS_EXPECTED)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_reject_what_would_overflow_or_mean_nothing() {
+        for t in [
+            "inf", "-inf", "nan", "NaN", "infinity", "1e20", "-5", "abc", "", "1e9.5", "0x10",
+        ] {
+            assert_eq!(parse_seconds(t), None, "{t}");
+        }
+        assert_eq!(parse_seconds(" 0 "), Some(Duration::ZERO));
+        assert_eq!(parse_seconds("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_seconds("1e9"),
+            Some(Duration::from_secs(1_000_000_000))
+        );
+    }
+
+    #[test]
+    fn booleans_and_bytes() {
+        assert_eq!(parse_bool(" YES "), Some(true));
+        assert_eq!(parse_bool("off"), Some(false));
+        assert_eq!(parse_bool("2"), None);
+        assert_eq!(parse_bytes("+5"), None);
+        assert_eq!(parse_bytes("-1"), None);
+        assert_eq!(parse_bytes("18446744073709551616"), None);
+        assert_eq!(parse_bytes(" 1024 "), Some(1024));
+    }
+}

@@ -1,0 +1,209 @@
+//! Property tests of every reader of untrusted bytes: SPIR-V, zebins and their `.ze_info`,
+//! cache entries, worker frames. Whatever the input, each returns (an error or a value):
+//! no panic, no abort, no allocation sized by a number in the input. Fixed budget per
+//! property (`PROPTEST_CASES` raises it), so CI time stays bounded.
+
+use proptest::prelude::*;
+use rspirv::binary::Assemble;
+use rspirv::spirv;
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A small, valid OpenCL kernel module, words.
+fn kernel_module() -> Vec<u32> {
+    let mut b = rspirv::dr::Builder::new();
+    b.set_version(1, 2);
+    b.capability(spirv::Capability::Kernel);
+    b.capability(spirv::Capability::Addresses);
+    b.memory_model(
+        spirv::AddressingModel::Physical64,
+        spirv::MemoryModel::OpenCL,
+    );
+    let void = b.type_void();
+    let int = b.type_int(32, 0);
+    let fn_type = b.type_function(void, vec![]);
+    let f = b
+        .begin_function(void, None, spirv::FunctionControl::NONE, fn_type)
+        .unwrap();
+    b.begin_block(None).unwrap();
+    let one = b.constant_bit32(int, 1);
+    b.i_add(int, None, one, one).unwrap();
+    b.ret().unwrap();
+    b.end_function().unwrap();
+    b.entry_point(spirv::ExecutionModel::Kernel, f, "k", vec![]);
+    b.module().assemble()
+}
+
+fn bytes_of(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// A minimal ELF64 zebin: `.text.k`, `.symtab`, and `.ze_info` holding `ze_info`.
+fn zebin_with(ze_info: &[u8]) -> Vec<u8> {
+    let names = b"\0.text.k\0.symtab\0.ze_info\0.shstrtab\0";
+    let (text, symtab, info, shstr) = (1u32, 9u32, 17u32, 26u32);
+    let mut data = Vec::new();
+    let text_off = 64usize;
+    data.extend_from_slice(&[0u8; 64]);
+    data.extend_from_slice(&[0u8; 16]); // .text.k
+    let symtab_off = data.len();
+    data.extend_from_slice(&[0u8; 24]); // one null symbol
+    let info_off = data.len();
+    data.extend_from_slice(ze_info);
+    let names_off = data.len();
+    data.extend_from_slice(names);
+    while data.len() % 8 != 0 {
+        data.push(0);
+    }
+    let sh_off = data.len();
+    let section =
+        |out: &mut Vec<u8>, name: u32, kind: u32, off: usize, size: usize, entsize: u64| {
+            out.extend_from_slice(&name.to_le_bytes());
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // flags
+            out.extend_from_slice(&0u64.to_le_bytes()); // addr
+            out.extend_from_slice(&(off as u64).to_le_bytes());
+            out.extend_from_slice(&(size as u64).to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes()); // link
+            out.extend_from_slice(&0u32.to_le_bytes()); // info
+            out.extend_from_slice(&8u64.to_le_bytes()); // align
+            out.extend_from_slice(&entsize.to_le_bytes());
+        };
+    data.extend_from_slice(&[0u8; 64]); // null section
+    section(&mut data, text, 1, text_off, 16, 0);
+    section(&mut data, symtab, 2, symtab_off, 24, 24);
+    section(&mut data, info, 0xff00_0001, info_off, ze_info.len(), 0);
+    section(&mut data, shstr, 3, names_off, names.len(), 0);
+    let mut h = [0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2; // 64-bit
+    h[5] = 1; // little-endian
+    h[6] = 1;
+    h[16..18].copy_from_slice(&1u16.to_le_bytes()); // ET_REL
+    h[18..20].copy_from_slice(&0xcdu16.to_le_bytes()); // Intel GEN
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    h[40..48].copy_from_slice(&(sh_off as u64).to_le_bytes());
+    h[52..54].copy_from_slice(&64u16.to_le_bytes());
+    h[58..60].copy_from_slice(&64u16.to_le_bytes());
+    h[60..62].copy_from_slice(&5u16.to_le_bytes()); // sections
+    h[62..64].copy_from_slice(&4u16.to_le_bytes()); // .shstrtab index
+    data[..64].copy_from_slice(&h);
+    data
+}
+
+const ZE_INFO: &str = "version: '1.20'\nkernels:\n  - name: k\n    execution_env:\n      grf_count: 128\n      simd_size: 32\n      spill_size: 64\n    per_thread_memory_buffers:\n      - type: scratch\n        usage: spill_fill_space\n        size: 64\n";
+
+#[test]
+fn the_fixtures_are_what_they_claim() {
+    let info = xpu_zebin::spirv::validate(&bytes_of(&kernel_module())).unwrap();
+    assert_eq!(info.kernels, vec!["k".to_string()]);
+    let zebin = xpu_zebin::zebin::parse(&zebin_with(ZE_INFO.as_bytes())).unwrap();
+    assert_eq!(zebin.kernels[0].spill_size, Some(64));
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn spirv_validation_never_panics_on_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = xpu_zebin::spirv::validate(&bytes);
+    }
+
+    #[test]
+    fn spirv_validation_never_panics_on_mutated_modules(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u32>()), 1..6),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let mut words = kernel_module();
+        for (at, value) in edits {
+            let i = at.index(words.len());
+            words[i] = value; // the header's id bound included
+        }
+        if truncate {
+            words.truncate(cut.index(words.len() + 1));
+        }
+        if let Ok(info) = xpu_zebin::spirv::validate(&bytes_of(&words)) {
+            prop_assert!(!info.kernels.is_empty());
+        }
+    }
+
+    #[test]
+    fn zebin_reading_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        let mut elf = b"\x7fELF\x02\x01\x01".to_vec();
+        elf.extend_from_slice(&bytes);
+        let _ = xpu_zebin::zebin::parse(&elf);
+        let _ = xpu_zebin::zebin::parse(&bytes);
+    }
+
+    #[test]
+    fn zebin_reading_never_panics_on_mutated_zebins(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut zebin = zebin_with(ZE_INFO.as_bytes());
+        for (at, value) in edits {
+            let i = at.index(zebin.len());
+            zebin[i] = value;
+        }
+        let _ = xpu_zebin::zebin::parse(&zebin);
+    }
+
+    #[test]
+    fn ze_info_reading_never_panics(
+        text in "(version|kernels|name|execution_env|grf_count|spill_size|size|type|scratch|per_thread_memory_buffers|[-:'\\[\\]{}&*!|>0-9 \n])*",
+        sizes in proptest::collection::vec(any::<u64>(), 0..4),
+    ) {
+        let _ = xpu_zebin::zebin::parse(&zebin_with(text.as_bytes()));
+        // Sizes that overflow when summed.
+        let mut yaml = String::from("version: '1.20'\nkernels:\n  - name: k\n    per_thread_memory_buffers:\n");
+        for s in sizes {
+            yaml.push_str(&format!("      - type: scratch\n        size: {s}\n"));
+        }
+        let _ = xpu_zebin::zebin::parse(&zebin_with(yaml.as_bytes()));
+    }
+
+    #[test]
+    fn cache_entries_decode_or_are_refused(
+        meta in ".*",
+        binary in proptest::collection::vec(any::<u8>(), 0..256),
+        flip in any::<prop::sample::Index>(),
+        junk in proptest::collection::vec(any::<u8>(), 0..256),
+    ) {
+        let mut entry = xpu_zebin::cache::encode(&meta, &binary).unwrap();
+        let (m, b) = xpu_zebin::cache::decode::<String>(&entry).unwrap();
+        prop_assert_eq!((m, b), (meta, binary));
+        let i = flip.index(entry.len());
+        entry[i] ^= 0x40;
+        prop_assert!(xpu_zebin::cache::decode::<String>(&entry).is_err());
+        let _ = xpu_zebin::cache::decode::<String>(&junk);
+    }
+
+    #[test]
+    fn worker_frames_round_trip_or_are_refused(
+        header in proptest::collection::vec(any::<u8>(), 0..128),
+        payload in proptest::collection::vec(any::<u8>(), 0..512),
+        junk in proptest::collection::vec(any::<u8>(), 0..64),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut wire = Vec::new();
+        xpu_zebin::pool::write_frame(&mut wire, &header, &payload).unwrap();
+        let got = xpu_zebin::pool::read_frame(&mut wire.as_slice()).unwrap().unwrap();
+        prop_assert_eq!(got, (header, payload));
+        let short = &wire[..cut.index(wire.len())];
+        prop_assert!(xpu_zebin::pool::read_frame(&mut &short[..]).map_or(true, |f| f.is_none()));
+        // Junk (a declared length of up to 2^64) is refused or read as what it holds.
+        let _ = xpu_zebin::pool::read_frame(&mut junk.as_slice());
+        let mut prefixed = b"XZF3".to_vec();
+        prefixed.extend_from_slice(&junk);
+        let _ = xpu_zebin::pool::read_frame(&mut prefixed.as_slice());
+    }
+}
