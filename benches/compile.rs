@@ -74,9 +74,16 @@ fn configure_worker_python() -> bool {
 
 fn benches(c: &mut Criterion) {
     let ocloc_path = ocloc::discover(None).expect("ocloc on PATH (scripts/install-toolchain.sh)");
-    let add = ocloc::opencl_to_spirv(&ocloc_path, ADD, "pvc", "").expect("add kernel SPIR-V");
-    let heavy = ocloc::opencl_to_spirv(&ocloc_path, &pressure_kernel(300), "pvc", "")
-        .expect("pressure kernel SPIR-V");
+    let add = ocloc::opencl_to_spirv(&ocloc_path, ADD, "pvc", "", &AtomicBool::new(false))
+        .expect("add kernel SPIR-V");
+    let heavy = ocloc::opencl_to_spirv(
+        &ocloc_path,
+        &pressure_kernel(300),
+        "pvc",
+        "",
+        &AtomicBool::new(false),
+    )
+    .expect("pressure kernel SPIR-V");
     let cancel = AtomicBool::new(false);
     let request = |spirv: &[u8]| CompileRequest {
         ocloc: Some(ocloc_path.clone()),

@@ -1,6 +1,9 @@
 //! Content-addressed native-binary cache.
 //!
-//! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | blake3(all before)`.
+//! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | checksum`, the
+//! checksum blake3 over the key and everything before it: an entry renamed onto another
+//! key (by anyone who may write the directory) fails it, so it never answers for another
+//! kernel.
 //! Writes go to a temp file in the same directory and are renamed into place, so readers in
 //! other processes see either nothing or a whole entry. A checksum mismatch means a torn or
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
@@ -13,7 +16,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-const MAGIC: &[u8; 8] = b"XZCACHE1";
+const MAGIC: &[u8; 8] = b"XZCACHE2";
 const CHECKSUM_BYTES: usize = 32;
 /// Environment variable for the cache directory (default: the user cache dir).
 pub const CACHE_DIR_ENV: &str = "XPU_ZEBIN_CACHE_DIR";
@@ -29,22 +32,24 @@ const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
 /// read into memory whole.
 pub const MAX_ENTRY_BYTES: u64 = 256 << 20;
 
-/// The cache directory: `$XPU_ZEBIN_CACHE_DIR`, else `$XDG_CACHE_HOME/xpu-zebin`, else
-/// `~/.cache/xpu-zebin`, else (no home) `cache` in the package's private temp directory.
-pub fn default_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| !d.is_empty())
+/// A path-valued variable, unset when empty or blank (as every knob is read).
+fn path_var(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.to_string_lossy().trim().is_empty())
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|h| !h.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
-        })
-        .map(|base| base.join("xpu-zebin"))
-        .unwrap_or_else(|| private::base().join("cache"))
+}
+
+/// The cache directory: `$XPU_ZEBIN_CACHE_DIR`, else `$XDG_CACHE_HOME/xpu-zebin`, else
+/// `~/.cache/xpu-zebin`, else (no home) `cache` in the package's private temp directory,
+/// made and checked as private (`Err` says why it cannot be used).
+pub fn default_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = path_var(CACHE_DIR_ENV) {
+        return Ok(dir);
+    }
+    match path_var("XDG_CACHE_HOME").or_else(|| path_var("HOME").map(|h| h.join(".cache"))) {
+        Some(base) => Ok(base.join("xpu-zebin")),
+        None => private::subdir("cache"),
+    }
 }
 
 fn max_bytes() -> u64 {
@@ -83,13 +88,16 @@ impl Cache {
     /// off for this request, said once as a warning: entries anyone may write are not
     /// trusted.
     pub fn open(dir: Option<&Path>) -> Cache {
-        let dir = dir
-            .map(Path::to_path_buf)
-            .unwrap_or_else(default_dir)
-            .join("zebin-v1");
-        let refused = match std::fs::symlink_metadata(&dir) {
-            Err(_) => None, // made by the first put, 0700
-            Ok(_) => private::check_dir(&dir, 0o002).err(),
+        let (dir, refused) = match dir.map(Path::to_path_buf).map_or_else(default_dir, Ok) {
+            Ok(base) => {
+                let dir = base.join("zebin-v1");
+                let refused = match std::fs::symlink_metadata(&dir) {
+                    Err(_) => None, // made by the first put, 0700
+                    Ok(_) => private::check_dir(&dir, 0o002).err(),
+                };
+                (dir, refused)
+            }
+            Err(why) => (private::base().join("cache").join("zebin-v1"), Some(why)),
         };
         if let Some(why) = &refused {
             crate::diag::warn_once(
@@ -167,7 +175,7 @@ impl Cache {
                 ))
             }
         };
-        match decode(&bytes) {
+        match decode(key, &bytes) {
             Ok((meta, binary)) => {
                 // Mark as recently used for eviction; failure to do so is harmless.
                 let _ = private::open_file(&path, true, false)
@@ -198,7 +206,7 @@ impl Cache {
                 .prefix(TEMP_PREFIX)
                 .tempfile_in(&self.dir)?;
             use std::io::Write;
-            tmp.write_all(&encode(meta, binary)?)?;
+            tmp.write_all(&encode(key, meta, binary)?)?;
             tmp.as_file().sync_data()?;
             tmp.persist(self.path(key)).map_err(|e| e.error)?;
             Ok(())
@@ -222,7 +230,7 @@ impl Cache {
             let Ok(modified) = m.modified() else {
                 continue;
             };
-            if path.extension().is_some_and(|x| x == "zeentry") {
+            if path.extension().is_some_and(|x| x == "zeentry") && m.file_type().is_file() {
                 files.push((modified, m.len(), path));
             } else if entry
                 .file_name()
@@ -233,7 +241,7 @@ impl Cache {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        let mut total = files.iter().fold(0u64, |t, f| t.saturating_add(f.1));
         if total <= self.max_bytes {
             return None;
         }
@@ -244,7 +252,7 @@ impl Cache {
                 break;
             }
             if std::fs::remove_file(&path).is_ok() {
-                total -= len;
+                total = total.saturating_sub(len);
                 removed += 1;
             }
         }
@@ -256,27 +264,36 @@ impl Cache {
 }
 
 /// The bytes of an entry holding `meta` and `binary`.
-pub fn encode<M: Serialize>(meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
+pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
     let meta = serde_json::to_vec(meta)?;
     let mut out = Vec::with_capacity(MAGIC.len() + 4 + meta.len() + binary.len() + CHECKSUM_BYTES);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
     out.extend_from_slice(&meta);
     out.extend_from_slice(binary);
-    let sum = blake3::hash(&out);
+    let sum = checksum(key, &out);
     out.extend_from_slice(sum.as_bytes());
     Ok(out)
 }
 
-/// An entry's metadata and binary; `Err` says why the bytes are not a whole entry.
-pub fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+/// An entry's metadata and binary; `Err` says why the bytes are not the whole entry of
+/// `key`.
+/// blake3 over the key, then the entry's body.
+fn checksum(key: &str, body: &[u8]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(key.as_bytes());
+    hasher.update(body);
+    hasher.finalize()
+}
+
+pub fn decode<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
     let head = MAGIC.len() + 4;
     if bytes.len() < head + CHECKSUM_BYTES || &bytes[..MAGIC.len()] != MAGIC {
         return Err("bad header".into());
     }
     let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
-    if blake3::hash(body).as_bytes() != sum {
-        return Err("checksum mismatch".into());
+    if checksum(key, body).as_bytes() != sum {
+        return Err("checksum mismatch (a torn, altered or renamed entry)".into());
     }
     let len = &body[MAGIC.len()..head];
     let meta_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
@@ -318,6 +335,16 @@ mod tests {
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert!(total <= 10_000, "{total}");
+    }
+
+    #[test]
+    fn an_entry_renamed_onto_another_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(Some(dir.path()));
+        cache.put("a", &"meta a".to_string(), b"binary a");
+        cache.put("b", &"meta b".to_string(), b"binary b");
+        std::fs::rename(cache.path("a"), cache.path("b")).unwrap();
+        assert!(matches!(cache.get::<String>("b"), Lookup::Corrupt(_)));
     }
 
     #[test]

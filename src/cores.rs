@@ -45,7 +45,7 @@ static HOST: LazyLock<Option<Slots>> = LazyLock::new(|| {
 /// The directory holding the slot files, made and checked as private.
 pub fn slots_dir() -> Result<PathBuf, String> {
     match std::env::var_os(SLOTS_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => {
+        Some(dir) if !dir.to_string_lossy().trim().is_empty() => {
             let dir = PathBuf::from(dir);
             private::ensure_dir(&dir).map(|()| dir)
         }

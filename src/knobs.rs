@@ -66,10 +66,15 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
 }
 
 /// A duration from a number of seconds: finite, not negative, at most [`MAX_SECONDS`].
+/// A positive value below a nanosecond is a nanosecond, never zero (which means no limit).
 pub fn seconds(value: f64) -> Option<Duration> {
     (value.is_finite() && (0.0..=MAX_SECONDS).contains(&value))
         .then(|| Duration::try_from_secs_f64(value).ok())
         .flatten()
+        .map(|d| match d.is_zero() && value > 0.0 {
+            true => Duration::from_nanos(1),
+            false => d,
+        })
 }
 
 pub fn parse_seconds(text: &str) -> Option<Duration> {

@@ -118,6 +118,19 @@ pub fn serve(libocloc: &Path) -> std::io::Result<()> {
             Ok(r) => r,
             Err(e) => return answer(-1, format!("bad request: {e}"), None),
         };
+        // C strings end at a NUL: an argument holding one would reach ocloc cut.
+        if request
+            .args
+            .iter()
+            .chain([&request.input_name])
+            .any(|a| a.contains('\0'))
+        {
+            return answer(
+                -1,
+                "bad request: an argument holds a NUL character".into(),
+                None,
+            );
+        }
         // libocloc reads in-memory OpenCL C as a C string: its length counts the terminator.
         if request.input_name.ends_with(".cl") {
             input.push(0);

@@ -58,7 +58,9 @@ pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(given) = explicit {
         return resolve(given, "the explicit argument");
     }
-    if let Some(env) = std::env::var_os(OCLOC_ENV).filter(|v| !v.is_empty()) {
+    if let Some(env) =
+        std::env::var_os(OCLOC_ENV).filter(|v| !v.to_string_lossy().trim().is_empty())
+    {
         return resolve(Path::new(&env), &format!("${OCLOC_ENV}"));
     }
     search_path("ocloc").ok_or_else(|| {
@@ -134,6 +136,7 @@ const MAX_OUTPUT_BYTES: u64 = 1 << 30;
 /// its process.
 fn spawn_in_own_group(command: &mut Command) -> std::io::Result<std::process::Child> {
     command.process_group(0);
+    pool::prefer_for_oom_kill(command);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the child between fork and exec and only calls prctl
     // and getppid, both async-signal-safe.
@@ -403,8 +406,10 @@ impl ExitWatch {
 
 /// One ocloc process for one job.
 pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
+    // The compiler could not run here at all: never a build failure of the input (which
+    // would drive the GRF ladder).
     let io = |what: &str, e: std::io::Error| {
-        BuildError::new(ErrorKind::BuildFailure, format!("{what}: {e}"))
+        missing(format!("the compiler cannot run here: {what}: {e}"))
     };
     let dir = tempfile::Builder::new()
         .prefix("xpu-zebin-job-")
@@ -465,8 +470,17 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     })
 }
 
-/// OpenCL C -> SPIR-V with `ocloc -spv_only` (samples and test fixtures).
-pub fn opencl_to_spirv(ocloc: &Path, source: &str, device: &str, options: &str) -> Result<Vec<u8>> {
+/// OpenCL C -> SPIR-V with `ocloc -spv_only` (samples and test fixtures), with the same
+/// checks, time limit and cancel as a compile.
+pub fn opencl_to_spirv(
+    ocloc: &Path,
+    source: &str,
+    device: &str,
+    options: &str,
+    cancel: &AtomicBool,
+) -> Result<Vec<u8>> {
+    crate::engine::check_request(&[("device", device), ("options", options)])?;
+    let timeout = crate::engine::effective_timeout(None)?;
     let mut args = vec![
         "-device".to_string(),
         device.to_string(),
@@ -481,8 +495,8 @@ pub fn opencl_to_spirv(ocloc: &Path, source: &str, device: &str, options: &str) 
             input: source.as_bytes(),
             input_name: "kernel.cl",
             args,
-            timeout: None,
-            cancel: &[],
+            timeout,
+            cancel: &[cancel],
         },
     )?;
     match (run.exit, run.output) {

@@ -340,6 +340,8 @@ enum Wait {
     TimedOut,
     Cancelled,
     Closed,
+    /// Closed before it took the whole request: it died idle, not of the job.
+    Unsent,
     Garbled(String),
 }
 
@@ -358,6 +360,32 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Where workers run: the package's private directory (only this user writes there), else
+/// the root directory.
+fn worker_dir() -> PathBuf {
+    crate::private::subdir("work").unwrap_or_else(|_| PathBuf::from("/"))
+}
+
+/// A compiler process the kernel's OOM killer picks before its caller: an input that makes
+/// IGC balloon costs that process, not the caller (raising one's own score needs no rights).
+pub fn prefer_for_oom_kill(command: &mut Command) {
+    // SAFETY: runs between fork and exec; open, write and close are async-signal-safe and
+    // touch only the static path and value. A failure (no /proc) changes nothing.
+    unsafe {
+        command.pre_exec(|| {
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, b"1000".as_ptr().cast(), 4);
+                libc::close(fd);
+            }
+            Ok(())
+        })
+    };
 }
 
 /// Wait for `events` on `fd` for at most 20 ms (so cancel flags are seen), or until the
@@ -415,9 +443,13 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(chatter.try_clone().map_err(failed)?)
+            // `python -m` puts the working directory first on sys.path: never the caller's
+            // (anyone may write there, and plant an `xpu_zebin` to run as this user).
+            .current_dir(worker_dir())
             // Its own group: the terminal's Ctrl-C reaches Python, which cancels us; a kill
             // takes the worker and anything it started.
             .process_group(0);
+        prefer_for_oom_kill(&mut command);
         let mut child = command.spawn().map_err(failed)?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             // SAFETY: killpg on the group just created for this child.
@@ -611,7 +643,8 @@ impl Worker {
     }
 
     /// Send one request and read its response; `Err((how, answered))` otherwise, where
-    /// `answered` says whether any byte of a response came.
+    /// `answered` says whether any byte of a response came. A worker that closed before
+    /// taking the whole request is `(Closed, false)` with nothing of the job done by it.
     fn exchange(
         &mut self,
         header: &[u8],
@@ -622,6 +655,7 @@ impl Worker {
         for part in [&frame_prefix(header, payload)[..], header, payload] {
             match self.write_until(part, cancel, deadline) {
                 Wait::Done => {}
+                Wait::Closed => return Err((Wait::Unsent, false)),
                 other => return Err((other, false)),
             }
         }
@@ -829,6 +863,20 @@ fn call_with(
                     chatter,
                 });
             }
+            Err((Wait::Unsent, _)) => {
+                // It died before the job reached it (killed while idle, say): not the
+                // input's doing. The next idle worker, or a fresh one, takes the job.
+                let _ = worker.reap();
+                if !reused {
+                    quit_fresh += 1;
+                    if quit_fresh >= SPAWN_TRIES {
+                        return Err(format!(
+                            "{SPAWN_TRIES} new workers in a row closed before taking a request"
+                        ));
+                    }
+                }
+                continue;
+            }
             Err((Wait::Closed, answered)) => {
                 let chatter = worker.new_chatter();
                 let exit = worker.reap();
@@ -899,18 +947,25 @@ pub fn shutdown() {
 /// End this worker's whole process group as soon as its caller's end of stdin closes:
 /// the caller exited (however it ended, SIGKILL included), so nobody waits for this build.
 fn die_with_caller() -> std::io::Result<()> {
+    // SAFETY: getppid cannot fail.
+    let caller = unsafe { libc::getppid() };
     std::thread::Builder::new()
         .name("xpu-zebin-caller-watch".into())
-        .spawn(|| loop {
-            // events 0: only a hang-up or an error wakes this; requests do not.
+        .spawn(move || loop {
+            // events 0: only a hang-up or an error wakes this; requests do not. The caller's
+            // end may also live on in a child it forked: then the caller's death shows as a
+            // new parent (checked each second).
             let mut pfd = libc::pollfd {
                 fd: 0,
                 events: 0,
                 revents: 0,
             };
             // SAFETY: one valid pollfd for the duration of the call.
-            let r = unsafe { libc::poll(&mut pfd, 1, -1) };
-            if r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            let r = unsafe { libc::poll(&mut pfd, 1, 1000) };
+            let hung_up =
+                r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
+            // SAFETY: getppid cannot fail.
+            if hung_up || unsafe { libc::getppid() } != caller {
                 // SAFETY: kill(0) signals this process's own group (the worker and whatever
                 // it started); nothing else is touched.
                 unsafe { libc::kill(0, libc::SIGKILL) };

@@ -3,7 +3,7 @@
 //! safely, the simulated device's capture files, the cache when there is no home.
 //!
 //! A directory is created 0700, then checked without following links: it must be a real
-//! directory, owned by this user, with no access for group or others. One that fails (a
+//! directory, owned by this user, that nobody else may write into. One that fails (a
 //! neighbour made it first, or a link) is refused: the caller goes on without what it was
 //! for, and says so once. Files in it are opened without following links and without
 //! blocking (a FIFO planted there must not hang an open), and must be regular files.
@@ -23,10 +23,11 @@ pub fn base() -> PathBuf {
     std::env::temp_dir().join(format!("xpu-zebin-{}", uid()))
 }
 
-/// Create `dir` (0700, parents as needed) if missing, and check it is this user's alone.
+/// Create `dir` (0700, parents as needed) if missing, and check only this user may write
+/// into it (one named by the user, read-only for others, is fine).
 pub fn ensure_dir(dir: &Path) -> Result<(), String> {
     let _ = DirBuilder::new().recursive(true).mode(0o700).create(dir);
-    check_dir(dir, 0o077)
+    check_dir(dir, 0o022)
 }
 
 /// `dir` is a directory (not a link to one) owned by this user, with none of the `loose`

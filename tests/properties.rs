@@ -178,13 +178,15 @@ proptest! {
         flip in any::<prop::sample::Index>(),
         junk in proptest::collection::vec(any::<u8>(), 0..256),
     ) {
-        let mut entry = xpu_zebin::cache::encode(&meta, &binary).unwrap();
-        let (m, b) = xpu_zebin::cache::decode::<String>(&entry).unwrap();
+        let mut entry = xpu_zebin::cache::encode("k1", &meta, &binary).unwrap();
+        let (m, b) = xpu_zebin::cache::decode::<String>("k1", &entry).unwrap();
         prop_assert_eq!((m, b), (meta, binary));
+        // The same bytes under another key (an entry renamed) are refused.
+        prop_assert!(xpu_zebin::cache::decode::<String>("k2", &entry).is_err());
         let i = flip.index(entry.len());
         entry[i] ^= 0x40;
-        prop_assert!(xpu_zebin::cache::decode::<String>(&entry).is_err());
-        let _ = xpu_zebin::cache::decode::<String>(&junk);
+        prop_assert!(xpu_zebin::cache::decode::<String>("k1", &entry).is_err());
+        let _ = xpu_zebin::cache::decode::<String>("k1", &junk);
     }
 
     #[test]

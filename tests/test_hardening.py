@@ -138,9 +138,10 @@ def test_a_neighbours_private_directory_is_refused_and_nothing_hangs(add_spirv, 
     assert "core slots are off" in err and f"xpu-zebin-{os.getuid()}" in err, err
 
 
-def _entry(meta: bytes, binary: bytes) -> bytes:
-    body = b"XZCACHE1" + struct.pack("<I", len(meta)) + meta + binary
-    return body + blake3.blake3(body).digest()
+def _entry(key: str, meta: bytes, binary: bytes) -> bytes:
+    """A cache entry as a writer of the cache forges it: checksum over key and body."""
+    body = b"XZCACHE2" + struct.pack("<I", len(meta)) + meta + binary
+    return body + blake3.blake3(key.encode() + body).digest()
 
 
 def test_a_poisoned_cache_entry_is_rebuilt_never_loaded_here(add_spirv, private_cache):
@@ -160,7 +161,7 @@ def test_a_poisoned_cache_entry_is_rebuilt_never_loaded_here(add_spirv, private_
             continue
         (meta_len,) = struct.unpack_from("<I", data, 8)
         meta = data[12 : 12 + meta_len]
-        path.write_bytes(_entry(meta, poisoned))
+        path.write_bytes(_entry(path.stem, meta, poisoned))
         replaced += 1
     assert replaced == 1
     with xpu_zebin.compile_and_load(add_spirv, "add") as again:
@@ -276,3 +277,66 @@ def test_foreign_and_corrupt_entries_are_misses(add_spirv, system_ocloc, private
     os.mkfifo(entry)  # a FIFO in its place must not hang the lookup
     fourth = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
     assert not fourth.cached and fourth.binary == r.binary
+
+
+def test_workers_never_import_code_from_the_callers_directory(add_spirv, tmp_path):
+    """``python -m`` puts the working directory first on sys.path: a neighbour who can
+    write where the caller runs must not get a worker to import their ``xpu_zebin``."""
+    planted = tmp_path / "shared"
+    (planted / "xpu_zebin").mkdir(parents=True)
+    ran = tmp_path / "planted-code-ran"
+    (planted / "xpu_zebin" / "__init__.py").write_text(
+        f"open({str(ran)!r}, 'w').write('ran')\nraise SystemExit(3)\n"
+    )
+    code = (
+        "import sys\n"
+        "sys.path.remove('') if '' in sys.path else None\n"
+        "import xpu_zebin\n"
+        "spirv = sys.stdin.buffer.read()\n"
+        "r = xpu_zebin.compile(spirv, device='pvc', cache=False)\n"
+        "with xpu_zebin.compile_and_load(spirv, 'add', cache=False) as k:\n"
+        "    print('ok', r.build_flags, bool(k.kernel_handle))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=add_spirv, capture_output=True, cwd=planted,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not ran.exists(), "a worker imported the planted package"
+    assert b"no persistent compiler worker" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_worker_dies_with_its_caller_even_when_a_fork_of_the_caller_lives(
+    add_spirv, marker, tmp_path
+):
+    """A child the caller forked inherits the caller's end of the worker's pipe: the worker
+    still sees its caller go (its parent changes) and ends."""
+    code = (
+        "import os, sys, time, xpu_zebin\n"
+        "spirv = sys.stdin.buffer.read()\n"
+        "xpu_zebin.compile_and_load(spirv, 'add', cache=False).close()\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    child.stdin.write(add_spirv)
+    child.stdin.close()
+    try:
+        assert child.stdout.readline().startswith(b"ready")
+        workers = [p for p in marker.processes() if "_worker" in p[1]]
+        assert workers, marker.processes()
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 30
+        while [p for p in marker.processes() if "_worker" in p[1]]:
+            assert time.monotonic() < deadline, marker.processes()
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        for pid, _cmd in marker.processes():  # the fork, still sleeping
+            os.kill(pid, 9)

@@ -185,16 +185,27 @@ _OPTION_TYPES = {
 }
 
 
+# Options whose default is None (meaning: pick one); for the others None is an error.
+_MAY_BE_NONE = {
+    "num_warps", "kernel_name", "ocloc", "timeout", "cache_dir", "speculative",
+    "device_arch", "isolated",
+}  # fmt: skip
+
+
 def _check_options(options: dict) -> None:
     """Every option's type and range, as an :class:`InvalidArgumentError` naming it (the
     engine checks their values: GRF modes, timeouts, NULs)."""
     for name, value in options.items():
         expected = _OPTION_TYPES.get(name)
-        if value is None or expected is None:
+        if expected is None or (value is None and name in _MAY_BE_NONE):
             continue
         if isinstance(expected, int):
             ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= expected
             want = f"an integer from 0 to {expected}"
+        elif name == "timeout":  # the engine checks the range; a float it must be
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and abs(value) <= _core.MAX_SECONDS * 2
+            want = f"seconds, a finite number from 0 to {_core.MAX_SECONDS:g}"
         else:
             ok = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
             want = " or ".join(
@@ -206,15 +217,31 @@ def _check_options(options: dict) -> None:
             )
 
 
+def _bytes(name: str, value: Any) -> bytes:
+    """A module's bytes (never ``bytes(n)``: an integer would allocate n zeros)."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(
+            f"{name} must be bytes (a SPIR-V module or zebin), not {type(value).__name__}"
+        )
+    return bytes(value)
+
+
+def _jobs(jobs: Optional[int]) -> Optional[int]:
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        raise InvalidArgumentError(f"jobs={jobs!r} is not valid: expected a whole number >= 1")
+    return jobs
+
+
 def _request(spirv: bytes, device: str, **options: object) -> dict:
     """A complete request for the native engine: every option present, paths as strings."""
     unknown = set(options) - set(_OPTIONS)
     if unknown:
         raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}")
     _check_options(options)
+    spirv = _bytes("spirv", spirv)
     if not isinstance(device, str):
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a str")
-    req = {**_OPTIONS, **options, "spirv": bytes(spirv), "device": device}
+    req = {**_OPTIONS, **options, "spirv": spirv, "device": device}
     for key in ("ocloc", "cache_dir"):
         if req[key] is not None:
             req[key] = os.fsdecode(req[key])  # type: ignore[arg-type]
@@ -295,7 +322,7 @@ def compile_many(
             return dask.compile_many(reqs, client, callback)
         if executor is not None:
             return _run_on_executor(executor, reqs, callback)
-        return _core.compile_many(reqs, jobs=jobs, progress=callback)
+        return _core.compile_many(reqs, jobs=_jobs(jobs), progress=callback)
 
     results = _with_progress(len(reqs), progress, run)
     for ocloc in {r["ocloc"] for r in reqs} if executor is None and client is None else ():
@@ -350,7 +377,8 @@ def _load_request(binary: bytes, kernel_name: str, **options: object) -> dict:
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a device index")
     if not isinstance(kernel_name, str):
         raise InvalidArgumentError(f"kernel_name={kernel_name!r} is not valid: expected a str")
-    req = {**_LOAD_OPTIONS, **options, "binary": bytes(binary), "kernel_name": kernel_name}
+    req = {**_LOAD_OPTIONS, **options, "binary": _bytes("binary", binary)}
+    req["kernel_name"] = kernel_name
     if req["isolated"] is None:
         req["isolated"] = _isolated_default()
     if req["cache_dir"] is not None:
@@ -425,7 +453,7 @@ def compile_and_load_many(
     results = _with_progress(
         len(reqs),
         progress,
-        lambda callback: _core.compile_and_load_many(reqs, jobs=jobs, progress=callback),
+        lambda callback: _core.compile_and_load_many(reqs, jobs=_jobs(jobs), progress=callback),
     )
     for r, req in zip(results, reqs):
         if isinstance(r, LoadedKernel):

@@ -33,7 +33,11 @@ def _read_input(path: str, device: str, ocloc: Optional[str]) -> bytes:
     except OSError as e:
         raise _UsageError(f"cannot read {path}: {e.strerror}") from e
     if path.endswith(".cl"):
-        return xpu_zebin.opencl_to_spirv(data.decode(), device=device, ocloc=ocloc)
+        try:
+            source = data.decode()
+        except UnicodeDecodeError as e:
+            raise _UsageError(f"{path} is not UTF-8 OpenCL C text: {e}") from None
+        return xpu_zebin.opencl_to_spirv(source, device=device, ocloc=ocloc)
     return data
 
 
@@ -264,7 +268,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             sim = ", simulated" if d["simulated"] else ""
             print(f"Level Zero device {d['index']}: {d['name']} (arch {d['arch']}{sim}, "
                   f"driver {d['driver']})")  # fmt: skip
-        isolated = os.environ.get(xpu_zebin.ISOLATED_ENV, "1") != "0"
+        isolated = xpu_zebin._isolated_default()
         note = r["level_zero_worker_note"]
         print(
             "Level Zero builds: "
@@ -305,6 +309,17 @@ def _timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"expected seconds, a finite number from 0 (no limit) to 1e9, not {text!r}"
         )
+    return value
+
+
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number of parallel compilers, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 4096, not {text!r}")
     return value
 
 
@@ -355,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("batch", help="compile many files concurrently")
     b.add_argument("files", nargs="+")
-    b.add_argument("--jobs", type=int, default=None, help="parallel compilers (default: cores)")
+    b.add_argument("--jobs", type=_jobs, default=None, help="parallel compilers (default: cores)")
     b.add_argument("--output-dir", default=None, help="write <stem>.zebin files here")
     where = b.add_mutually_exclusive_group()
     where.add_argument(

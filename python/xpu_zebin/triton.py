@@ -24,7 +24,6 @@ Either way ``.log`` holds the compiler's output and ``__cause__`` the package's 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
@@ -32,7 +31,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import xpu_zebin
 
@@ -63,7 +62,6 @@ DEVICE_ARCH_ENV = "TRITON_INTEL_DEVICE_ARCH"
 NATIVE_CODE_ENV = "TRITON_XPU_GEN_NATIVE_CODE"
 
 _last_build_flags = ""
-_env_lock = threading.Lock()
 # (utils object, its original load_binary) for every install, so uninstall can undo it.
 _installed_utils: List[Tuple[Any, Callable]] = []
 _installed_backend: List[Tuple[type, Callable]] = []
@@ -154,26 +152,33 @@ def _build_native(
         return loaded.native_binary, loaded.build_flags
 
 
-@contextlib.contextmanager
-def _native_code_env(native: bool) -> Iterator[None]:
-    """triton-xpu 3.3's loader takes no ``is_spv``: it reads the environment instead."""
-    with _env_lock:
-        before = os.environ.get(NATIVE_CODE_ENV)
-        if native:
-            os.environ[NATIVE_CODE_ENV] = "1"
-        else:
-            os.environ.pop(NATIVE_CODE_ENV, None)
-        try:
-            yield
-        finally:
-            if before is None:
-                os.environ.pop(NATIVE_CODE_ENV, None)
-            else:
-                os.environ[NATIVE_CODE_ENV] = before
+_native_code_lock = threading.Lock()
 
 
 def _native_code_requested() -> bool:
     return os.environ.get(NATIVE_CODE_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _native_code_on() -> None:
+    """triton-xpu 3.3's loader takes no ``is_spv``: it reads ``TRITON_XPU_GEN_NATIVE_CODE``
+    from the environment at each load, and the drop-in only ever hands it native binaries.
+    So the switch is turned on once, before the first load, and left on: the environment is
+    never flipped around a load while other threads read it. (3.3's compiler reads the same
+    switch: later compiles build native code in their ``spv`` stage, through
+    :func:`make_zebin`, which is 3.3's own native path.)"""
+    if _native_code_requested():
+        return
+    with _native_code_lock:
+        before = os.environ.get(NATIVE_CODE_ENV)
+        if _native_code_requested():
+            return
+        if before is not None and before.strip():
+            logger.warning(
+                "%s=%r turned on: triton-xpu 3.3's loader takes native binaries only with it",
+                NATIVE_CODE_ENV,
+                before,
+            )
+        os.environ[NATIVE_CODE_ENV] = "1"
 
 
 def load_binary(
@@ -231,11 +236,12 @@ def _wrap_load_binary(original: Callable) -> Callable:
         global _last_build_flags
         if len(args) == 5:  # triton-xpu 3.3: (name, kernel, shared, build_flags, device)
             name, kernel, shared, build_flags, device = args
-            is_spv, device_arch = not _native_code_requested(), None
+            # What the bytes are, not what the switch said when Triton compiled them.
+            is_spv, device_arch = bytes(kernel[:4]) != b"\x7fELF", None
+            _native_code_on()
 
             def load(binary: bytes, flags: str, spv: bool) -> Any:
-                with _native_code_env(not spv):
-                    return original(name, binary, shared, flags, device)
+                return original(name, binary, shared, flags, device)
 
         else:  # upstream main: (name, kernel, shared, build_flags, is_spv, device[, arch])
             name, kernel, shared, build_flags, is_spv, device, *rest = args
@@ -282,6 +288,18 @@ def make_zebin(src: bytes, metadata: dict, options: Any, device_arch: Optional[s
     grf_mode = getattr(options, "grf_mode", "default")
     if not isinstance(grf_mode, str):  # triton-xpu 3.3's default is a tuple of choices
         grf_mode = "default"
+    if not _offline_engine_available() and grf_mode == "default":
+        # No ocloc here: the driver's own compiler, in a worker, builds the native binary.
+        try:
+            native, flags = _build_native(
+                metadata.get("name") or "", src, metadata.get("build_flags", "") or "", 0,
+                device_arch or _target_device_arch(metadata),
+            )  # fmt: skip
+        except BuildError as e:
+            raise _triton_error(e) from e
+        metadata["build_flags"] = flags
+        metadata["binary_ext"] = "zebin"
+        return native
     arch = device_arch or _target_device_arch(metadata) or _device_arch(0, None)
     try:
         result = xpu_zebin.compile(

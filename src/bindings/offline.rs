@@ -271,11 +271,12 @@ pub fn opencl_to_spirv(
     options: String,
     ocloc: Option<PathBuf>,
 ) -> PyResult<Py<PyBytes>> {
-    let result = py.detach(|| {
+    let result = interruptible(py, |cancel| {
         let path = crate::ocloc::discover(ocloc.as_deref())?;
-        crate::ocloc::opencl_to_spirv(&path, &source, &device, &options)
+        crate::ocloc::opencl_to_spirv(&path, &source, &device, &options, cancel)
     });
-    match result {
+    emit_warnings(py);
+    match result? {
         Ok(spirv) => Ok(PyBytes::new(py, &spirv).unbind()),
         Err(e) => Err(to_pyerr(py, e.into())),
     }

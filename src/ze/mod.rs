@@ -106,9 +106,15 @@ pub fn prepare_simulation() -> std::result::Result<Option<String>, BuildError> {
         .clone()
 }
 
+/// Held (locked) for as long as this process lives: its capture dir is in use.
+static CAPTURE_ALIVE: Mutex<Option<std::fs::File>> = Mutex::new(None);
+const ALIVE: &str = ".alive";
+
 /// A private directory for this process's capture files: `aub/<pid>-*` in the package's
 /// private directory, where those of processes that died (SIGKILL skips `atexit`) are
-/// removed by the next one, so they do not pile up.
+/// removed by the next one, so they do not pile up. A directory is in use while its
+/// `.alive` file is locked (the kernel drops the lock when its process dies, in whatever
+/// PID namespace it ran).
 fn capture_dir() -> Result<tempfile::TempDir> {
     let made = match crate::private::subdir("aub") {
         Ok(aub) => {
@@ -116,6 +122,14 @@ fn capture_dir() -> Result<tempfile::TempDir> {
             tempfile::Builder::new()
                 .prefix(&format!("{}-", std::process::id()))
                 .tempdir_in(aub)
+                .inspect(|dir| {
+                    let alive = crate::private::open_file(&dir.path().join(ALIVE), true, true);
+                    if let Ok(file) =
+                        alive.and_then(|f| f.try_lock().map(|()| f).map_err(std::io::Error::other))
+                    {
+                        *crate::sync::lock(&CAPTURE_ALIVE) = Some(file);
+                    }
+                })
         }
         Err(why) => {
             crate::diag::warn_once("aub", format!("simulated-device captures: {why}"));
@@ -134,15 +148,10 @@ fn sweep_dead_captures(aub: &std::path::Path) {
         return;
     };
     for entry in entries.filter_map(|e| e.ok()) {
-        let name = entry.file_name();
-        let pid = name
-            .to_str()
-            .and_then(|n| n.split('-').next())
-            .and_then(|p| p.parse::<libc::pid_t>().ok());
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        if pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } != 0)
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-        {
+        // Its owner is gone when its `.alive` lock can be taken (a directory without one
+        // is half-made: left alone).
+        let alive = crate::private::open_file(&entry.path().join(ALIVE), true, false);
+        if alive.is_ok_and(|f| f.try_lock().is_ok()) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
@@ -423,7 +432,13 @@ impl Runtime {
         let d = self
             .device(device)
             .map_err(|e| (ffi::ZE_RESULT_ERROR_INVALID_ARGUMENT, e.message))?;
-        let flags = CString::new(build_flags).unwrap_or_default();
+        // A NUL would cut the flags the driver sees: refused (callers check it first too).
+        let flags = CString::new(build_flags).map_err(|_| {
+            (
+                ffi::ZE_RESULT_ERROR_INVALID_ARGUMENT,
+                "build flags hold a NUL character".to_string(),
+            )
+        })?;
         let desc = ffi::ze_module_desc_t {
             stype: ffi::ZE_STRUCTURE_TYPE_MODULE_DESC,
             p_next: std::ptr::null(),
