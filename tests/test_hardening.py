@@ -340,3 +340,30 @@ def test_a_worker_dies_with_its_caller_even_when_a_fork_of_the_caller_lives(
         child.kill()
         for pid, _cmd in marker.processes():  # the fork, still sleeping
             os.kill(pid, 9)
+
+
+def test_the_triton_drop_in_never_hands_the_driver_a_poisoned_cached_zebin(
+    add_spirv, system_ocloc, private_cache, monkeypatch
+):
+    """The offline engine's cache answers the drop-in's SPIR-V builds: a zebin from it is
+    tried in a worker before the driver's in-process loader sees it."""
+    from test_isolation import _dangling_kernel_symbol, _Driver
+
+    import xpu_zebin.triton as xt
+
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
+    utils = xt.install(_Driver(), backend=False)
+    try:
+        utils.load_binary("add", add_spirv, 0, "", True, 0, "pvc")  # builds, caches
+        (entry,) = (private_cache / "zebin-v1").glob("*.zeentry")
+        data = entry.read_bytes()
+        (meta_len,) = struct.unpack_from("<I", data, 8)
+        meta, good = data[12 : 12 + meta_len], data[12 + meta_len : -32]
+        assert good[:4] == b"\x7fELF"
+        entry.write_bytes(_entry(entry.stem, meta, _dangling_kernel_symbol(good)))
+        with pytest.raises(Exception) as e:
+            utils.load_binary("add", add_spirv, 0, "", True, 0, "pvc")
+        assert getattr(e.value, "kind", None) == "compiler_crash", e.value
+        assert utils.loaded == [("add", False)]  # only the first, good one reached it
+    finally:
+        xt.uninstall()
