@@ -41,12 +41,11 @@ def snapshot() -> dict:
             continue
         try:
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            # Descendants: our children, and theirs (they carry our mark).
+            if int(fields[1]) == me or SOAK_MARK in (proc / "environ").read_bytes():
+                children += 1
         except OSError:
             continue
-        # Descendants: our children and theirs (a worker under its loader).
-        ppid = int(fields[1])
-        if ppid == me or (proc / "environ").read_bytes().find(SOAK_MARK) >= 0:
-            children += 1
     tmp = Path(tempfile.gettempdir())
     temp_files = sum(1 for p in tmp.iterdir() if p.name.startswith("xpu-zebin-job-"))
     rss_kib = int(
@@ -88,7 +87,7 @@ def inputs(ocloc: str) -> dict:
     }
 
 
-def request(rng: random.Random, data: dict) -> tuple:
+def request(rng: random.Random, data: dict, timeout: float) -> tuple:
     """(backend, kind of input, call arguments)."""
     backend = rng.choice(["ocloc", "ze"])
     roll = rng.random()
@@ -106,7 +105,8 @@ def request(rng: random.Random, data: dict) -> tuple:
         kind, spirv, name = "bad_flags", data["add"], "add"
     else:
         kind, spirv, name = "timeout", data["big"], "pressure"
-    args = {"cache": rng.random() < 0.3}
+    # Some mutants make IGC spin rather than crash: every compile has a deadline.
+    args = {"cache": rng.random() < 0.3, "timeout": timeout}
     if kind == "bad_flags":
         args["build_flags"] = "-cl-no-such-option"
     if kind == "timeout":
@@ -130,6 +130,7 @@ def main() -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--batch", type=int, default=50, help="every Nth group runs as a batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per compiler run")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     os.environ["XPU_ZEBIN_SOAK"] = str(os.getpid())  # inherited: marks our descendants
@@ -146,8 +147,11 @@ def main() -> int:
     outcomes: collections.Counter = collections.Counter()
     lost = 0
     done = 0
+    rss_trace = [(0, start["rss_mib"])]
     while done < args.count:
-        group = [request(rng, data) for _ in range(min(args.batch, args.count - done))]
+        group = [
+            request(rng, data, args.timeout) for _ in range(min(args.batch, args.count - done))
+        ]
         if (done // args.batch) % 4 == 3:  # every fourth group: one compile_many batch
             reqs = [
                 {"spirv": s, "device": "pvc", "ocloc": ocloc, "kernel_name": n, **a}
@@ -165,6 +169,8 @@ def main() -> int:
             else:
                 outcomes[f"{backend}/{kind}: ok"] += 1
         done += len(group)
+        if done % 250 == 0:
+            rss_trace.append((done, snapshot()["rss_mib"]))
         print(f"\r{done}/{args.count}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     seconds = time.monotonic() - started
@@ -179,12 +185,17 @@ def main() -> int:
         "start": start,
         "end_with_idle_workers": with_idle,
         "end": end,
+        "rss_mib_by_compiles": rss_trace,
+        # (modules created, destroyed, kernels created, destroyed) in this process.
+        "ze_handles": _core.ze_handle_counts(),
         "outcomes": dict(sorted(outcomes.items())),
     }
     print(f"{args.count} compiles in {seconds:.1f} s, lost results: {lost}")
     print(f"{'':14}{'start':>10}{'end':>10}{'idle gone':>10}")
     for key in ("fds", "children", "temp_files", "rss_mib"):
         print(f"{key:14}{start[key]:>10}{with_idle[key]:>10}{end[key]:>10}")
+    print("RSS (MiB) after N compiles:", ", ".join(f"{n}: {r}" for n, r in rss_trace))
+    print("Level Zero handles (modules made/freed, kernels made/freed):", _core.ze_handle_counts())
     for k, n in sorted(outcomes.items()):
         print(f"  {n:5}  {k}")
     if args.json:

@@ -155,7 +155,8 @@ impl Cache {
                 meta.len()
             )));
         }
-        let mut bytes = Vec::new();
+        // Sized by the file (at most MAX_ENTRY_BYTES, checked above), read in one go.
+        let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
         file.take(MAX_ENTRY_BYTES).read_to_end(&mut bytes)?;
         Ok(bytes)
     }
@@ -197,11 +198,20 @@ impl Cache {
         if self.refused.is_some() {
             return None;
         }
+        if binary.len() as u64 > MAX_ENTRY_BYTES {
+            return Some(format!(
+                "not cached: {} bytes is more than an entry may hold",
+                binary.len()
+            ));
+        }
         let result = (|| -> std::io::Result<()> {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&self.dir)?;
+            // Checked again now, not only at open: a compile takes long enough for the
+            // directory to be swapped for someone else's (or a link to it).
+            private::check_dir(&self.dir, 0o002).map_err(std::io::Error::other)?;
             let mut tmp = tempfile::Builder::new()
                 .prefix(TEMP_PREFIX)
                 .tempfile_in(&self.dir)?;
@@ -220,6 +230,7 @@ impl Cache {
     /// Remove least recently used entries until the directory fits its bound, and the temp
     /// files of writers that died mid-write (killed workers, lost nodes of a shared cache).
     fn evict(&self) -> Option<String> {
+        private::check_dir(&self.dir, 0o002).ok()?;
         let entries = std::fs::read_dir(&self.dir).ok()?;
         let now = SystemTime::now();
         let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();

@@ -167,7 +167,7 @@ pub fn serve(libocloc: &Path) -> std::io::Result<()> {
 fn answer(code: i32, log: String, output: Option<Vec<u8>>) -> (Vec<u8>, Vec<u8>) {
     let response = Response {
         code,
-        log,
+        log: crate::pool::log_tail(log),
         wrote_output: output.is_some(),
     };
     (

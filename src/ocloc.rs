@@ -235,11 +235,36 @@ pub struct JobSpec<'a> {
 /// Run `ocloc compile` on `spec.input` and collect what it wrote: on a persistent worker
 /// when this compiler has one, else in a one-shot ocloc process.
 pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
+    let started = Instant::now();
     match run_on_worker(ocloc, spec) {
         Some(run) => Ok(run),
         None => {
+            // The one-shot run gets what is left of the request's time, not a fresh limit.
+            let timeout = spec.timeout.map(|t| t.saturating_sub(started.elapsed()));
+            if timeout.is_some_and(|t| t.is_zero()) {
+                return Ok(RawRun {
+                    exit: Exit::TimedOut {
+                        seconds: spec.timeout.unwrap_or_default().as_secs(),
+                    },
+                    log: String::new(),
+                    output: None,
+                    seconds: started.elapsed().as_secs_f64(),
+                });
+            }
+            let rest = JobSpec {
+                input: spec.input,
+                input_name: spec.input_name,
+                args: spec.args.clone(),
+                timeout,
+                cancel: spec.cancel,
+            };
             let _busy = pool::BusyGuard::new();
-            run_process(ocloc, spec)
+            run_process(ocloc, &rest).map(|mut run| {
+                if let Exit::TimedOut { seconds } = &mut run.exit {
+                    *seconds = spec.timeout.unwrap_or_default().as_secs(); // the whole limit
+                }
+                run
+            })
         }
     }
 }
@@ -259,11 +284,26 @@ fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
     let mut beside = ocloc.as_os_str().to_owned();
     beside.push(".toolchain");
     if let Ok(text) = std::fs::read_to_string(&beside) {
-        return serde_json::from_str(&text).map_err(|e| {
+        let d: Descriptor = serde_json::from_str(&text).map_err(|e| {
             format!(
                 "{} is not a valid descriptor: {e}",
                 beside.to_string_lossy()
             )
+        })?;
+        // Relative paths are the descriptor's own (workers run in another directory).
+        let here = Path::new(&beside).parent().unwrap_or(Path::new("/"));
+        return Ok(Descriptor {
+            libocloc: here.join(d.libocloc),
+            loader: d.loader.map(|l| here.join(l)),
+            library_path: d.library_path.map(|lp| {
+                std::env::split_paths(&lp)
+                    .map(|p| here.join(p))
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            }),
         });
     }
     let real = std::fs::canonicalize(ocloc).map_err(|e| e.to_string())?;
@@ -479,7 +519,7 @@ pub fn opencl_to_spirv(
     options: &str,
     cancel: &AtomicBool,
 ) -> Result<Vec<u8>> {
-    crate::engine::check_request(&[("device", device), ("options", options)])?;
+    crate::engine::check_request(&[("device", device), ("options", options), ("source", source)])?;
     let timeout = crate::engine::effective_timeout(None)?;
     let mut args = vec![
         "-device".to_string(),

@@ -292,6 +292,22 @@ fn check_sizes(header: &[u8], payload: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// What a worker sends of a compiler log: its end (where the errors are), so an answer
+/// always fits a frame.
+pub const MAX_LOG_BYTES: usize = 4 << 20;
+
+/// The last `MAX_LOG_BYTES` of `log`, cut at a character boundary.
+pub fn log_tail(mut log: String) -> String {
+    if log.len() > MAX_LOG_BYTES {
+        let mut from = log.len() - MAX_LOG_BYTES;
+        while !log.is_char_boundary(from) {
+            from += 1;
+        }
+        log.drain(..from);
+    }
+    log
+}
+
 /// Read one frame from a blocking reader (the worker's side). `Ok(None)` at a clean end.
 pub fn read_frame(input: &mut impl Read) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
     let mut prefix = [0u8; 16];
@@ -362,14 +378,46 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A write to a worker that just died raises SIGPIPE, which ends a process that did not
+/// ignore it (Python ignores it, an embedder or `signal(SIGPIPE, SIG_DFL)` may not): this
+/// thread blocks it, and sees EPIPE instead.
+fn block_sigpipe() {
+    // SAFETY: a sigset built by sigemptyset/sigaddset, passed to pthread_sigmask for the
+    // calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Bytes written to a worker's stdin that it has not read yet.
+fn unread(stdin: &ChildStdin) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the valid pointer.
+    let r = unsafe { libc::ioctl(stdin.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r == 0 {
+        n.max(0) as usize
+    } else {
+        0
+    }
+}
+
 /// Where workers run: the package's private directory (only this user writes there), else
 /// the root directory.
 fn worker_dir() -> PathBuf {
     crate::private::subdir("work").unwrap_or_else(|_| PathBuf::from("/"))
 }
 
-/// A compiler process the kernel's OOM killer picks before its caller: an input that makes
-/// IGC balloon costs that process, not the caller (raising one's own score needs no rights).
+/// This worker is what the kernel's OOM killer picks before its caller: an input that
+/// makes IGC balloon costs the worker, not the caller (raising one's own score needs no
+/// rights; without /proc nothing changes).
+fn prefer_me_for_oom_kill() {
+    let _ = std::fs::write("/proc/self/oom_score_adj", b"1000");
+}
+
+/// The same for a one-shot compiler process, set between fork and exec.
 pub fn prefer_for_oom_kill(command: &mut Command) {
     // SAFETY: runs between fork and exec; open, write and close are async-signal-safe and
     // touch only the static path and value. A failure (no /proc) changes nothing.
@@ -449,7 +497,6 @@ impl Worker {
             // Its own group: the terminal's Ctrl-C reaches Python, which cancels us; a kill
             // takes the worker and anything it started.
             .process_group(0);
-        prefer_for_oom_kill(&mut command);
         let mut child = command.spawn().map_err(failed)?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             // SAFETY: killpg on the group just created for this child.
@@ -815,6 +862,7 @@ fn call_with(
         return Err(why.why.clone());
     }
     check_sizes(header, payload)?;
+    block_sigpipe();
     let _busy = BusyGuard::new();
     let started = Instant::now();
     let deadline = timeout.and_then(|t| started.checked_add(t));
@@ -872,6 +920,20 @@ fn call_with(
                     if quit_fresh >= SPAWN_TRIES {
                         return Err(format!(
                             "{SPAWN_TRIES} new workers in a row closed before taking a request"
+                        ));
+                    }
+                }
+                continue;
+            }
+            Err((Wait::Closed, false)) if unread(&worker.stdin) > 0 => {
+                // It died before reading the request (killed while idle: the OOM killer
+                // prefers workers): not the input's doing. Another worker takes the job.
+                let _ = worker.reap();
+                if !reused {
+                    quit_fresh += 1;
+                    if quit_fresh >= SPAWN_TRIES {
+                        return Err(format!(
+                            "{SPAWN_TRIES} new workers in a row died before reading a request"
                         ));
                     }
                 }
@@ -984,7 +1046,7 @@ pub fn serve(
     // IGC may print straight to fd 1: keep the protocol on a private copy of stdout and send
     // fd 1 where fd 2 goes (the caller's chatter file).
     // SAFETY: plain descriptor juggling on this process's own fds.
-    let protocol_fd = unsafe { libc::dup(1) };
+    let protocol_fd = unsafe { libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 0) };
     if protocol_fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -995,6 +1057,7 @@ pub fn serve(
         return Err(std::io::Error::last_os_error());
     }
     die_with_caller()?;
+    prefer_me_for_oom_kill();
     protocol.write_all(READY)?;
     protocol.flush()?;
     // Zero: the caller keeps no idle worker and ends this one itself.
@@ -1113,7 +1176,7 @@ mod tests {
     fn workers_that_quit_without_answering_are_no_crash_of_the_input() {
         let (reply, _) = call_script("printf XZW3; exit 0\n", b"", Duration::from_secs(60));
         assert!(
-            matches!(&reply, Err(why) if why.contains("without answering")),
+            matches!(&reply, Err(why) if why.contains("new workers in a row")),
             "{reply:?}"
         );
         let (reply, _) = call_script("exit 3\n", b"", Duration::from_secs(60));

@@ -129,9 +129,10 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
 #[derive(Default)]
 struct Collector {
     bound: usize,
-    /// Ids defined so far: a set, not a table sized by the header's id bound (an untrusted
-    /// number: 2^32-1 in 28 bytes would ask for 4 GiB).
-    defined: std::collections::HashSet<u32>,
+    /// The module's size: what the table of defined ids may take at most.
+    module_bytes: usize,
+    /// Ids defined so far.
+    defined: Defined,
     /// (id, opcode name) of every id operand, checked once all definitions are known.
     used: Vec<(u32, &'static str)>,
     kernels: Vec<String>,
@@ -162,6 +163,7 @@ impl Consumer for Collector {
 
     fn consume_header(&mut self, header: dr::ModuleHeader) -> ParseAction {
         self.bound = header.bound as usize;
+        self.defined = Defined::for_module(header.bound, self.module_bytes);
         ParseAction::Continue
     }
 
@@ -229,11 +231,61 @@ impl Consumer for Collector {
     }
 }
 
+/// The ids a module defines: one bit per id below the header's bound when that table is no
+/// larger than the module itself, else a set. Never a table sized by the bound alone (an
+/// untrusted number: 2^32-1 in 28 bytes would ask for 4 GiB of bools).
+enum Defined {
+    Bits(Vec<u64>),
+    Set(std::collections::HashSet<u32>),
+}
+
+impl Default for Defined {
+    fn default() -> Self {
+        Defined::Set(Default::default())
+    }
+}
+
+impl Defined {
+    fn for_module(bound: u32, module_bytes: usize) -> Self {
+        let words = (bound as usize).div_ceil(64);
+        if words * 8 <= module_bytes.max(64) {
+            Defined::Bits(vec![0; words])
+        } else {
+            Defined::Set(Default::default())
+        }
+    }
+
+    fn insert(&mut self, id: u32) {
+        match self {
+            Defined::Bits(bits) => {
+                if let Some(w) = bits.get_mut(id as usize / 64) {
+                    *w |= 1 << (id % 64);
+                }
+            }
+            Defined::Set(set) => {
+                set.insert(id);
+            }
+        }
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        match self {
+            Defined::Bits(bits) => bits
+                .get(id as usize / 64)
+                .is_some_and(|w| w & (1 << (id % 64)) != 0),
+            Defined::Set(set) => set.contains(&id),
+        }
+    }
+}
+
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;
     check_instruction_stream(bytes)?;
-    let mut c = Collector::default();
+    let mut c = Collector {
+        module_bytes: bytes.len(),
+        ..Collector::default()
+    };
     if let Err(state) = binary::parse_bytes(bytes, &mut c) {
         return Err(match (state, c.problem.take()) {
             (_, Some(problem)) => invalid(format!("malformed module: {problem}")),
@@ -251,7 +303,7 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     // Every id an instruction uses must be defined somewhere in the module (forward
     // references are legal). Measured: one dangling operand makes the Level Zero driver end
     // the process.
-    if let Some((id, op)) = c.used.iter().find(|(id, _)| !c.defined.contains(id)) {
+    if let Some((id, op)) = c.used.iter().find(|(id, _)| !c.defined.contains(*id)) {
         return Err(invalid(format!(
             "Op{op} uses %{id}, which no instruction defines"
         )));

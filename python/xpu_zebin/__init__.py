@@ -72,7 +72,10 @@ logger = logging.getLogger("xpu_zebin")
 PathLike = Union[str, "os.PathLike[str]"]
 
 # Persistent compiler workers are started with this interpreter and import path.
-_core.configure_workers(os.path.realpath(sys.executable), os.pathsep.join(p for p in sys.path if p))
+# Absolute: workers run in the package's private directory, not in this one.
+_core.configure_workers(
+    os.path.realpath(sys.executable), os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
+)
 
 validate_spirv = _core.validate_spirv
 zebin_info = _core.zebin_info
@@ -97,7 +100,11 @@ _worker_checked: set = set()
 def _warn_once_without_worker(ocloc: Optional[PathLike]) -> None:
     """Say once per compiler, at WARNING, why it runs one process per compile."""
     named = (None if ocloc is None else os.fspath(ocloc), os.environ.get(_core.OCLOC_ENV))
-    if named in _worker_checked or not _core.bool_knob(_core.PERSISTENT_ENV, True):
+    try:
+        persistent = _core.bool_knob(_core.PERSISTENT_ENV, True)
+    except BuildError:
+        return  # a bad value: the compiles themselves say so
+    if named in _worker_checked or not persistent:
         return  # known already, or one process per compile was asked for
     _worker_checked.add(named)
     try:
@@ -227,8 +234,10 @@ def _bytes(name: str, value: Any) -> bytes:
 
 
 def _jobs(jobs: Optional[int]) -> Optional[int]:
-    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
-        raise InvalidArgumentError(f"jobs={jobs!r} is not valid: expected a whole number >= 1")
+    if jobs is not None and (
+        not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 4096
+    ):
+        raise InvalidArgumentError(f"jobs={jobs!r} is not valid: expected 1 to 4096")
     return jobs
 
 

@@ -39,7 +39,6 @@ from .errors import (
     BuildError,
     NoDeviceError,
     ScratchOverflowError,
-    ToolchainNotFound,
     UnsupportedDeviceError,
 )
 
@@ -143,8 +142,19 @@ def _build_native(
         )
         if result.cached:
             # A cache entry is untrusted input (a shared cache, a neighbour): its binary
-            # loads in a worker before the driver loads it here (once per binary and host).
-            _trial_load(name, result.binary, result.build_flags, device, device_arch)
+            # loads in a worker before the driver loads it here (once per binary and host);
+            # one that does not load is rebuilt from the SPIR-V.
+            try:
+                _trial_load(name, result.binary, result.build_flags, device, device_arch)
+            except Exception as e:
+                logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
+                result = xpu_zebin.compile(
+                    spirv,
+                    device=_device_arch(device, device_arch),
+                    build_flags=build_flags,
+                    kernel_name=name,
+                    cache=False,
+                )
         return result.binary, result.build_flags
     with xpu_zebin.compile_and_load(
         spirv, name, build_flags=build_flags, device=device, device_arch=device_arch
@@ -225,9 +235,9 @@ def _trial_load(
             native, name, build_flags=build_flags, is_spv=False, device=device,
             device_arch=device_arch,
         ).close()  # fmt: skip
-    except (NoDeviceError, ToolchainNotFound) as e:  # cannot try it: the driver decides
-        logger.debug("kernel %r: native binary not tried in a worker (%s)", name, e)
-    except BuildError as e:
+    except NoDeviceError as e:  # the package sees no device at all: the driver decides
+        logger.warning("kernel %r: native binary not tried in a worker (%s)", name, e)
+    except BuildError as e:  # a worker that cannot start included: never load it untried
         raise _triton_error(e) from e
 
 
@@ -288,7 +298,8 @@ def make_zebin(src: bytes, metadata: dict, options: Any, device_arch: Optional[s
     grf_mode = getattr(options, "grf_mode", "default")
     if not isinstance(grf_mode, str):  # triton-xpu 3.3's default is a tuple of choices
         grf_mode = "default"
-    if not _offline_engine_available() and grf_mode == "default":
+    num_warps = getattr(options, "num_warps", None)
+    if not _offline_engine_available() and grf_mode == "default" and (num_warps or 0) <= 32:
         # No ocloc here: the driver's own compiler, in a worker, builds the native binary.
         try:
             native, flags = _build_native(

@@ -191,6 +191,13 @@ pub fn serve() -> std::io::Result<()> {
             Ok((native, spills, log)) => (native, Ok((spills, log))),
             Err(e) => (Vec::new(), Err(e)),
         };
+        let result = match result {
+            Ok((spills, log)) => Ok((spills, crate::pool::log_tail(log))),
+            Err(mut e) => {
+                e.log = crate::pool::log_tail(std::mem::take(&mut e.log));
+                Err(e)
+            }
+        };
         let header = serde_json::to_vec(&Response { result }).unwrap_or_default();
         (header, native)
     })
