@@ -911,57 +911,33 @@ fn call_with(
                     chatter,
                 });
             }
-            Err((Wait::Unsent, _)) => {
-                // It died before the job reached it (killed while idle, say): not the
-                // input's doing. The next idle worker, or a fresh one, takes the job.
-                let _ = worker.reap();
-                if !reused {
-                    quit_fresh += 1;
-                    if quit_fresh >= SPAWN_TRIES {
-                        return Err(format!(
-                            "{SPAWN_TRIES} new workers in a row closed before taking a request"
-                        ));
-                    }
-                }
-                continue;
-            }
-            Err((Wait::Closed, false)) if unread(&worker.stdin) > 0 => {
-                // It died before reading the request (killed while idle: the OOM killer
-                // prefers workers): not the input's doing. Another worker takes the job.
-                let _ = worker.reap();
-                if !reused {
-                    quit_fresh += 1;
-                    if quit_fresh >= SPAWN_TRIES {
-                        return Err(format!(
-                            "{SPAWN_TRIES} new workers in a row died before reading a request"
-                        ));
-                    }
-                }
-                continue;
-            }
-            Err((Wait::Closed, answered)) => {
+            Err((wait @ (Wait::Unsent | Wait::Closed), answered)) => {
+                // Did it take the job? Not when it closed before the request reached it,
+                // died with request bytes unread (killed while idle: the OOM killer prefers
+                // workers), or ended by itself without answering (of idleness, or a fresh
+                // one that quit at once). None of that is the input's doing: the next idle
+                // worker, or a fresh one, takes the job.
+                let unsent = matches!(wait, Wait::Unsent) || unread(&worker.stdin) > 0;
                 let chatter = worker.new_chatter();
                 let exit = worker.reap();
-                if !answered && exit == Exit::Code(0) {
-                    // It ended by itself without taking the job: of idleness (reused), or
-                    // a fresh one that quit at once. Neither is the input's doing.
-                    if reused {
-                        continue;
-                    }
-                    quit_fresh += 1;
-                    if quit_fresh < SPAWN_TRIES {
-                        continue;
-                    }
-                    return Err(format!(
-                        "{SPAWN_TRIES} new workers in a row exited without answering{}",
-                        chatter
-                            .trim()
-                            .lines()
-                            .last()
-                            .map_or(String::new(), |l| format!(": {l}"))
-                    ));
+                if !(unsent || (!answered && exit == Exit::Code(0))) {
+                    return Ok(Reply::Died { exit, chatter });
                 }
-                return Ok(Reply::Died { exit, chatter });
+                if reused {
+                    continue;
+                }
+                quit_fresh += 1;
+                if quit_fresh < SPAWN_TRIES {
+                    continue;
+                }
+                return Err(format!(
+                    "{SPAWN_TRIES} new workers in a row ended without taking a request{}",
+                    chatter
+                        .trim()
+                        .lines()
+                        .last()
+                        .map_or(String::new(), |l| format!(": {l}"))
+                ));
             }
             Err((Wait::Garbled(why), _)) => {
                 let chatter = worker.new_chatter();
