@@ -19,7 +19,7 @@ pub enum Kind {
     Bool,
     Bytes,
     Seconds,
-    /// Any non-empty text (a path, a product name).
+    /// A path or a name: any text.
     Text,
 }
 
@@ -121,32 +121,13 @@ fn raw(name: &str) -> Result<Option<String>> {
 }
 
 fn check_one(name: &str, kind: Kind) -> Result<()> {
-    if kind == Kind::Text {
-        // Paths: any bytes Linux allows, but a NUL (which the OS cannot even hold).
-        return Ok(());
+    match kind {
+        Kind::Bool => bool_knob(name, false).map(drop),
+        Kind::Bytes => bytes_knob(name, 0).map(drop),
+        Kind::Seconds => seconds_knob(name, Duration::ZERO).map(drop),
+        // Paths: any bytes Linux allows (a path cannot even hold a NUL).
+        Kind::Text => Ok(()),
     }
-    let Some(text) = raw(name)? else {
-        return Ok(());
-    };
-    let ok = match kind {
-        Kind::Bool => parse_bool(&text).is_some(),
-        Kind::Bytes => parse_bytes(&text).is_some(),
-        Kind::Seconds => parse_seconds(&text).is_some(),
-        Kind::Text => true,
-    };
-    if ok {
-        return Ok(());
-    }
-    Err(bad(
-        name,
-        &text,
-        match kind {
-            Kind::Bool => BOOL_EXPECTED,
-            Kind::Bytes => BYTES_EXPECTED,
-            Kind::Seconds => SECONDS_EXPECTED,
-            Kind::Text => "text without NUL",
-        },
-    ))
 }
 
 /// Every knob set now parses; the first that does not is the error.

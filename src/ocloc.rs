@@ -297,10 +297,7 @@ fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
             loader: d.loader.map(|l| here.join(l)),
             library_path: d.library_path.map(|lp| {
                 std::env::split_paths(&lp)
-                    .map(|p| here.join(p))
-                    .collect::<Vec<_>>()
-                    .iter()
-                    .map(|p| p.display().to_string())
+                    .map(|p| here.join(p).display().to_string())
                     .collect::<Vec<_>>()
                     .join(":")
             }),

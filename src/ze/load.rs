@@ -122,10 +122,17 @@ fn validate(req: &LoadRequest) -> Result<()> {
 /// The request's cache and the key of `what` on this device: what a driver built or loaded
 /// holds only for that device and driver version.
 fn device_cache(req: &LoadRequest, device: &DeviceInfo, what: &[&[u8]]) -> (Cache, String) {
+    (
+        Cache::open(req.cache_dir.as_deref()),
+        device_key(device, what),
+    )
+}
+
+/// The key of `what` on this device and driver.
+fn device_key(device: &DeviceInfo, what: &[&[u8]]) -> String {
     let id = device.device_id.to_le_bytes();
     let on_device: [&[u8]; 3] = [device.name.as_bytes(), &id, device.driver.as_bytes()];
-    let key = cache::key(&[what, &on_device].concat());
-    (Cache::open(req.cache_dir.as_deref()), key)
+    cache::key(&[what, &on_device].concat())
 }
 
 /// Loading a native binary this process did not build (handed in, or read from a cache
@@ -141,16 +148,13 @@ struct NativeTrial<'a> {
 
 impl NativeTrial<'_> {
     fn key(&self, name: &str, native: &[u8], flags: &str) -> String {
-        let id = self.device.device_id.to_le_bytes();
-        cache::key(&[
+        let what: &[&[u8]] = &[
             b"ze-native-loads-v2",
             native,
             name.as_bytes(),
             flags.as_bytes(),
-            self.device.name.as_bytes(),
-            &id,
-            self.device.driver.as_bytes(),
-        ])
+        ];
+        device_key(self.device, what)
     }
 
     fn run(
