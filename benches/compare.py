@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
@@ -287,75 +287,67 @@ def sweep(ocloc: str, repeat: int, rows: list, results: dict) -> None:
             os.environ[key] = value
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--ocloc", default=None, help="compiler for both sides (default: discovery)"
-    )
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.add_argument(
-        "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
-    )
-    parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
-    parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.rss_probe:
-        return rss_probe(args.rss_probe, args.ocloc, args.spirv)
-    ocloc = xpu_zebin.find_ocloc(args.ocloc)
-    repeat = max(1, args.repeat)
+class Bench:
+    """One run's table rows and JSON results; every ratio is measured in this run."""
 
-    print(f"compiler: {ocloc}", file=sys.stderr)
-    kernels = triton_spirv()
+    def __init__(self, repeat: int) -> None:
+        self.repeat = repeat
+        self.rows: list = []
+        self.results: Dict[str, Any] = {}
+
+    def compare(self, metric: str, label: str, base: Callable, pkg: Callable) -> None:
+        b, p = timed(base, self.repeat), timed(pkg, self.repeat)
+        ratio = statistics.median(b) / statistics.median(p)
+        self.results[metric] = round(ratio, 2)
+        self.rows.append((label, summary(b), summary(p), ratio))
+        print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
+
+    def row(self, metric: str, label: str, base: list, pkg: list, ratio: float) -> None:
+        self.results[metric] = round(ratio, 1)
+        self.rows.append((label, summary(base), summary(pkg), ratio))
+
+
+def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
+    """ocloc: the PTSS fallback, a batch, small kernels, the warm cache."""
     ptss = xpu_zebin.opencl_to_spirv(
         samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES), ocloc=ocloc
     )
     small = [kernels[f"add{b}"] for b in (256, 512, 1024, 2048)] * 5  # 20 small kernels
-    batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
-    batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
 
     def package(spirv: bytes, **kw) -> xpu_zebin.CompileResult:
         return xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, **{"cache": False, **kw})
 
-    # Warm the package's persistent worker once, as a long-lived process has it.
-    package(kernels["add256"])
-    rows = []
-    results: Dict[str, float] = {}
-
-    def compare(metric: str, label: str, base: Callable, pkg: Callable) -> None:
-        b, p = timed(base, repeat), timed(pkg, repeat)
-        ratio = statistics.median(b) / statistics.median(p)
-        results[metric] = round(ratio, 2)
-        rows.append((label, summary(b), summary(p), ratio))
-        print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
-
-    compare(
+    package(kernels["add256"])  # warm the persistent worker once, as a long-lived process has it
+    bench.compare(
         "fallback_speedup", "PTSS kernel, needs large GRF",
         lambda: baseline_compile(ocloc, ptss), lambda: package(ptss),
     )  # fmt: skip
-    compare(
+    bench.compare(
         "batch_speedup", f"mixed batch of {len(batch)} Triton kernels",
         lambda: [baseline_compile(ocloc, s) for s in batch],
         lambda: xpu_zebin.compile_many(
             [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
         ),
     )  # fmt: skip
-    if args.dask:
-        dask_batch(ocloc, batch, repeat, rows, results)
-    compare(
+    if dask:
+        dask_batch(ocloc, batch, bench.repeat, bench.rows, bench.results)
+    bench.compare(
         "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
         lambda: [baseline_compile(ocloc, s) for s in small],
         lambda: [package(s) for s in small],
     )  # fmt: skip
-
     heavy = kernels["matmul128"]
     with tempfile.TemporaryDirectory() as cache_dir:
         cold = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), 1)
-        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), max(repeat, 5))
-    results["warm_cache_speedup"] = round(cold[0] / statistics.median(warm), 1)
-    rows.append(("register-heavy matmul: cold / warm cache", summary(cold), summary(warm),
-                 results["warm_cache_speedup"]))  # fmt: skip
+        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), max(bench.repeat, 5))
+    bench.row("warm_cache_speedup", "register-heavy matmul: cold / warm cache", cold, warm,
+              cold[0] / statistics.median(warm))  # fmt: skip
 
+
+def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
+    """Level Zero on the simulated device: upstream's load_binary builds in-process, one GRF
+    mode after the other; the package builds in crash-isolated workers, concurrently."""
+    heavy, repeat = kernels["matmul128"], bench.repeat
     with tempfile.TemporaryDirectory() as cache_dir:
 
         def ze_load(cache: bool):
@@ -367,12 +359,9 @@ def main() -> int:
         ze_load(True)  # store the native binary
         jit = timed(lambda: ze_load(False), repeat)
         native = timed(lambda: ze_load(True), max(repeat, 5))
-    results["ze_warm_load_speedup"] = round(statistics.median(jit) / statistics.median(native), 1)
-    rows.append(("Level Zero: JIT load / warm native load", summary(jit), summary(native),
-                 results["ze_warm_load_speedup"]))  # fmt: skip
+    bench.row("ze_warm_load_speedup", "Level Zero: JIT load / warm native load", jit, native,
+              statistics.median(jit) / statistics.median(native))  # fmt: skip
 
-    # Level Zero on the simulated device: upstream's load_binary builds in-process, one GRF
-    # mode after the other; the package builds in crash-isolated workers, concurrently.
     def ze(spirv: bytes, **kw) -> None:
         kernel = _core.validate_spirv(spirv)[0]
         with xpu_zebin.compile_and_load(spirv, kernel, **{"cache": False, **kw}):
@@ -388,41 +377,32 @@ def main() -> int:
             r.close()
 
     ze_many([kernels["add256"]] * 2)  # two warm workers, as a long-lived process has them
-    # A real Triton matmul (64x64x32, 4 warps) that spills at 128 GRF and is retried; its two
-    # builds take about as long each (measured 0.96 s and 0.91 s), the case speculation is
-    # for. The gain is bounded by (t_128 + t_256) / max(t_128, t_256): 1.63 for matmul128,
-    # whose 128-GRF build takes 7.3 s and 256-GRF build 4.6 s.
-    compare(
+    # A real Triton matmul (64x64x32, 4 warps) that spills at 128 GRF (more than 16 slots per
+    # lane) and is retried; its two builds take about as long each, the case speculation is
+    # for. The gain is bounded by (t_128 + t_256) / max(t_128, t_256).
+    bench.compare(
         "ze_fallback_speedup", "Level Zero: kernel retried in large GRF",
         lambda: ze(kernels["matmul64"], isolated=False), lambda: ze(kernels["matmul64"]),
     )  # fmt: skip
-    compare(
+    bench.compare(
         "ze_batch_speedup", f"Level Zero: batch of {len(batch)} Triton kernels",
         lambda: [ze(s, isolated=False) for s in batch], lambda: ze_many(batch),
     )  # fmt: skip
     small_in_process = timed(lambda: ze(kernels["add1024"], isolated=False), max(repeat, 20))
     small_isolated = timed(lambda: ze(kernels["add1024"]), max(repeat, 20))
     overhead = statistics.median(small_isolated) / statistics.median(small_in_process) - 1
-    results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
-    rows.append(("Level Zero small kernel: in-process/isolated", summary(small_in_process),
-                 summary(small_isolated), 1 / (1 + overhead)))  # fmt: skip
+    bench.results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
+    bench.rows.append(("Level Zero small kernel: in-process/isolated", summary(small_in_process),
+                       summary(small_isolated), 1 / (1 + overhead)))  # fmt: skip
 
-    sweep(ocloc, repeat, rows, results)
 
-    spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
-    spv_path.write_bytes(heavy)
-    results["peak_rss_mb"] = {
-        "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),
-        "package_workers": round(peak_rss_mb("package", ocloc, spv_path), 1),
-    }
-    _core.shutdown_workers()
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+def print_report(bench: Bench, ocloc: str, machine: str) -> None:
+    results = bench.results
     print(f"\nxpu-zebin {xpu_zebin.__version__} vs upstream make_zebin approach ({machine})")
     print(f"compiler: {ocloc}\n")
     print(f"| {'case':44} | {'baseline (median [min-max])':28} | {'xpu-zebin':28} | ratio |")
     print(f"|{'-' * 46}|{'-' * 30}|{'-' * 30}|-------|")
-    for label, b, p, r in rows:
+    for label, b, p, r in bench.rows:
         print(f"| {label:44} | {b:28} | {p:28} | {r:5.1f} |")
     rss = results["peak_rss_mb"]
     print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
@@ -434,9 +414,44 @@ def main() -> int:
           f"ocloc/IGC {split['igc_s']} s")  # fmt: skip
     print("Level Zero isolation overhead on a small kernel (warm worker): "
           f"{results['ze_isolation_overhead_percent']}%")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--ocloc", default=None, help="compiler for both sides (default: discovery)"
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
+    )
+    parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
+    parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_probe:
+        return rss_probe(args.rss_probe, args.ocloc, args.spirv)
+    ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
+    bench = Bench(max(1, args.repeat))
+    print(f"compiler: {ocloc}", file=sys.stderr)
+    kernels = triton_spirv()
+    batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
+    batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
+    offline_cases(bench, ocloc, kernels, batch, args.dask)
+    level_zero_cases(bench, kernels, batch)
+    sweep(ocloc, bench.repeat, bench.rows, bench.results)
+    spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
+    spv_path.write_bytes(kernels["matmul128"])
+    bench.results["peak_rss_mb"] = {
+        "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),
+        "package_workers": round(peak_rss_mb("package", ocloc, spv_path), 1),
+    }
+    _core.shutdown_workers()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print_report(bench, ocloc, machine)
     if args.json:
-        results.update(compiler=ocloc, machine=machine, repeat=repeat)
-        print(json.dumps(results))
+        bench.results.update(compiler=ocloc, machine=machine, repeat=bench.repeat)
+        print(json.dumps(bench.results))
     return 0
 
 

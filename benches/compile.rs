@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-use xpu_zebin::classify::{classify_failure, spills_from_log, Exit};
+use xpu_zebin::classify::{classify_failure, Exit};
 use xpu_zebin::engine::{compile, CompileRequest};
 use xpu_zebin::{ocloc, pool, spirv, ze, zebin};
 
@@ -84,15 +84,15 @@ fn benches(c: &mut Criterion) {
         &AtomicBool::new(false),
     )
     .expect("pressure kernel SPIR-V");
-    let cancel = AtomicBool::new(false);
-    let request = |spirv: &[u8]| CompileRequest {
-        ocloc: Some(ocloc_path.clone()),
-        cache: false,
-        speculative: Some(false),
-        ..CompileRequest::new(spirv.to_vec(), "pvc")
+    let request = |spirv: &[u8]| {
+        let mut r = CompileRequest::new(spirv.to_vec(), "pvc");
+        r.options.ocloc = Some(ocloc_path.clone());
+        r.options.cache = false;
+        r.options.speculative = Some(false);
+        r
     };
     std::env::set_var(pool::PERSISTENT_ENV, "0");
-    let add_zebin = compile(&request(&add), &cancel)
+    let add_zebin = compile(&request(&add), &AtomicBool::new(false))
         .expect("add compiles")
         .binary;
     let ptss_log = "warning: in kernel 'K': [RetryManager] Start recompilation of the kernel\n\
@@ -109,61 +109,67 @@ fn benches(c: &mut Criterion) {
     g.bench_function("classify_ptss_log", |b| {
         b.iter(|| classify_failure(Exit::Code(245), black_box(ptss_log)))
     });
-    g.bench_function("spills_from_log", |b| {
-        b.iter(|| spills_from_log(black_box(ptss_log)))
-    });
     g.finish();
+    compile_small_kernel(c, &add, &add_zebin, &request);
+    pool::shutdown();
+}
+
+fn compile_small_kernel(
+    c: &mut Criterion,
+    add: &[u8],
+    add_zebin: &[u8],
+    request: &dyn Fn(&[u8]) -> CompileRequest,
+) {
+    let cancel = AtomicBool::new(false);
 
     let mut g = c.benchmark_group("compile_small_kernel");
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.bench_function("ocloc_one_shot", |b| {
         std::env::set_var(pool::PERSISTENT_ENV, "0");
-        b.iter(|| compile(&request(&add), &cancel).unwrap())
+        b.iter(|| compile(&request(add), &cancel).unwrap())
     });
     if configure_worker_python() {
         std::env::set_var(pool::PERSISTENT_ENV, "1");
-        compile(&request(&add), &cancel).expect("worker warm-up");
+        compile(&request(add), &cancel).expect("worker warm-up");
         g.bench_function("ocloc_persistent_worker", |b| {
-            b.iter(|| compile(&request(&add), &cancel).unwrap())
+            b.iter(|| compile(&request(add), &cancel).unwrap())
         });
     }
     let cache_dir = tempfile::tempdir().unwrap();
-    let cached = CompileRequest {
-        cache: true,
-        cache_dir: Some(cache_dir.path().to_path_buf()),
-        ..request(&add)
-    };
+    let mut cached = request(add);
+    cached.options.cache = true;
+    cached.options.cache_dir = Some(cache_dir.path().to_path_buf());
     compile(&cached, &cancel).expect("fill the cache");
     g.bench_function("warm_cache_hit", |b| {
         b.iter(|| compile(&cached, &cancel).unwrap())
     });
 
     std::env::set_var(ze::SIMULATED_DEVICE_ENV, "pvc");
-    let load = |is_spv: bool, isolated: bool, binary: &[u8]| ze::load::LoadRequest {
-        is_spv,
-        isolated,
-        cache: false,
-        ..ze::load::LoadRequest::new(binary.to_vec(), "add")
+    let load = |is_spv: bool, isolated: bool, binary: &[u8]| {
+        let mut r = ze::load::LoadRequest::new(binary.to_vec(), "add");
+        r.is_spv = is_spv;
+        r.options.isolated = Some(isolated);
+        r.options.cache = false;
+        r
     };
     let load_now = |r: ze::load::LoadRequest| ze::load::compile_and_load(&r, &cancel);
-    match load_now(load(true, false, &add)) {
+    match load_now(load(true, false, add)) {
         Ok(_) => {
             g.bench_function("level_zero_jit_in_process", |b| {
-                b.iter(|| load_now(load(true, false, &add)).unwrap())
+                b.iter(|| load_now(load(true, false, add)).unwrap())
             });
-            if load_now(load(true, true, &add)).is_ok() {
+            if load_now(load(true, true, add)).is_ok() {
                 g.bench_function("level_zero_jit_isolated", |b| {
-                    b.iter(|| load_now(load(true, true, &add)).unwrap())
+                    b.iter(|| load_now(load(true, true, add)).unwrap())
                 });
             }
             g.bench_function("level_zero_native_load", |b| {
-                b.iter(|| load_now(load(false, false, &add_zebin)).unwrap())
+                b.iter(|| load_now(load(false, false, add_zebin)).unwrap())
             });
         }
         Err(f) => eprintln!("Level Zero backend skipped: {}", f.error),
     }
     g.finish();
-    pool::shutdown();
 }
 
 criterion_group!(compile_benches, benches);

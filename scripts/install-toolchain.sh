@@ -3,7 +3,7 @@
 #   1. Debian's Intel stack (ocloc 22.x + IGC 1.x, Level Zero loader and driver), when missing;
 #   2. the modern compiler (intel-ocloc 26.x + IGC 2.x from Debian unstable) unpacked into a
 #      cache directory, without touching the system, with an `ocloc` wrapper that runs it under
-#      the glibc it was built for (DESIGN.md §4).
+#      the glibc it was built for (docs/design.md §4).
 # Prints the modern wrapper's path on its last line. Versions are never pinned.
 set -euo pipefail
 

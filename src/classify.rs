@@ -26,11 +26,6 @@ static PTSS: LazyLock<Regex> = LazyLock::new(|| {
 static PTSS_LOOSE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)scratch space exceeds[^\n]*limit|max permitted PTSS").unwrap()
 });
-// "warning: kernel K  compiled SIMD16 allocated 128 regs and spilled around 859" (IGC 1.x)
-// "warning: in kernel 'K': compiled SIMD32 allocated 256 regs and spilled around 4046" (2.x)
-static SPILLED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)allocated\s+(\d+)\s+regs\s+and\s+spilled\s+around\s+(\d+)").unwrap()
-});
 static UNSUPPORTED_DEVICE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)Cannot get HW Info for device|Could not determine device target|Unknown device|Invalid device").unwrap()
 });
@@ -64,14 +59,6 @@ fn scratch_overflow_error(log: &str) -> Option<BuildError> {
     })
 }
 
-/// The largest "spilled around N" a compiler warned about, if any.
-pub fn spills_from_log(log: &str) -> Option<u64> {
-    SPILLED
-        .captures_iter(log)
-        .filter_map(|c| c[2].parse::<u64>().ok())
-        .max()
-}
-
 pub fn signal_name(signal: i32) -> &'static str {
     match signal {
         libc::SIGSEGV => "SIGSEGV",
@@ -95,32 +82,36 @@ fn headline(log: &str) -> Option<&str> {
         .or_else(|| lines.rfind(|l| !l.starts_with("Command was:")))
 }
 
+/// A compiler that did not exit by itself: killed at its deadline, cancelled, crashed.
+fn ended_early(exit: Exit) -> BuildError {
+    match exit {
+        Exit::TimedOut { seconds } => BuildError::new(
+            ErrorKind::Timeout,
+            format!("the compiler did not finish within {seconds} s and was killed"),
+        ),
+        Exit::Cancelled => {
+            BuildError::new(ErrorKind::Cancelled, "cancelled; the compiler was killed")
+        }
+        Exit::Signal(sig) => BuildError::new(
+            ErrorKind::CompilerCrash,
+            format!(
+                "the compiler crashed: killed by {} ({sig})",
+                signal_name(sig)
+            ),
+        ),
+        Exit::Code(code) => BuildError::new(
+            ErrorKind::Internal,
+            format!("exit {code} taken for an early end (a bug in xpu-zebin)"),
+        ),
+    }
+}
+
 /// Name the cause of a failed compile from how it ended and what it printed.
 pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
     let code = match exit {
-        Exit::TimedOut { seconds } => {
-            return err(
-                ErrorKind::Timeout,
-                format!("the compiler did not finish within {seconds} s and was killed"),
-            )
-        }
-        Exit::Cancelled => {
-            return err(
-                ErrorKind::Cancelled,
-                "cancelled; the compiler was killed".into(),
-            )
-        }
-        Exit::Signal(sig) => {
-            return err(
-                ErrorKind::CompilerCrash,
-                format!(
-                    "the compiler crashed: killed by {} ({sig})",
-                    signal_name(sig)
-                ),
-            )
-        }
         Exit::Code(code) => code,
+        other => return ended_early(other).with_log(log),
     };
     if let Some(e) = scratch_overflow_error(log) {
         return e;
@@ -216,14 +207,6 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::ScratchOverflow);
         assert_eq!((e.required, e.limit), (Some(265792), Some(262144)));
         assert_eq!(e.log, igc2);
-    }
-
-    #[test]
-    fn spills_take_the_largest() {
-        let log = "warning: kernel k  compiled SIMD16 allocated 128 regs and spilled around 859\n\
-                   warning: in kernel 'k': compiled SIMD32 allocated 256 regs and spilled around 4046";
-        assert_eq!(spills_from_log(log), Some(4046));
-        assert_eq!(spills_from_log("Build succeeded."), None);
     }
 
     #[test]

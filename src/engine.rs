@@ -1,40 +1,30 @@
 //! The offline compile engine: validate, consult the cache, run the GRF ladder through
-//! ocloc, classify, choose. `compile_many` runs requests with bounded parallelism.
+//! ocloc, classify, choose (`ladder::settle`). `compile_many` runs requests with bounded
+//! parallelism.
 
-use crate::cache::{self, Cache, Lookup};
-use crate::classify::{classify_failure, spills_from_log, Exit};
-use crate::error::{BuildError, ErrorKind, Result};
-use crate::grf::{self, GrfMode};
-use crate::ladder::{self, Choice, Speculation};
+use crate::cache::Cache;
+use crate::classify::{classify_failure, Exit};
+use crate::error::{BuildError, ErrorKind};
+use crate::grf;
+use crate::key::{KeyInputs, Purpose};
+use crate::ladder::{self, Build, Plan, Settled, Speculation};
 use crate::ocloc::{self, JobSpec};
-use crate::zebin::{self, ZebinInfo};
+use crate::options::Options;
+use crate::spill::{Path, Spill};
+use crate::zebin;
 use crate::{batch, spirv};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-/// Environment variable for the default compile timeout in seconds (0: none).
-pub const TIMEOUT_ENV: &str = "XPU_ZEBIN_TIMEOUT";
-/// Without a setting, a compile that runs this long is considered hung.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(900);
+pub use crate::ladder::{Attempt, Failure};
 
 #[derive(Debug, Clone)]
 pub struct CompileRequest {
     pub spirv: Vec<u8>,
+    /// The `ocloc -device` name, e.g. `pvc`.
     pub device: String,
-    pub build_flags: String,
-    pub grf_mode: String,
-    pub num_warps: Option<u32>,
-    pub kernel_name: Option<String>,
-    pub ocloc: Option<PathBuf>,
-    pub timeout: Option<Duration>,
-    pub cache: bool,
-    pub cache_dir: Option<PathBuf>,
-    /// Spill size above which a successful default-GRF build is retried in large GRF.
-    pub spill_threshold: u64,
-    /// Run the default and large-GRF builds at once. `None`: only when a core is idle.
-    pub speculative: Option<bool>,
+    pub options: Options,
 }
 
 impl CompileRequest {
@@ -42,21 +32,10 @@ impl CompileRequest {
         CompileRequest {
             spirv,
             device: device.to_string(),
-            build_flags: String::new(),
-            grf_mode: "default".to_string(),
-            num_warps: None,
-            kernel_name: None,
-            ocloc: None,
-            timeout: None,
-            cache: true,
-            cache_dir: None,
-            spill_threshold: 0,
-            speculative: None,
+            options: Options::default(),
         }
     }
 }
-
-pub use crate::ladder::Attempt;
 
 /// A successful compile.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,7 +47,8 @@ pub struct Compiled {
     pub build_flags: String,
     pub grf_mode: String,
     pub n_regs: u32,
-    pub spill_size: u64,
+    /// The kernel's spills, bytes per hardware thread, and its SIMD width.
+    pub spill: Spill,
     /// The first attempt failed and a large-GRF attempt rescued the build.
     pub recovered: bool,
     pub cached: bool,
@@ -80,65 +60,23 @@ pub struct Compiled {
     pub notes: Vec<String>,
 }
 
-/// A failed compile: the error to raise and the attempts that led to it.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub error: BuildError,
-    pub attempts: Vec<Attempt>,
-    pub notes: Vec<String>,
-}
-
 /// What `compile` returns; the failure is boxed because it is large and rare.
 pub type Outcome = std::result::Result<Compiled, Box<Failure>>;
 
-impl From<BuildError> for Failure {
-    fn from(error: BuildError) -> Self {
-        Failure {
-            error,
-            attempts: Vec::new(),
-            notes: Vec::new(),
-        }
-    }
-}
-
-impl From<BuildError> for Box<Failure> {
-    fn from(error: BuildError) -> Self {
-        Box::new(error.into())
-    }
-}
-
-/// The time limit of each compiler run: the request's, else `XPU_ZEBIN_TIMEOUT`, else the
-/// default; zero means none. A bad variable is an `invalid_argument` naming it.
-pub(crate) fn effective_timeout(requested: Option<Duration>) -> Result<Option<Duration>> {
-    let timeout = match requested {
-        Some(t) => t,
-        None => crate::knobs::seconds_knob(TIMEOUT_ENV, DEFAULT_TIMEOUT)?,
-    };
-    Ok((!timeout.is_zero()).then_some(timeout))
-}
-
-/// What every request checks before anything runs: the environment's knobs, and text that
-/// would reach a compiler cut at a NUL.
-pub(crate) fn check_request(texts: &[(&str, &str)]) -> Result<()> {
-    crate::knobs::check()?;
-    texts
-        .iter()
-        .try_for_each(|(name, value)| crate::knobs::text_argument(name, value))
-}
-
+/// One ocloc build of the module: its zebin and what the requested kernel spills.
 struct Built {
     binary: Vec<u8>,
-    spill_size: u64,
+    spill: Spill,
     log: String,
 }
 
-/// Spills from `.ze_info`'s spill_size, else from the compiler's warnings, else scratch.
-fn spill_size(info: &ZebinInfo, kernel: &str, log: &str) -> u64 {
-    let k = info.kernel(kernel).or(info.kernels.first());
-    k.and_then(|k| k.spill_size)
-        .or_else(|| spills_from_log(log))
-        .or_else(|| k.map(|k| k.scratch_size))
-        .unwrap_or(0)
+impl Build for Built {
+    fn spill(&self) -> Spill {
+        self.spill
+    }
+    fn log(&self) -> &str {
+        &self.log
+    }
 }
 
 fn build_once(
@@ -148,7 +86,7 @@ fn build_once(
     flags: &str,
     timeout: Option<Duration>,
     cancel: &[&AtomicBool],
-) -> (Attempt, Result<Built>) {
+) -> ladder::Tried<Built> {
     let mut args = vec![
         "-spirv_input".to_string(),
         "-device".to_string(),
@@ -167,16 +105,15 @@ fn build_once(
     let (result, seconds) = match ocloc::run(ocloc_path, &spec) {
         Err(e) => (Err(e), 0.0),
         Ok(run) => {
-            let seconds = run.seconds;
             let result = match (run.exit, run.output) {
-                (Exit::Code(0), Some(binary)) => match zebin::parse(&binary) {
-                    Ok(info) => Ok(Built {
-                        spill_size: spill_size(&info, kernel, &run.log),
+                (Exit::Code(0), Some(binary)) => zebin::parse(&binary)
+                    .and_then(|info| info.kernel_spill(kernel))
+                    .map(|spill| Built {
+                        spill,
                         binary,
-                        log: run.log,
-                    }),
-                    Err(e) => Err(e.with_log(run.log)),
-                },
+                        log: run.log.clone(),
+                    })
+                    .map_err(|e| e.with_log(run.log)),
                 (Exit::Code(0), None) => Err(BuildError::new(
                     ErrorKind::DegenerateBinary,
                     "ocloc reported success but wrote no binary",
@@ -184,13 +121,10 @@ fn build_once(
                 .with_log(run.log)),
                 (exit, _) => Err(classify_failure(exit, &run.log)),
             };
-            (result, seconds)
+            (result, run.seconds)
         }
     };
-    (
-        Attempt::new(flags, seconds, &result, |b| b.spill_size),
-        result,
-    )
+    (Attempt::new(flags, seconds, &result), result)
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
@@ -205,16 +139,10 @@ fn compile_inner(
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
-    check_request(&[
-        ("build_flags", &req.build_flags),
-        ("device", &req.device),
-        ("grf_mode", &req.grf_mode),
-        ("kernel_name", req.kernel_name.as_deref().unwrap_or("")),
-    ])?;
-    let timeout = effective_timeout(req.timeout)?;
-    let info = spirv::validate(&req.spirv)?;
-    let kernel = info.select_kernel(req.kernel_name.as_deref())?;
-    let mode = GrfMode::parse(&req.grf_mode)?;
+    let o = &req.options;
+    o.check(&[("device", &req.device)])?;
+    let timeout = crate::knobs::effective_timeout(o.timeout)?;
+    let kernel = spirv::validate(&req.spirv)?.select_kernel(o.kernel_name.as_deref())?;
     if req.device.trim().is_empty() {
         return Err(BuildError::new(
             ErrorKind::InvalidArgument,
@@ -222,74 +150,58 @@ fn compile_inner(
         )
         .into());
     }
-    let ocloc_path = ocloc::discover(req.ocloc.as_deref())?;
-    let ladder = grf::ladder(&req.build_flags, mode, req.num_warps, &req.device);
-    let mut notes = Vec::new();
-
-    // The cache and this request's key in it; the key needs the compiler's identity.
-    let cached = if req.cache {
+    let rule = o.rule(Path::Offline)?;
+    let ladder = o.ladder(o.device_arch.as_deref().unwrap_or(&req.device))?;
+    let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
+    // The key needs the compiler's identity (a version and build of IGC).
+    let cache = if o.cache {
         let identity = ocloc::identity(&ocloc_path)?;
-        let key = cache::key(&[
-            b"offline-ocloc-v2",
-            &req.spirv,
-            req.device.as_bytes(),
-            ladder.join("\n").as_bytes(),
-            &req.spill_threshold.to_le_bytes(),
-            identity.as_bytes(),
-        ]);
-        Some((Cache::open(req.cache_dir.as_deref()), key))
+        let key = KeyInputs {
+            purpose: Purpose::Offline,
+            input: &req.spirv,
+            kernel: &kernel,
+            flags: &ladder,
+            rule: Some(rule),
+            target: &[&req.device, &identity],
+        }
+        .key();
+        Some((Cache::open(o.cache_dir.as_deref()), key))
     } else {
         None
     };
-    if let Some((cache, key)) = &cached {
-        match cache.get::<Compiled>(key) {
-            Lookup::Hit(mut hit, binary) => {
-                hit.binary = binary;
-                hit.cached = true;
-                hit.kernel = kernel;
-                return Ok(hit);
-            }
-            Lookup::Corrupt(note) => notes.push(note),
-            Lookup::Miss => {}
-        }
-    }
-
-    let speculation = Speculation::choose(req.speculative, req.spirv.len(), may_speculate);
-    let Choice {
-        chosen,
-        built,
-        attempts,
-        notes,
-    } = ladder::run(
-        &ladder,
-        req.spill_threshold,
-        speculation,
+    let plan = Plan {
+        ladder: &ladder,
+        rule,
+        speculation: Speculation::choose(o.speculative, req.spirv.len(), may_speculate),
         cancel,
+        cache,
+    };
+    let Settled {
+        product: binary,
+        record,
+        cached,
         notes,
-        |b: &Built| b.spill_size,
+    } = ladder::settle(
+        plan,
+        |_, binary| Ok(binary),
         |flags, cancel| build_once(&ocloc_path, req, &kernel, flags, timeout, cancel),
+        |built: Built, _| Ok(built.binary),
+        Vec::clone,
     )?;
-    let build_flags = ladder[chosen].clone();
-    let mut compiled = Compiled {
+    Ok(Compiled {
         kernel,
         device: req.device.clone(),
-        n_regs: grf::n_regs(&build_flags),
-        grf_mode: req.grf_mode.clone(),
-        build_flags,
-        spill_size: built.spill_size,
-        recovered: chosen > 0 && !attempts[0].ok,
-        cached: false,
-        attempts,
-        log: built.log,
-        binary: built.binary,
+        binary,
+        n_regs: grf::n_regs(&record.build_flags),
+        build_flags: record.build_flags,
+        grf_mode: o.grf_mode.clone(),
+        spill: record.spill,
+        recovered: record.recovered,
+        cached,
+        attempts: record.attempts,
+        log: record.log,
         notes,
-    };
-    if let Some((cache, key)) = &cached {
-        if let Some(note) = cache.put(key, &compiled, &compiled.binary) {
-            compiled.notes.push(note);
-        }
-    }
-    Ok(compiled)
+    })
 }
 
 pub use crate::batch::default_jobs;

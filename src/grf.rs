@@ -1,7 +1,8 @@
 //! GRF policy: which build flags to try, in which order, and which attempt wins.
-//! Upstream's contract (DESIGN.md §2), kept in one place so every backend agrees.
+//! Upstream's contract (docs/design.md §2), kept in one place so every backend agrees.
 
 use crate::error::{BuildError, ErrorKind, Result};
+use crate::spill::{Rule, Spill};
 
 pub const GRF_128: &str = "-cl-intel-128-GRF-per-thread";
 pub const GRF_256: &str = "-cl-intel-256-GRF-per-thread";
@@ -69,12 +70,13 @@ fn join(base: &str, extra: &str) -> String {
     format!("{} {}", base.trim(), extra).trim().to_string()
 }
 
-/// The build flags to try, in order. Two entries mean "default, then large GRF".
+/// The build flags to try, in order. Two entries mean "default, then `large`" (`None`:
+/// the target has no larger GRF mode, so nothing is retried).
 pub fn ladder(
     build_flags: &str,
     grf_mode: GrfMode,
     num_warps: Option<u32>,
-    device_arch: &str,
+    large: Option<&str>,
 ) -> Vec<String> {
     let base = build_flags.split_whitespace().collect::<Vec<_>>().join(" ");
     match grf_mode {
@@ -82,23 +84,21 @@ pub fn ladder(
         GrfMode::Fixed(_) => vec![base],
         GrfMode::Default if has_explicit_grf_flag(&base) => vec![base],
         GrfMode::Default if num_warps.is_some_and(|w| w > MAX_WARPS_FOR_LARGE_GRF) => vec![base],
-        GrfMode::Default => {
-            let large = join(&base, large_grf_flag(device_arch));
-            vec![base, large]
-        }
+        GrfMode::Default => match large {
+            Some(large) => {
+                let large = join(&base, large);
+                vec![base, large]
+            }
+            None => vec![base],
+        },
     }
-}
-
-/// Is a successful first attempt with these spills good enough to skip the large-GRF retry?
-pub fn accepts(spill_size: u64, spill_threshold: u64) -> bool {
-    spill_size <= spill_threshold
 }
 
 /// Does a first attempt (its spills if it built, its error kind if not) call for the
 /// large-GRF retry? Failures that would fail the same way again are not retried.
-pub fn needs_retry(first: Result<u64, ErrorKind>, spill_threshold: u64) -> bool {
+pub fn needs_retry(first: Result<Spill, ErrorKind>, rule: Rule) -> bool {
     match first {
-        Ok(spills) => !accepts(spills, spill_threshold),
+        Ok(spill) => rule.retries(spill),
         Err(kind) => matches!(
             kind,
             ErrorKind::ScratchOverflow
@@ -118,15 +118,13 @@ pub enum Pick {
     Neither,
 }
 
-/// Upstream's choice: a failed first build takes a good retry (a recovery); a failed retry
-/// keeps a good first build; of two good builds the retry wins unless it spills more.
-pub fn pick(first: Option<u64>, retry: Option<u64>) -> Pick {
-    match (first, retry) {
-        (None, None) => Pick::Neither,
-        (None, Some(_)) => Pick::Retry,
-        (Some(_), None) => Pick::First,
-        (Some(f), Some(r)) if r <= f => Pick::Retry,
-        (Some(_), Some(_)) => Pick::First,
+/// Upstream's choice (`load_binary`): a retry that built wins (it was made because the
+/// first failed or spilled too much); a failed retry keeps a good first build.
+pub fn pick(first_built: bool, retry_built: bool) -> Pick {
+    match (first_built, retry_built) {
+        (_, true) => Pick::Retry,
+        (true, false) => Pick::First,
+        (false, false) => Pick::Neither,
     }
 }
 
@@ -137,18 +135,20 @@ mod tests {
     #[test]
     fn ladder_follows_upstream() {
         let d = GrfMode::Default;
-        assert_eq!(ladder("", d, None, "pvc"), vec!["", GRF_256]);
+        let pvc = Some(large_grf_flag("pvc"));
+        assert_eq!(ladder("", d, None, pvc), vec!["", GRF_256]);
         assert_eq!(
-            ladder("-O2", d, Some(32), "cri"),
+            ladder("-O2", d, Some(32), Some(large_grf_flag("cri"))),
             vec!["-O2", &format!("-O2 {GRF_512}")]
         );
-        assert_eq!(ladder("", d, Some(64), "pvc"), vec![""]);
-        assert_eq!(ladder(GRF_128, d, None, "pvc"), vec![GRF_128]);
-        assert_eq!(ladder(&format!("-x {GRF_256}"), d, None, "pvc").len(), 1);
+        assert_eq!(ladder("", d, Some(64), pvc), vec![""]);
+        assert_eq!(ladder("", d, None, None), vec![""]);
+        assert_eq!(ladder(GRF_128, d, None, pvc), vec![GRF_128]);
+        assert_eq!(ladder(&format!("-x {GRF_256}"), d, None, pvc).len(), 1);
         let fixed = GrfMode::parse("256").unwrap();
-        assert_eq!(ladder("", fixed, None, "pvc"), vec![GRF_256]);
+        assert_eq!(ladder("", fixed, None, pvc), vec![GRF_256]);
         assert_eq!(
-            ladder("", GrfMode::parse("auto").unwrap(), None, "pvc"),
+            ladder("", GrfMode::parse("auto").unwrap(), None, pvc),
             vec![GRF_AUTO]
         );
         assert!(GrfMode::parse("huge").is_err());
@@ -156,14 +156,14 @@ mod tests {
 
     #[test]
     fn pick_follows_upstream() {
-        assert_eq!(pick(None, Some(10)), Pick::Retry);
-        assert_eq!(pick(Some(10), None), Pick::First);
-        assert_eq!(pick(None, None), Pick::Neither);
-        assert_eq!(pick(Some(10), Some(5)), Pick::Retry);
-        assert_eq!(pick(Some(5), Some(10)), Pick::First);
-        assert!(needs_retry(Err(ErrorKind::ScratchOverflow), 0));
-        assert!(!needs_retry(Err(ErrorKind::UnsupportedDevice), 0));
-        assert!(needs_retry(Ok(1), 0) && !needs_retry(Ok(1), 1));
+        assert_eq!(pick(false, true), Pick::Retry);
+        assert_eq!(pick(true, false), Pick::First);
+        assert_eq!(pick(false, false), Pick::Neither);
+        assert_eq!(pick(true, true), Pick::Retry);
+        assert!(needs_retry(Err(ErrorKind::ScratchOverflow), Rule::Never));
+        assert!(!needs_retry(Err(ErrorKind::UnsupportedDevice), Rule::Any));
+        let one = Spill { bytes: 1, simd: 16 };
+        assert!(needs_retry(Ok(one), Rule::Any) && !needs_retry(Ok(one), Rule::Bytes(1)));
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub enum Kind {
     Seconds,
     /// A path or a name: any text.
     Text,
+    /// A spill policy name (`spill.rs`).
+    SpillPolicy,
 }
 
 /// Every knob the package reads, with what it holds.
@@ -35,6 +37,7 @@ pub const KNOBS: &[(&str, Kind)] = &[
     ("XPU_ZEBIN_CACHE_DIR", Kind::Text),
     ("XPU_ZEBIN_CORE_SLOTS_DIR", Kind::Text),
     ("XPU_ZEBIN_SIMULATED_DEVICE", Kind::Text),
+    ("XPU_ZEBIN_SPILL_POLICY", Kind::SpillPolicy),
 ];
 
 fn bad(name: &str, value: &str, expected: &str) -> BuildError {
@@ -127,6 +130,10 @@ fn check_one(name: &str, kind: Kind) -> Result<()> {
         Kind::Seconds => seconds_knob(name, Duration::ZERO).map(drop),
         // Paths: any bytes Linux allows (a path cannot even hold a NUL).
         Kind::Text => Ok(()),
+        Kind::SpillPolicy => match raw(name)? {
+            Some(text) => crate::spill::SpillPolicy::parse(&text, name).map(drop),
+            None => Ok(()),
+        },
     }
 }
 
@@ -135,6 +142,35 @@ pub fn check() -> Result<()> {
     KNOBS
         .iter()
         .try_for_each(|&(name, kind)| check_one(name, kind))
+}
+
+/// Environment variable for the default compile timeout in seconds (0: none).
+pub const TIMEOUT_ENV: &str = "XPU_ZEBIN_TIMEOUT";
+/// Without a setting, a compile that runs this long is considered hung.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The time limit of each compiler run: the request's, else `XPU_ZEBIN_TIMEOUT`, else the
+/// default; zero means none. A bad variable is an `invalid_argument` naming it.
+pub fn effective_timeout(requested: Option<Duration>) -> Result<Option<Duration>> {
+    let timeout = match requested {
+        Some(t) => t,
+        None => seconds_knob(TIMEOUT_ENV, DEFAULT_TIMEOUT)?,
+    };
+    Ok((!timeout.is_zero()).then_some(timeout))
+}
+
+/// What every request checks before anything runs: the environment's knobs, and text that
+/// would reach a compiler cut at a NUL.
+pub fn check_request(texts: &[(&str, &str)]) -> Result<()> {
+    check()?;
+    texts
+        .iter()
+        .try_for_each(|(name, value)| text_argument(name, value))
+}
+
+/// A text knob: its value, `None` when unset or blank; `Err` when it is not UTF-8.
+pub fn text_knob(name: &str) -> Result<Option<String>> {
+    raw(name)
 }
 
 /// A boolean knob: its value, `default` when unset; `Err` when it does not parse.

@@ -1,12 +1,46 @@
 //! Which attempts, in which order: the GRF ladder run by every backend (ocloc and Level
-//! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), and
-//! the choice between the attempts made. The policy itself is `grf.rs`.
+//! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), the
+//! choice between the attempts made, and the cache around it all ([`settle`]): the same
+//! code for both backends. The policy itself is `grf.rs` and `spill.rs`.
 
-use crate::engine::Failure;
-use crate::error::{AttemptError, Result};
+use crate::cache::{Cache, Lookup};
+use crate::error::{AttemptError, BuildError, ErrorKind, Result};
 use crate::grf::{self, Pick};
+use crate::spill::{Rule, Spill};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A failed compile: the error to raise and the attempts that led to it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub error: BuildError,
+    pub attempts: Vec<Attempt>,
+    pub notes: Vec<String>,
+}
+
+impl From<BuildError> for Failure {
+    fn from(error: BuildError) -> Self {
+        Failure {
+            error,
+            attempts: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+impl From<BuildError> for Box<Failure> {
+    fn from(error: BuildError) -> Self {
+        Box::new(error.into())
+    }
+}
+
+/// What one attempt built, as the ladder needs to see it.
+pub trait Build {
+    /// What the requested kernel spills.
+    fn spill(&self) -> Spill;
+    /// The compiler's output.
+    fn log(&self) -> &str;
+}
 
 /// One build of the ladder.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -20,16 +54,11 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    pub fn new<B>(
-        flags: &str,
-        seconds: f64,
-        result: &Result<B>,
-        spills: impl Fn(&B) -> u64,
-    ) -> Self {
+    pub fn new<B: Build>(flags: &str, seconds: f64, result: &Result<B>) -> Self {
         Attempt {
             build_flags: flags.to_string(),
             ok: result.is_ok(),
-            spill_size: result.as_ref().ok().map(spills),
+            spill_size: result.as_ref().ok().map(|b| b.spill().bytes),
             seconds,
             error: result.as_ref().err().map(AttemptError::from),
         }
@@ -40,14 +69,10 @@ impl Attempt {
 pub type Tried<B> = (Attempt, Result<B>);
 
 /// Make one attempt with `build`, timed and recorded.
-pub fn timed<B>(
-    flags: &str,
-    spills: impl Fn(&B) -> u64,
-    build: impl FnOnce() -> Result<B>,
-) -> Tried<B> {
+pub fn timed<B: Build>(flags: &str, build: impl FnOnce() -> Result<B>) -> Tried<B> {
     let started = std::time::Instant::now();
     let result = build();
-    let attempt = Attempt::new(flags, started.elapsed().as_secs_f64(), &result, spills);
+    let attempt = Attempt::new(flags, started.elapsed().as_secs_f64(), &result);
     (attempt, result)
 }
 
@@ -93,69 +118,124 @@ impl<'a> Speculation<'a> {
     }
 }
 
-/// Run `ladder` (one or two build flag sets) with `build`, which makes one attempt and
-/// stops when any of its cancel flags is set. A second rung is tried when the first fails
-/// or spills more than `spill_threshold`; speculation starts it before the first has
-/// answered, and cancels it if the first is accepted: the same answer as in sequence,
-/// sooner. `notes` so far (cache trouble, say) come back first in the choice's or
-/// failure's notes.
-#[allow(clippy::too_many_arguments)]
-pub fn run<B: Send>(
-    ladder: &[String],
-    spill_threshold: u64,
-    speculation: Speculation<'_>,
-    cancel: &AtomicBool,
+/// How one request runs its ladder.
+pub struct Plan<'a> {
+    /// One or two build flag sets: default, then large GRF.
+    pub ladder: &'a [String],
+    pub rule: Rule,
+    pub speculation: Speculation<'a>,
+    pub cancel: &'a AtomicBool,
+    /// The cache and this request's key in it (`key.rs`), when the cache is on.
+    pub cache: Option<(Cache, String)>,
+}
+
+/// What the cache keeps beside a native binary, for either backend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub build_flags: String,
+    pub spill: Spill,
+    pub attempts: Vec<Attempt>,
+    /// The first attempt failed and a large-GRF attempt rescued the build.
+    pub recovered: bool,
+    /// The chosen attempt's compiler output.
+    pub log: String,
+}
+
+/// A request's answer: what it produced, how, and whether it came from the cache.
+pub struct Settled<F> {
+    pub product: F,
+    pub record: Record,
+    pub cached: bool,
+    /// Worth logging, not failures (cache trouble, a spill retry).
+    pub notes: Vec<String>,
+}
+
+/// Answer a request: from the cache when an entry `revive`s (a native binary and its
+/// record; a Level Zero hit loads it), else by running the ladder with `build`, choosing,
+/// `finish`ing the chosen build into the product (a Level Zero build loads its native
+/// binary here), and storing the native binary `native` gives. `recovered` and the cache
+/// record are made here, once, for both backends.
+pub fn settle<B: Build + Send, F>(
+    plan: Plan<'_>,
+    revive: impl FnOnce(&Record, Vec<u8>) -> Result<F>,
+    build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
+    finish: impl FnOnce(B, &str) -> Result<F>,
+    native: impl FnOnce(&F) -> Vec<u8>,
+) -> std::result::Result<Settled<F>, Box<Failure>> {
+    let mut notes = Vec::new();
+    if let Some((cache, key)) = &plan.cache {
+        match cache.get::<Record>(key) {
+            Lookup::Hit(record, binary) => match revive(&record, binary) {
+                Ok(product) => {
+                    return Ok(Settled {
+                        product,
+                        record,
+                        cached: true,
+                        notes,
+                    })
+                }
+                Err(e) => notes.push(format!(
+                    "cached native binary did not load ({e}); rebuilding"
+                )),
+            },
+            Lookup::Corrupt(note) => notes.push(note),
+            Lookup::Miss => {}
+        }
+    }
+    let Choice {
+        chosen,
+        built,
+        attempts,
+        mut notes,
+    } = run(&plan, notes, build)?;
+    let flags = plan.ladder[chosen].clone();
+    let record = Record {
+        spill: built.spill(),
+        log: built.log().to_string(),
+        recovered: chosen > 0 && !attempts[0].ok,
+        build_flags: flags,
+        attempts,
+    };
+    let product = match finish(built, &record.build_flags) {
+        Ok(product) => product,
+        Err(error) => {
+            return Err(Box::new(Failure {
+                error,
+                attempts: record.attempts,
+                notes,
+            }))
+        }
+    };
+    if let Some((cache, key)) = &plan.cache {
+        if let Some(note) = cache.put(key, &record, &native(&product)) {
+            notes.push(note);
+        }
+    }
+    Ok(Settled {
+        product,
+        record,
+        cached: false,
+        notes,
+    })
+}
+
+/// Run the plan's ladder with `build`, which makes one attempt and stops when any of its
+/// cancel flags is set. A second rung is tried when the first fails or its spills call
+/// for it under the plan's rule; speculation starts it before the first has answered, and
+/// cancels it if the first is accepted: the same answer as in sequence, sooner. `notes`
+/// so far come back first in the choice's or failure's notes.
+fn run<B: Build + Send>(
+    plan: &Plan<'_>,
     mut notes: Vec<String>,
-    spills: impl Fn(&B) -> u64 + Sync,
     build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
 ) -> std::result::Result<Choice<B>, Box<Failure>> {
+    let (ladder, cancel) = (plan.ladder, plan.cancel);
     let needs_retry = |first: &Result<B>| {
-        grf::needs_retry(
-            first.as_ref().map(&spills).map_err(|e| e.kind),
-            spill_threshold,
-        )
+        grf::needs_retry(first.as_ref().map(B::spill).map_err(|e| e.kind), plan.rule)
     };
-    let speculate = ladder.len() == 2 && !matches!(speculation, Speculation::Never);
+    let speculate = ladder.len() == 2 && !matches!(plan.speculation, Speculation::Never);
     let (first, retry) = if speculate {
-        let lost = AtomicBool::new(false);
-        let first_done = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            let twin = scope.spawn(|| -> Option<Tried<B>> {
-                let _core = match speculation {
-                    Speculation::WhenIdle(may) => {
-                        let give_up =
-                            || first_done.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed);
-                        Some(crate::pool::wait_for_idle_core(
-                            crate::batch::default_jobs(),
-                            &give_up,
-                            may,
-                        )?)
-                    }
-                    _ => None,
-                };
-                Some(guarded(&build, &ladder[1], &[cancel, &lost]))
-            });
-            let first = guarded(&build, &ladder[0], &[cancel]);
-            first_done.store(true, Ordering::Relaxed);
-            crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
-            if needs_retry(&first.1) {
-                let started = joined(twin, &ladder[1]);
-                if started.is_some() {
-                    notes.push(
-                        "large-GRF build ran alongside the default one (a core was idle)".into(),
-                    );
-                }
-                let retry = started.unwrap_or_else(|| guarded(&build, &ladder[1], &[cancel]));
-                (first, Some(retry))
-            } else {
-                lost.store(true, Ordering::Relaxed);
-                if joined(twin, &ladder[1]).is_some() {
-                    notes
-                        .push("speculative large-GRF build cancelled: default GRF accepted".into());
-                }
-                (first, None)
-            }
-        })
+        run_speculatively(plan, &mut notes, &build, &needs_retry)
     } else {
         let first = guarded(&build, &ladder[0], &[cancel]);
         let retry = (ladder.len() == 2 && needs_retry(&first.1))
@@ -163,14 +243,17 @@ pub fn run<B: Send>(
         (first, retry)
     };
     if let (Ok(b), Some(_)) = (&first.1, &retry) {
+        let spill = b.spill();
         notes.push(format!(
-            "spills {} bytes with '{}'; tried '{}'",
-            spills(b),
+            "spills {} bytes ({} slots per lane) with '{}'; tried '{}' ({} rule)",
+            spill.bytes,
+            spill.slots(),
             ladder[0],
-            ladder[1]
+            ladder[1],
+            plan.rule.name()
         ));
     }
-    match choose(first, retry, &spills) {
+    match choose(first, retry) {
         Ok(mut choice) => {
             choice.notes = notes;
             Ok(choice)
@@ -182,30 +265,82 @@ pub fn run<B: Send>(
     }
 }
 
+/// Both rungs at once (or the second as soon as a core is idle); the second is cancelled
+/// when the first is accepted.
+fn run_speculatively<B: Build + Send>(
+    plan: &Plan<'_>,
+    notes: &mut Vec<String>,
+    build: &(impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync),
+    needs_retry: &(impl Fn(&Result<B>) -> bool + Sync),
+) -> (Tried<B>, Option<Tried<B>>) {
+    let (ladder, cancel) = (plan.ladder, plan.cancel);
+    let lost = AtomicBool::new(false);
+    let first_done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let twin = scope.spawn(|| -> Option<Tried<B>> {
+            let _core = match plan.speculation {
+                Speculation::WhenIdle(may) => {
+                    let give_up =
+                        || first_done.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed);
+                    Some(crate::pool::wait_for_idle_core(
+                        crate::batch::default_jobs(),
+                        &give_up,
+                        may,
+                    )?)
+                }
+                _ => None,
+            };
+            Some(guarded(build, &ladder[1], &[cancel, &lost]))
+        });
+        let first = guarded(build, &ladder[0], &[cancel]);
+        first_done.store(true, Ordering::Relaxed);
+        crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
+        if needs_retry(&first.1) {
+            let started = joined(twin, &ladder[1]);
+            if started.is_some() {
+                notes
+                    .push("large-GRF build ran alongside the default one (a core was idle)".into());
+            }
+            let retry = started.unwrap_or_else(|| guarded(build, &ladder[1], &[cancel]));
+            (first, Some(retry))
+        } else {
+            lost.store(true, Ordering::Relaxed);
+            if joined(twin, &ladder[1]).is_some() {
+                notes.push("speculative large-GRF build cancelled: default GRF accepted".into());
+            }
+            (first, None)
+        }
+    })
+}
+
+/// An attempt's result when it panicked: that attempt's `internal_error`.
+fn panicked<B: Build>(flags: &str, error: BuildError) -> Tried<B> {
+    let result = Err(error);
+    (Attempt::new(flags, 0.0, &result), result)
+}
+
 /// One attempt with `build`; a panic in it is that attempt's `internal_error`.
-fn guarded<B>(
+fn guarded<B: Build>(
     build: &(impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync),
     flags: &str,
     cancel: &[&AtomicBool],
 ) -> Tried<B> {
-    crate::sync::catch("a build attempt", || build(flags, cancel)).unwrap_or_else(|e| {
-        let result = Err(e);
-        (Attempt::new(flags, 0.0, &result, |_: &B| 0), result)
-    })
+    crate::sync::catch("a build attempt", || build(flags, cancel))
+        .unwrap_or_else(|e| panicked(flags, e))
 }
 
 /// The speculative twin's outcome: its attempt if it started; a panic outside the attempt
 /// itself (waiting for a core) is that attempt's `internal_error`.
-fn joined<B>(
+fn joined<B: Build>(
     twin: std::thread::ScopedJoinHandle<'_, Option<Tried<B>>>,
     flags: &str,
 ) -> Option<Tried<B>> {
     twin.join().unwrap_or_else(|_| {
-        let result = Err(crate::error::BuildError::new(
-            crate::error::ErrorKind::Internal,
+        let error = BuildError::new(
+            ErrorKind::Internal,
             "the speculative large-GRF attempt panicked (a bug in xpu-zebin; please report it)",
-        ));
-        Some((Attempt::new(flags, 0.0, &result, |_: &B| 0), result))
+        );
+        Some(panicked(flags, error))
     })
 }
 
@@ -213,19 +348,11 @@ fn joined<B>(
 fn choose<B>(
     first: Tried<B>,
     retry: Option<Tried<B>>,
-    spills: impl Fn(&B) -> u64,
 ) -> std::result::Result<Choice<B>, Box<Failure>> {
     let (a0, r0) = first;
-    let built_spills = |r: &Result<B>| r.as_ref().ok().map(&spills);
     let (p, mut attempts) = match &retry {
-        None => (
-            built_spills(&r0).map_or(Pick::Neither, |_| Pick::First),
-            vec![a0],
-        ),
-        Some((a1, r1)) => (
-            grf::pick(built_spills(&r0), built_spills(r1)),
-            vec![a0, a1.clone()],
-        ),
+        None => (grf::pick(r0.is_ok(), false), vec![a0]),
+        Some((a1, r1)) => (grf::pick(r0.is_ok(), r1.is_ok()), vec![a0, a1.clone()]),
     };
     let (chosen, built) = match (p, r0, retry) {
         (Pick::First, Ok(b), _) => (0, b),
@@ -241,8 +368,8 @@ fn choose<B>(
         // `pick` only chooses an attempt that built; anything else is a bug, said as one.
         _ => {
             return Err(Box::new(Failure {
-                error: crate::error::BuildError::new(
-                    crate::error::ErrorKind::Internal,
+                error: BuildError::new(
+                    ErrorKind::Internal,
                     format!("the GRF policy chose {p:?}, an attempt that did not build"),
                 ),
                 attempts,

@@ -15,12 +15,15 @@ pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod grf;
+pub mod key;
 pub mod knobs;
 pub mod ladder;
 pub mod libocloc;
 pub mod ocloc;
+pub mod options;
 pub mod pool;
 pub mod private;
+pub mod spill;
 pub mod spirv;
 pub mod sync;
 pub mod trusted;
@@ -42,6 +45,8 @@ mod _core {
         CompileResult,
     };
     #[pymodule_export]
+    use crate::bindings::options::PyOptions;
+    #[pymodule_export]
     use crate::bindings::workers::{
         bool_knob, broken_workers, configure_workers, doctor, join_multiprocess_batch,
         ocloc_worker_unavailable, serve_worker, shutdown_workers,
@@ -55,10 +60,12 @@ mod _core {
         m.add("GRF_FLAGS", crate::grf::GRF_FLAGS.to_vec())?;
         m.add("OCLOC_ENV", crate::ocloc::OCLOC_ENV)?;
         m.add("CACHE_DIR_ENV", crate::cache::CACHE_DIR_ENV)?;
-        m.add("TIMEOUT_ENV", crate::engine::TIMEOUT_ENV)?;
+        m.add("TIMEOUT_ENV", crate::knobs::TIMEOUT_ENV)?;
         m.add("PERSISTENT_ENV", crate::pool::PERSISTENT_ENV)?;
         m.add("SIMULATED_DEVICE_ENV", crate::ze::SIMULATED_DEVICE_ENV)?;
         m.add("MAX_SECONDS", crate::knobs::MAX_SECONDS)?;
+        m.add("SPILL_POLICY_ENV", crate::spill::SPILL_POLICY_ENV)?;
+        m.add("ISOLATED_ENV", crate::options::ISOLATED_ENV)?;
         Ok(())
     }
 }

@@ -516,8 +516,8 @@ pub fn opencl_to_spirv(
     options: &str,
     cancel: &AtomicBool,
 ) -> Result<Vec<u8>> {
-    crate::engine::check_request(&[("device", device), ("options", options), ("source", source)])?;
-    let timeout = crate::engine::effective_timeout(None)?;
+    crate::knobs::check_request(&[("device", device), ("options", options), ("source", source)])?;
+    let timeout = crate::knobs::effective_timeout(None)?;
     let mut args = vec![
         "-device".to_string(),
         device.to_string(),

@@ -850,6 +850,21 @@ pub fn call(
     call_with(python, spec, header, payload, cancel, timeout)
 }
 
+/// A worker that answered goes back to its kind's idle list, or ends when the list is
+/// full, it has served its jobs, or idle workers are not kept.
+fn job_done(spec: &WorkerSpec, mut worker: Worker) {
+    worker.jobs += 1;
+    let keep = !idle_exit().is_zero() && worker.jobs < JOBS_PER_WORKER;
+    let mut pool = lock(&POOL);
+    let idle = pool.idle.entry(spec.key.clone()).or_default();
+    if keep && idle.len() < MAX_IDLE_PER_KIND {
+        idle.push(worker);
+    } else {
+        drop(pool);
+        worker.kill();
+    }
+}
+
 fn call_with(
     python: &PythonRuntime,
     spec: &WorkerSpec,
@@ -895,16 +910,7 @@ fn call_with(
         match worker.exchange(header, payload, cancel, deadline) {
             Ok((header, payload)) => {
                 let chatter = worker.new_chatter();
-                worker.jobs += 1;
-                let keep = !idle_exit().is_zero() && worker.jobs < JOBS_PER_WORKER;
-                let mut pool = lock(&POOL);
-                let idle = pool.idle.entry(spec.key.clone()).or_default();
-                if keep && idle.len() < MAX_IDLE_PER_KIND {
-                    idle.push(worker);
-                } else {
-                    drop(pool);
-                    worker.kill();
-                }
+                job_done(spec, worker);
                 return Ok(Reply::Done {
                     header,
                     payload,

@@ -1,6 +1,6 @@
 //! SPIR-V validation before any byte reaches IGC.
 //!
-//! Measured (DESIGN.md §4): random bytes given to the Level Zero driver end the whole
+//! Measured (docs/design.md §4): random bytes given to the Level Zero driver end the whole
 //! process, and truncated SPIR-V "builds" into an empty module. So every input is parsed
 //! here first, with rspirv, and rejected with a message that says what is wrong and where.
 

@@ -4,6 +4,7 @@
 //! newer IGC (new `.ze_info` versions) keeps working.
 
 use crate::error::{BuildError, ErrorKind, Result};
+use crate::spill::Spill;
 use object::{Object, ObjectSection};
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +37,28 @@ pub struct ZebinInfo {
 impl ZebinInfo {
     pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
         self.kernels.iter().find(|k| k.name == name)
+    }
+
+    /// What `kernel` spills, from its own `.ze_info` entry and nothing else: `spill_size`
+    /// (IGC 2.x), else its scratch space (IGC 1.x writes no `spill_size`; its scratch is
+    /// what the Level Zero driver reports as the kernel's `spillMemSize`, measured equal).
+    /// Never another kernel's figure, nor the module-wide "spilled around N" the compiler
+    /// prints (docs/design.md §2).
+    pub fn kernel_spill(&self, kernel: &str) -> Result<Spill> {
+        let k = self.kernel(kernel).ok_or_else(|| {
+            let names: Vec<&str> = self.kernels.iter().map(|k| k.name.as_str()).collect();
+            BuildError::new(
+                ErrorKind::KernelNotFound,
+                format!(
+                    "kernel '{kernel}' is not in the zebin; kernels: [{}]",
+                    names.join(", ")
+                ),
+            )
+        })?;
+        Ok(Spill {
+            bytes: k.spill_size.unwrap_or(k.scratch_size),
+            simd: k.simd_size.unwrap_or(0),
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 """Well-formed but type-confused SPIR-V, made from a real kernel: every id stays defined,
-so structural validation accepts it, yet the driver's compiler may crash on it (DESIGN.md §4:
+so structural validation accepts it, yet the driver's compiler may crash on it (docs/design.md §4:
 measured SIGSEGV in-process with the bookworm driver, SIGABRT/SIGSEGV in ocloc)."""
 
 from __future__ import annotations

@@ -55,13 +55,15 @@ def test_spilling_kernel_retried_into_large_grf(ocloc, spill_spirv, speculative)
     assert first.ok and first.spill_size > 0
     assert second.ok and second.build_flags == GRF256
     assert result.build_flags == GRF256 and result.n_regs == 256
-    assert result.spill_size == second.spill_size < first.spill_size
+    assert (
+        result.spill_size == second.spill_size <= first.spill_size
+    )  # IGC 1.x: scratch, rounded up
     assert not result.recovered  # nothing failed; the retry was for spills
 
 
-def test_spill_threshold_accepts_default_build(ocloc, spill_spirv):
+def test_spill_policy_never_accepts_default_build(ocloc, spill_spirv):
     result = xpu_zebin.compile(
-        spill_spirv, device="pvc", ocloc=ocloc, cache=False, spill_threshold=10**9
+        spill_spirv, device="pvc", ocloc=ocloc, cache=False, spill_policy="never"
     )
     assert [a.build_flags for a in result.attempts] == [""]
     assert result.n_regs == 128 and result.spill_size > 0

@@ -37,6 +37,14 @@ ints = st.one_of(st.none(), st.integers(min_value=-(2**70), max_value=2**70), st
 spirv_inputs = st.sampled_from(["valid", "empty", "cut", "junk"])
 
 
+# Spill policies: the names the engine takes, and anything else.
+policies = st.one_of(
+    st.none(),
+    st.sampled_from(["upstream", "any", "never", "slots:16", "bytes:1000", "slots:-1", "x"]),
+    texts,
+)
+
+
 def _spirv(kind: str, add_spirv: bytes, junk: bytes) -> bytes:
     return {
         "valid": add_spirv,
@@ -57,7 +65,8 @@ def _spirv(kind: str, add_spirv: bytes, junk: bytes) -> bytes:
     num_warps=ints,
     kernel_name=st.one_of(st.none(), st.just("add"), texts),
     timeout=numbers,
-    spill_threshold=ints,
+    spill_policy=policies,
+    max_grf_mode=st.one_of(st.none(), st.sampled_from(["128", "256", "512", 512, "96"]), ints),
     speculative=st.one_of(st.none(), st.booleans()),
     cache=st.booleans(),
 )
@@ -82,7 +91,7 @@ def test_compile_returns_or_raises_a_build_error(add_spirv, system_ocloc, kind, 
     kernel_name=st.one_of(st.just("add"), texts),
     device=st.one_of(st.just(0), st.integers(min_value=-5, max_value=2**40)),
     timeout=numbers,
-    spill_threshold=ints,
+    spill_policy=policies,
 )
 def test_compile_and_load_returns_or_raises_a_build_error(add_spirv, kind, junk, **options):
     try:
@@ -93,6 +102,7 @@ def test_compile_and_load_returns_or_raises_a_build_error(add_spirv, kind, junk,
 
 
 KNOBS = [
+    "XPU_ZEBIN_SPILL_POLICY",
     "XPU_ZEBIN_TIMEOUT",
     "XPU_ZEBIN_CACHE_MAX_BYTES",
     "XPU_ZEBIN_PERSISTENT",

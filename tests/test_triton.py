@@ -115,6 +115,9 @@ class RecordingUtils:
     def get_last_selected_build_flags(self):
         return self.last_flags
 
+    def unload_module(self, module):  # Triton's CompiledKernel.__del__ calls it (triton #9444)
+        module.close()
+
 
 class RecordingUtils33(RecordingUtils):
     """The same stand-in with triton-xpu 3.3's signature, which reads is_spv from the env."""
@@ -196,3 +199,23 @@ def test_triton_compile_uses_the_zebin_stage(system_ocloc, monkeypatch):
     assert zebin[:4] == b"\x7fELF" and kernel.kernel == zebin
     assert kernel.metadata.build_flags == GRF256
     assert xpu_zebin.zebin_info(zebin)["kernels"][0]["grf_count"] == 256
+
+
+def test_wrapper_keeps_the_drivers_other_attributes_and_takes_a_max_grf_mode(
+    system_ocloc, triton_kernels, monkeypatch
+):
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
+    utils = xt.install(RecordingUtils(), backend=False)
+    try:
+        kernel = triton_kernels["matmul"]
+        # The newest driver's 7th argument: the max GRF mode. "128": no larger mode to try.
+        module, *_ = utils.load_binary(
+            kernel.metadata.name, kernel.asm["spv"], 0, "", True, 0, "128"
+        )
+        name, native, flags, is_spv, seventh = utils.calls[-1]
+        assert (flags, is_spv, seventh) == ("", False, "128") and native[:4] == b"\x7fELF"
+        assert utils.get_last_selected_build_flags() == ""
+        utils.unload_module(module)  # the driver's own, untouched by the wrapper
+        assert module.closed
+    finally:
+        xt.uninstall()

@@ -1,7 +1,7 @@
 """Real Triton (triton-xpu 3.3) compiling kernels to SPIR-V on the CPU, shared by the tests.
 
 Triton's XPU arch parser needs SYCL headers; it is replaced by a stub that names the device
-"pvc" (DESIGN.md §4): it stands where a GPU's SYCL runtime would be.
+"pvc" (docs/design.md §4): it stands where a GPU's SYCL runtime would be.
 """
 
 from __future__ import annotations

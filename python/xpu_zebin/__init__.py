@@ -12,10 +12,10 @@ import logging
 import os
 import sys
 from concurrent.futures import Executor
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypedDict, Union
 
 from . import _core
-from ._core import Attempt, AttemptError, CompileResult, LoadedKernel
+from ._core import Attempt, AttemptError, CompileResult, LoadedKernel, Options
 from .errors import (
     BuildError,
     CancelledError,
@@ -51,6 +51,7 @@ __all__ = [
     "LinkFailureError",
     "LoadedKernel",
     "NoDeviceError",
+    "Options",
     "ScratchOverflowError",
     "ToolchainNotFound",
     "UnsupportedDeviceError",
@@ -84,7 +85,7 @@ opencl_to_spirv = _core.opencl_to_spirv
 
 def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
     """The ocloc :func:`compile` would use: ``ocloc``, ``$XPU_ZEBIN_OCLOC``, or PATH."""
-    return str(_core.find_ocloc(ocloc))
+    return os.fspath(_core.find_ocloc(ocloc))
 
 
 def doctor(ocloc: Optional[PathLike] = None) -> dict:
@@ -158,70 +159,39 @@ def _report(
     return result
 
 
-# compile()'s options and their defaults; compile_many() requests use the same names.
-_OPTIONS = {
-    "build_flags": "",
-    "grf_mode": "default",
-    "num_warps": None,
-    "kernel_name": None,
-    "ocloc": None,
-    "timeout": None,
-    "cache": True,
-    "cache_dir": None,
-    "spill_threshold": 0,
-    "speculative": None,
-}
+class OptionValues(TypedDict, total=False):
+    """:class:`Options` as keywords (their defaults: ``Options()``)."""
+
+    build_flags: str
+    grf_mode: str
+    num_warps: Optional[int]
+    kernel_name: Optional[str]
+    device_arch: Optional[str]
+    max_grf_mode: Optional[Union[int, str]]
+    ocloc: Optional[PathLike]
+    timeout: Optional[float]
+    cache: bool
+    cache_dir: Optional[PathLike]
+    spill_policy: Optional[str]
+    speculative: Optional[bool]
+    isolated: Optional[bool]
 
 
-# What each option may hold: (types, or None for any non-negative int of the width given).
-_U32, _U64 = 2**32 - 1, 2**64 - 1
-_OPTION_TYPES = {
-    "build_flags": str,
-    "grf_mode": str,
-    "num_warps": _U32,
-    "kernel_name": str,
-    "ocloc": (str, bytes, os.PathLike),
-    "timeout": (int, float),
-    "cache": bool,
-    "cache_dir": (str, bytes, os.PathLike),
-    "spill_threshold": _U64,
-    "speculative": bool,
-    "is_spv": bool,
-    "device_arch": str,
-    "isolated": bool,
-}
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-# Options whose default is None (meaning: pick one); for the others None is an error.
-_MAY_BE_NONE = {
-    "num_warps", "kernel_name", "ocloc", "timeout", "cache_dir", "speculative",
-    "device_arch", "isolated",
-}  # fmt: skip
-
-
-def _check_options(options: dict) -> None:
-    """Every option's type and range, as an :class:`InvalidArgumentError` naming it (the
-    engine checks their values: GRF modes, timeouts, NULs)."""
-    for name, value in options.items():
-        expected = _OPTION_TYPES.get(name)
-        if expected is None or (value is None and name in _MAY_BE_NONE):
-            continue
-        if isinstance(expected, int):
-            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= expected
-            want = f"an integer from 0 to {expected}"
-        elif name == "timeout":  # the engine checks the range; a float it must be
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            ok = ok and abs(value) <= _core.MAX_SECONDS * 2
-            want = f"seconds, a finite number from 0 to {_core.MAX_SECONDS:g}"
-        else:
-            ok = isinstance(value, expected) and (expected is bool or not isinstance(value, bool))
-            want = " or ".join(
-                t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,))
-            )
-        if not ok:
-            raise InvalidArgumentError(
-                f"{name}={value!r} is not valid: expected {want}", kind="invalid_argument"
-            )
+def _options(options: Optional[Options], changes: dict) -> Options:
+    """``options`` (default ``Options()``) with keyword ``changes``; a bad value is an
+    :class:`InvalidArgumentError` naming the option, an unknown name a ``TypeError``."""
+    if options is None:
+        return Options(**changes)
+    if not isinstance(options, Options):
+        raise InvalidArgumentError(
+            f"options={options!r} is not valid: expected xpu_zebin.Options",
+            kind="invalid_argument",
+        )
+    return options.replace(**changes) if changes else options
 
 
 def _bytes(name: str, value: Any) -> bytes:
@@ -241,65 +211,40 @@ def _jobs(jobs: Optional[int]) -> Optional[int]:
     return jobs
 
 
-def _request(spirv: bytes, device: str, **options: object) -> dict:
-    """A complete request for the native engine: every option present, paths as strings."""
-    unknown = set(options) - set(_OPTIONS)
-    if unknown:
-        raise TypeError(f"unknown compile option(s): {', '.join(sorted(unknown))}")
-    _check_options(options)
-    spirv = _bytes("spirv", spirv)
+def _request(spirv: bytes, device: str, options: Optional[Options] = None, **changes: Any) -> dict:
+    """A complete request for the native engine: the module, the device, the options."""
+    opts = _options(options, changes)
     if not isinstance(device, str):
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a str")
-    req = {**_OPTIONS, **options, "spirv": spirv, "device": device}
-    for key in ("ocloc", "cache_dir"):
-        if req[key] is not None:
-            req[key] = os.fsdecode(req[key])  # type: ignore[arg-type]
-    return req
+    return {"spirv": _bytes("spirv", spirv), "device": device, "options": opts}
 
 
 def compile(
     spirv: bytes,
     *,
     device: str,
-    build_flags: str = "",
-    grf_mode: str = "default",
-    num_warps: Optional[int] = None,
-    kernel_name: Optional[str] = None,
-    ocloc: Optional[PathLike] = None,
-    timeout: Optional[float] = None,
-    cache: bool = True,
-    cache_dir: Optional[PathLike] = None,
-    spill_threshold: int = 0,
-    speculative: Optional[bool] = None,
+    options: Optional[Options] = None,
+    **changes: Unpack[OptionValues],
 ) -> CompileResult:
     """Compile SPIR-V to a zebin for ``device`` (an ocloc device name such as ``pvc``).
 
-    With ``grf_mode="default"`` and no GRF flag in ``build_flags``, a build that fails, or
-    that spills more than ``spill_threshold`` bytes, is retried in large GRF mode (256
-    registers; 512 on ``cri``), unless ``num_warps > 32``. Raises a :class:`BuildError`
-    subclass naming the cause; when both attempts fail, the first attempt's error.
+    ``options`` (an :class:`Options`) and keyword changes to it (``build_flags``,
+    ``grf_mode``, ``num_warps``, ``kernel_name``, ``spill_policy``, ``timeout``, ...) say
+    how. With ``grf_mode="default"`` and no GRF flag in ``build_flags``, a build that
+    fails, or spills more than the spill policy allows (default: upstream's ``make_zebin``
+    rule, any spilled byte), is retried in large GRF mode (256 registers; 512 on ``cri``
+    or with ``max_grf_mode=512``), unless ``num_warps > 32``. Raises a
+    :class:`BuildError` subclass naming the cause; when both attempts fail, the first
+    attempt's error.
 
     ``speculative`` runs both GRF modes at once and cancels the large one if the default
     build is accepted: the same answer, sooner. ``None`` (default) speculates only when a
     core is idle. ``timeout`` is per compiler run, in seconds.
     """
-    req = _request(
-        spirv,
-        device,
-        build_flags=build_flags,
-        grf_mode=grf_mode,
-        num_warps=num_warps,
-        kernel_name=kernel_name,
-        ocloc=ocloc,
-        timeout=timeout,
-        cache=cache,
-        cache_dir=cache_dir,
-        spill_threshold=spill_threshold,
-        speculative=speculative,
-    )
-    result = _core.compile(**req)
+    req = _request(spirv, device, options, **changes)
+    result = _core.compile(req["spirv"], req["device"], req["options"])
     if not result.cached:
-        _warn_once_without_worker(req["ocloc"])
+        _warn_once_without_worker(req["options"].ocloc)
     return _report(result, result.kernel)
 
 
@@ -314,12 +259,13 @@ def compile_many(
     """Compile many kernels concurrently; results in input order.
 
     Each request is a dict of :func:`compile`'s arguments (``spirv`` and ``device``
-    required). A failure is returned in its slot as the :class:`BuildError`, never raised,
-    so one bad kernel does not sink the batch. ``jobs`` bounds the parallel compilers
-    (default: cores). With ``executor`` (any ``concurrent.futures.Executor``: a process
-    pool, Ray's or Dask's), each request runs there as a :func:`compile` call instead; with
-    ``client`` (a ``distributed.Client``), each is a task on that Dask cluster, and a worker
-    lost mid-batch costs only a re-run of its tasks (``pip install xpu-zebin[dask]``).
+    required, ``options`` and option keywords as for :func:`compile`). A failure is
+    returned in its slot as the :class:`BuildError`, never raised, so one bad kernel does
+    not sink the batch. ``jobs`` bounds the parallel compilers (default: cores). With
+    ``executor`` (any ``concurrent.futures.Executor``: a process pool, Ray's or Dask's),
+    each request runs there as a :func:`compile` call instead; with ``client`` (a
+    ``distributed.Client``), each is a task on that Dask cluster, and a worker lost
+    mid-batch costs only a re-run of its tasks (``pip install xpu-zebin[dask]``).
     ``progress=True`` shows a progress bar; a callable is called with each finished index.
     """
     reqs = [_request(**r) for r in requests]
@@ -334,7 +280,7 @@ def compile_many(
         return _core.compile_many(reqs, jobs=_jobs(jobs), progress=callback)
 
     results = _with_progress(len(reqs), progress, run)
-    for ocloc in {r["ocloc"] for r in reqs} if executor is None and client is None else ():
+    for ocloc in {r["options"].ocloc for r in reqs} if executor is None and client is None else ():
         _warn_once_without_worker(ocloc)
     for r in results:
         if isinstance(r, CompileResult):
@@ -352,7 +298,7 @@ def devices() -> List[dict]:
 
 
 # Set to 0 to build Level Zero SPIR-V inside this process (unsafe for untrusted input).
-ISOLATED_ENV = "XPU_ZEBIN_ISOLATED"
+ISOLATED_ENV = _core.ISOLATED_ENV
 
 
 def _isolated_default() -> bool:
@@ -361,62 +307,49 @@ def _isolated_default() -> bool:
     return _core.bool_knob(ISOLATED_ENV, True)
 
 
-# compile_and_load()'s options and their defaults; compile_and_load_many() uses the same.
-_LOAD_OPTIONS = {
-    "build_flags": "",
-    "is_spv": True,
-    "device": 0,
-    "device_arch": None,
-    "cache": True,
-    "cache_dir": None,
-    "spill_threshold": 0,
-    "isolated": None,
-    "timeout": None,
-    "speculative": None,
-}
-
-
-def _load_request(binary: bytes, kernel_name: str, **options: object) -> dict:
-    unknown = set(options) - set(_LOAD_OPTIONS)
-    if unknown:
-        raise TypeError(f"unknown compile_and_load option(s): {', '.join(sorted(unknown))}")
-    _check_options(options)
-    device = options.get("device", 0)
+def _load_request(
+    binary: bytes,
+    kernel_name: str,
+    *,
+    is_spv: bool = True,
+    device: int = 0,
+    options: Optional[Options] = None,
+    **changes: Any,
+) -> dict:
+    opts = _options(options, changes)
     if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < 2**32:
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a device index")
     if not isinstance(kernel_name, str):
         raise InvalidArgumentError(f"kernel_name={kernel_name!r} is not valid: expected a str")
-    req = {**_LOAD_OPTIONS, **options, "binary": _bytes("binary", binary)}
-    req["kernel_name"] = kernel_name
-    if req["isolated"] is None:
-        req["isolated"] = _isolated_default()
-    if req["cache_dir"] is not None:
-        req["cache_dir"] = os.fsdecode(req["cache_dir"])  # type: ignore[arg-type]
-    return req
+    if not isinstance(is_spv, bool):
+        raise InvalidArgumentError(f"is_spv={is_spv!r} is not valid: expected True or False")
+    return {
+        "binary": _bytes("binary", binary),
+        "kernel_name": kernel_name,
+        "is_spv": is_spv,
+        "device": device,
+        "options": opts,
+    }
 
 
 def compile_and_load(
     binary: bytes,
     kernel_name: str,
     *,
-    build_flags: str = "",
     is_spv: bool = True,
     device: int = 0,
-    device_arch: Optional[str] = None,
-    cache: bool = True,
-    cache_dir: Optional[PathLike] = None,
-    spill_threshold: int = 0,
-    isolated: Optional[bool] = None,
-    timeout: Optional[float] = None,
-    speculative: Optional[bool] = None,
+    options: Optional[Options] = None,
+    **changes: Unpack[OptionValues],
 ) -> LoadedKernel:
     """Build ``binary`` with the Level Zero driver and load ``kernel_name`` from it.
 
     SPIR-V (``is_spv=True``) without an explicit GRF flag is retried in large GRF mode when
-    the build fails or ``spillMemSize`` exceeds ``spill_threshold``, as upstream Triton's
-    ``load_binary`` does; a native zebin is loaded as it is. The result owns the module
-    and kernel handles (``close()`` or a ``with`` block releases them). A SPIR-V build's
-    native binary is cached, so a warm load skips the JIT.
+    the build fails or spills more than the spill policy allows (default: upstream's
+    ``load_binary`` rule, more than 16 32-bit slots per lane), as upstream Triton's
+    ``load_binary`` does; a native zebin is loaded as it is. ``n_spills`` is upstream's
+    number (``spillMemSize / (4 * simd_size)``), ``spill_bytes`` the bytes. The result owns
+    the module and kernel handles (``close()`` or a ``with`` block releases them). A SPIR-V
+    build's native binary is cached, so a warm load skips the JIT.
 
     SPIR-V is compiled in a worker process (``isolated``, the default): an input that
     crashes the driver's compiler raises :class:`CompilerCrashError` and this process goes
@@ -424,22 +357,10 @@ def compile_and_load(
     in a worker first (the driver's loader can die on a malformed one), once per binary
     and device with the cache on. ``isolated=False`` (or ``XPU_ZEBIN_ISOLATED=0``) does
     both inside this process, which such an input ends: for trusted kernels only.
-    ``timeout`` is per build, in seconds; ``speculative`` runs both GRF modes at once
-    (``None``: when a core is idle).
+    ``options`` and keyword changes to it are as for :func:`compile`.
     """
     req = _load_request(
-        binary,
-        kernel_name,
-        build_flags=build_flags,
-        is_spv=is_spv,
-        device=device,
-        device_arch=device_arch,
-        cache=cache,
-        cache_dir=cache_dir,
-        spill_threshold=spill_threshold,
-        isolated=isolated,
-        timeout=timeout,
-        speculative=speculative,
+        binary, kernel_name, is_spv=is_spv, device=device, options=options, **changes
     )
     loaded = _core.compile_and_load(**req)
     return _report(loaded, kernel_name)
@@ -454,9 +375,10 @@ def compile_and_load_many(
     """Load many kernels through Level Zero concurrently; results in input order.
 
     Each request is a dict of :func:`compile_and_load`'s arguments (``binary`` and
-    ``kernel_name`` required). SPIR-V builds run in up to ``jobs`` worker processes at once
-    (default: cores); a failure is returned in its slot as the :class:`BuildError`.
-    ``progress=True`` shows a progress bar; a callable is called with each finished index.
+    ``kernel_name`` required, ``options`` and option keywords as for :func:`compile`).
+    SPIR-V builds run in up to ``jobs`` worker processes at once (default: cores); a
+    failure is returned in its slot as the :class:`BuildError`. ``progress=True`` shows a
+    progress bar; a callable is called with each finished index.
     """
     reqs = [_load_request(**r) for r in requests]
     results = _with_progress(
@@ -494,7 +416,7 @@ def _batch_task(req: dict, caller: int) -> Union[CompileResult, BuildError]:
     if os.getpid() != caller:
         _core.join_multiprocess_batch()
     try:
-        return _core.compile(**req)
+        return _core.compile(**req)  # a key this version does not know is a TypeError
     except BuildError as e:
         return e
 

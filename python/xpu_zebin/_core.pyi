@@ -1,6 +1,7 @@
 """Type stubs for the native module (Rust, PyO3)."""
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import BuildError
@@ -13,6 +14,46 @@ TIMEOUT_ENV: str
 PERSISTENT_ENV: str
 SIMULATED_DEVICE_ENV: str
 MAX_SECONDS: float
+SPILL_POLICY_ENV: str
+ISOLATED_ENV: str
+
+_Path = Union[str, bytes, os.PathLike[str]]
+
+class Options:
+    """Build options; ``Options()`` holds every default."""
+
+    build_flags: str
+    grf_mode: str
+    num_warps: Optional[int]
+    kernel_name: Optional[str]
+    device_arch: Optional[str]
+    max_grf_mode: Optional[int]
+    ocloc: Optional[str]
+    timeout: Optional[float]
+    cache: bool
+    cache_dir: Optional[str]
+    spill_policy: Optional[str]
+    speculative: Optional[bool]
+    isolated: Optional[bool]
+    def __init__(
+        self,
+        *,
+        build_flags: str = "",
+        grf_mode: str = "default",
+        num_warps: Optional[int] = None,
+        kernel_name: Optional[str] = None,
+        device_arch: Optional[str] = None,
+        max_grf_mode: Optional[Union[int, str]] = None,
+        ocloc: Optional[_Path] = None,
+        timeout: Optional[float] = None,
+        cache: bool = True,
+        cache_dir: Optional[_Path] = None,
+        spill_policy: Optional[str] = None,
+        speculative: Optional[bool] = None,
+        isolated: Optional[bool] = None,
+    ) -> None: ...
+    def replace(self, **changes: Any) -> Options: ...
+    def as_dict(self) -> Dict[str, Any]: ...
 
 class AttemptError:
     kind: str
@@ -52,6 +93,10 @@ class CompileResult:
     @property
     def spill_size(self) -> int: ...
     @property
+    def n_spills(self) -> int: ...
+    @property
+    def simd_size(self) -> int: ...
+    @property
     def recovered(self) -> bool: ...
     @property
     def cached(self) -> bool: ...
@@ -62,21 +107,7 @@ class CompileResult:
     @property
     def notes(self) -> List[str]: ...
 
-def compile(
-    spirv: bytes,
-    *,
-    device: str,
-    build_flags: str = "",
-    grf_mode: str = "default",
-    num_warps: Optional[int] = None,
-    kernel_name: Optional[str] = None,
-    ocloc: Optional[Union[str, os.PathLike[str]]] = None,
-    timeout: Optional[float] = None,
-    cache: bool = True,
-    cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
-    spill_threshold: int = 0,
-    speculative: Optional[bool] = None,
-) -> CompileResult: ...
+def compile(spirv: bytes, device: str, options: Options) -> CompileResult: ...
 def compile_many(
     requests: Sequence[Dict[str, Any]],
     *,
@@ -89,6 +120,7 @@ class LoadedKernel:
     build_flags: str
     n_regs: int
     n_spills: int
+    spill_bytes: int
     n_max_threads: int
     private_mem_size: int
     simd_size: int
@@ -109,19 +141,7 @@ class LoadedKernel:
     def __exit__(self, *exc: Any) -> None: ...
 
 def compile_and_load(
-    binary: bytes,
-    kernel_name: str,
-    *,
-    build_flags: str = "",
-    is_spv: bool = True,
-    device: int = 0,
-    device_arch: Optional[str] = None,
-    cache: bool = True,
-    cache_dir: Optional[Union[str, os.PathLike[str]]] = None,
-    spill_threshold: int = 0,
-    isolated: bool = True,
-    timeout: Optional[float] = None,
-    speculative: Optional[bool] = None,
+    binary: bytes, kernel_name: str, is_spv: bool, device: int, options: Options
 ) -> LoadedKernel: ...
 def compile_and_load_many(
     requests: Sequence[Dict[str, Any]],
@@ -133,7 +153,7 @@ def devices() -> List[Dict[str, Any]]: ...
 def ze_handle_counts() -> Tuple[int, int, int, int]: ...
 def validate_spirv(spirv: bytes) -> List[str]: ...
 def zebin_info(binary: bytes) -> Dict[str, Any]: ...
-def find_ocloc(ocloc: Optional[Union[str, os.PathLike[str]]] = None) -> str: ...
+def find_ocloc(ocloc: Optional[Union[str, os.PathLike[str]]] = None) -> Path: ...
 def opencl_to_spirv(
     source: str,
     *,

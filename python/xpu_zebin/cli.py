@@ -67,6 +67,7 @@ def result_json(
             grf_mode=outcome.grf_mode,
             n_regs=outcome.n_regs,
             spill_size=outcome.spill_size,
+            n_spills=outcome.n_spills,
             recovered=outcome.recovered,
             cached=outcome.cached,
             attempts=[_attempt_json(a) for a in outcome.attempts],
@@ -83,6 +84,7 @@ def result_json(
         grf_mode=grf_mode,
         n_regs=None,
         spill_size=None,
+        n_spills=None,
         recovered=False,
         cached=False,
         attempts=[_attempt_json(a) for a in outcome.attempts],
@@ -111,24 +113,30 @@ def _describe(outcome: Union[CompileResult, BuildError], label: str) -> str:
     return "\n".join(lines)
 
 
-def _compile_kwargs(args: argparse.Namespace) -> dict:
-    return dict(
-        device=args.device,
-        build_flags=args.build_flags,
-        grf_mode=args.grf_mode,
-        num_warps=args.num_warps,
-        ocloc=args.ocloc,
-        timeout=args.timeout,
-        cache=not args.no_cache,
-        spill_threshold=args.spill_threshold,
-    )
+def _options(args: argparse.Namespace, kernel: Optional[str] = None) -> xpu_zebin.Options:
+    """The command line's options; a bad value is a usage error naming it."""
+    try:
+        return xpu_zebin.Options(
+            build_flags=args.build_flags,
+            grf_mode=args.grf_mode,
+            num_warps=args.num_warps,
+            kernel_name=kernel,
+            max_grf_mode=args.max_grf_mode,
+            ocloc=args.ocloc,
+            timeout=args.timeout,
+            cache=not args.no_cache,
+            spill_policy=args.spill_policy,
+        )
+    except xpu_zebin.InvalidArgumentError as e:
+        raise _UsageError(e.message) from e
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    options = _options(args, args.kernel)
     spirv = _read_input(args.input, args.device, args.ocloc)
     try:
         outcome: Union[CompileResult, BuildError] = xpu_zebin.compile(
-            spirv, kernel_name=args.kernel, **_compile_kwargs(args)
+            spirv, device=args.device, options=options
         )
     except xpu_zebin.InvalidArgumentError as e:
         raise _UsageError(e.message) from e
@@ -146,8 +154,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    options = _options(args)
     inputs = [_read_input(f, args.device, args.ocloc) for f in args.files]
-    reqs = [dict(spirv=s, **_compile_kwargs(args)) for s in inputs]
+    reqs = [dict(spirv=s, device=args.device, options=options) for s in inputs]
     if args.scheduler or args.dask_local:
         from . import dask
 
@@ -323,6 +332,38 @@ def _jobs(text: str) -> int:
     return value
 
 
+def _add_compile_options(sp: argparse.ArgumentParser) -> None:
+    """The options of ``compile`` and ``batch``: the fields of :class:`xpu_zebin.Options`."""
+    sp.add_argument("--device", required=True, help="ocloc device, e.g. pvc, bmg, cri")
+    sp.add_argument(
+        "--build-flags", default="", help="IGC options, e.g. '-cl-intel-256-GRF-per-thread'"
+    )
+    sp.add_argument("--grf-mode", default="default", help="default, 128, 256, 512 or auto")
+    sp.add_argument(
+        "--num-warps", type=int, default=None, help="Triton num_warps (>32: no large GRF retry)"
+    )
+    sp.add_argument(
+        "--max-grf-mode", default=None, help="largest GRF mode of the target: 128, 256 or 512"
+    )
+    sp.add_argument(
+        "--spill-policy",
+        default=None,
+        help="when spills call for the large-GRF retry: upstream (default), any, never, "
+        "slots:N or bytes:N (else $XPU_ZEBIN_SPILL_POLICY)",
+    )
+    sp.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)")
+    sp.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=None,
+        help="seconds per compiler run, at most 1e9 (0: no limit)",
+    )
+    sp.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write the binary cache"
+    )
+    sp.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="xpu-zebin",
@@ -332,40 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def compile_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--device", required=True, help="ocloc device, e.g. pvc, bmg, cri")
-        sp.add_argument(
-            "--build-flags", default="", help="IGC options, e.g. '-cl-intel-256-GRF-per-thread'"
-        )
-        sp.add_argument("--grf-mode", default="default", help="default, 128, 256, 512 or auto")
-        sp.add_argument(
-            "--num-warps", type=int, default=None, help="Triton num_warps (>32: no large GRF retry)"
-        )
-        sp.add_argument(
-            "--spill-threshold",
-            type=int,
-            default=0,
-            help="retry in large GRF above this spill size",
-        )
-        sp.add_argument(
-            "--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)"
-        )
-        sp.add_argument(
-            "--timeout",
-            type=_timeout,
-            default=None,
-            help="seconds per compiler run, at most 1e9 (0: no limit)",
-        )
-        sp.add_argument(
-            "--no-cache", action="store_true", help="neither read nor write the binary cache"
-        )
-        sp.add_argument("--json", action="store_true", help="print JSON instead of text")
-
     c = sub.add_parser("compile", help="compile one SPIR-V (or .cl) file")
     c.add_argument("input")
     c.add_argument("--kernel", default=None, help="kernel that must be an entry point")
     c.add_argument("-o", "--output", default=None, help="write the zebin here")
-    compile_options(c)
+    _add_compile_options(c)
     c.set_defaults(func=cmd_compile)
 
     b = sub.add_parser("batch", help="compile many files concurrently")
@@ -383,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run on a local Dask cluster of N worker processes",
     )
-    compile_options(b)
+    _add_compile_options(b)
     b.set_defaults(func=cmd_batch)
 
     i = sub.add_parser("info", help="summarise a zebin's .ze_info")

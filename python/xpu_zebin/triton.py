@@ -129,36 +129,78 @@ def _offline_engine_available() -> bool:
         return False
 
 
+def _seventh_argument(value: Any) -> Tuple[Optional[str], Optional[str]]:
+    """Upstream ``load_binary``'s optional 7th argument as ``(device_arch, max_grf_mode)``:
+    the newest driver passes the max GRF mode (``"128"``, ``"256"``, ``"512"``, from
+    ``metadata["max_grf_mode"]``, intel-xpu-backend-for-triton issue #8074), older ones
+    the device arch (``"cri"`` chooses 512 GRF)."""
+    if value is None:
+        return None, None
+    text = str(value).strip()
+    if text in ("128", "256", "512"):
+        return None, text
+    return (text or None), None
+
+
+def _spill_policy(upstream_rule: str) -> Optional[str]:
+    """The drop-ins follow upstream's rule for the path they stand in for, whichever
+    compiler builds; ``$XPU_ZEBIN_SPILL_POLICY`` (or an argument) chooses another."""
+    if os.environ.get(xpu_zebin._core.SPILL_POLICY_ENV, "").strip():
+        return None
+    return upstream_rule
+
+
+#: Upstream's spill rule of each path it has (docs/design.md §2).
+LOAD_BINARY_RULE = "upstream:load_binary"
+MAKE_ZEBIN_RULE = "upstream:make_zebin"
+MAKE_ZEBIN_ROLLING_RULE = "upstream:make_zebin-rolling"
+
+
+def native_options(
+    name: Optional[str],
+    build_flags: str,
+    *,
+    rule: str,
+    grf_mode: Any = "default",
+    num_warps: Optional[int] = None,
+    device_arch: Optional[str] = None,
+    max_grf_mode: Optional[str] = None,
+) -> xpu_zebin.Options:
+    """The one place the drop-ins build their :class:`~xpu_zebin.Options`: every path
+    (``load_binary``, ``make_zebin``, a sweep's prebuild) asks for one kernel the same
+    way, so they share cache entries when the answer is the same."""
+    return xpu_zebin.Options(
+        build_flags=build_flags or "",
+        grf_mode=grf_mode if isinstance(grf_mode, str) else "default",  # 3.3: a tuple
+        num_warps=num_warps,
+        kernel_name=name or None,
+        device_arch=device_arch,
+        max_grf_mode=max_grf_mode,
+        spill_policy=_spill_policy(rule),
+    )
+
+
 def _build_native(
-    name: str, spirv: bytes, build_flags: str, device: int, device_arch: Optional[str]
+    name: str,
+    spirv: bytes,
+    options: xpu_zebin.Options,
+    device: int,
 ) -> Tuple[bytes, str]:
     """Build SPIR-V to a native binary with the GRF fallback: (binary, chosen flags)."""
     if _offline_engine_available():
-        result = xpu_zebin.compile(
-            spirv,
-            device=_device_arch(device, device_arch),
-            build_flags=build_flags,
-            kernel_name=name,
-        )
+        arch = _device_arch(device, options.device_arch)
+        result = xpu_zebin.compile(spirv, device=arch, options=options)
         if result.cached:
             # A cache entry is untrusted input (a shared cache, a neighbour): its binary
             # loads in a worker before the driver loads it here (once per binary and host);
             # one that does not load is rebuilt from the SPIR-V.
             try:
-                _trial_load(name, result.binary, result.build_flags, device, device_arch)
+                _trial_load(name, result.binary, result.build_flags, device, options.device_arch)
             except Exception as e:
                 logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
-                result = xpu_zebin.compile(
-                    spirv,
-                    device=_device_arch(device, device_arch),
-                    build_flags=build_flags,
-                    kernel_name=name,
-                    cache=False,
-                )
+                result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
         return result.binary, result.build_flags
-    with xpu_zebin.compile_and_load(
-        spirv, name, build_flags=build_flags, device=device, device_arch=device_arch
-    ) as loaded:
+    with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
         return loaded.native_binary, loaded.build_flags
 
 
@@ -198,23 +240,25 @@ def load_binary(
     build_flags: str,
     is_spv: bool,
     device: int,
-    device_arch: Optional[str] = None,
+    device_arch_or_max_grf: Optional[str] = None,
 ) -> Tuple[Any, Any, int, int, int]:
     """Upstream ``load_binary`` without a Triton driver: the result of ``compile_and_load``.
 
     Returns ``(module, function, n_regs, n_spills, n_max_threads)``, where ``module`` is the
-    :class:`~xpu_zebin.LoadedKernel` that owns both handles and ``function`` the kernel
-    handle as an integer. ``shared`` is accepted for signature compatibility.
+    :class:`~xpu_zebin.LoadedKernel` that owns both handles, ``function`` the kernel handle
+    as an integer and ``n_spills`` upstream's number, 32-bit slots per lane. ``shared`` is
+    accepted for signature compatibility; the 7th argument is the max GRF mode (``"128"``,
+    ``"256"``, ``"512"``) or, from older Triton, the device arch.
     """
     global _last_build_flags
+    device_arch, max_grf_mode = _seventh_argument(device_arch_or_max_grf)
+    options = native_options(
+        name, build_flags, rule=LOAD_BINARY_RULE, device_arch=device_arch,
+        max_grf_mode=max_grf_mode,
+    )  # fmt: skip
     try:
         loaded = xpu_zebin.compile_and_load(
-            kernel,
-            name,
-            build_flags=build_flags,
-            is_spv=bool(is_spv),
-            device=device,
-            device_arch=device_arch,
+            kernel, name, is_spv=bool(is_spv), device=device, options=options
         )
     except BuildError as e:
         raise _triton_error(e) from e
@@ -232,7 +276,7 @@ def _trial_load(
         return
     try:
         xpu_zebin.compile_and_load(
-            native, name, build_flags=build_flags, is_spv=False, device=device,
+            native, name, is_spv=False, device=device, build_flags=build_flags,
             device_arch=device_arch,
         ).close()  # fmt: skip
     except NoDeviceError as e:  # the package sees no device at all: the driver decides
@@ -247,15 +291,15 @@ def _wrap_load_binary(original: Callable) -> Callable:
         if len(args) == 5:  # triton-xpu 3.3: (name, kernel, shared, build_flags, device)
             name, kernel, shared, build_flags, device = args
             # What the bytes are, not what the switch said when Triton compiled them.
-            is_spv, device_arch = bytes(kernel[:4]) != b"\x7fELF", None
+            is_spv, device_arch, max_grf_mode = bytes(kernel[:4]) != b"\x7fELF", None, None
             _native_code_on()
 
             def load(binary: bytes, flags: str, spv: bool) -> Any:
                 return original(name, binary, shared, flags, device)
 
-        else:  # upstream main: (name, kernel, shared, build_flags, is_spv, device[, arch])
+        else:  # upstream: (name, kernel, shared, build_flags, is_spv, device[, arch/max GRF])
             name, kernel, shared, build_flags, is_spv, device, *rest = args
-            device_arch = rest[0] if rest else None
+            device_arch, max_grf_mode = _seventh_argument(rest[0] if rest else None)
 
             def load(binary: bytes, flags: str, spv: bool) -> Any:
                 return original(name, binary, shared, flags, spv, device, *rest)
@@ -265,8 +309,12 @@ def _wrap_load_binary(original: Callable) -> Callable:
             result = load(kernel, build_flags, False)
             _last_build_flags = build_flags
             return result
+        options = native_options(
+            name, build_flags, rule=LOAD_BINARY_RULE, device_arch=device_arch,
+            max_grf_mode=max_grf_mode,
+        )  # fmt: skip
         try:
-            native, flags = _build_native(name, kernel, build_flags, device, device_arch)
+            native, flags = _build_native(name, kernel, options, device)
         except BuildError as e:
             raise _triton_error(e) from e
         logger.debug("kernel %r: loading the native binary built with %r", name, flags)
@@ -287,45 +335,54 @@ def _target_device_arch(metadata: dict) -> Optional[str]:
     return None
 
 
-def make_zebin(src: bytes, metadata: dict, options: Any, device_arch: Optional[str] = None):
+def _driver_is_lts(backend: Any) -> bool:
+    """Is the driver Triton compiles for an LTS one? Upstream's own answer where its
+    backend has one (``is_lts``); unknown counts as LTS, as upstream's ``is_lts`` does."""
+    answer = getattr(backend, "is_lts", None)
+    try:
+        answer = answer() if callable(answer) else answer
+    except Exception:  # another Triton's signature: upstream's default for "unknown"
+        answer = None
+    return True if answer is None else bool(answer)
+
+
+def make_zebin(
+    src: bytes,
+    metadata: dict,
+    options: Any,
+    device_arch: Optional[str] = None,
+    *,
+    lts: bool = True,
+):
     """Drop-in for the XPU backend's ``make_zebin`` stage (upstream main's semantics).
 
     The GRF ladder (default, then large) runs only for ``grf_mode == 'default'`` and
     ``num_warps <= 32``; ``metadata["build_flags"]`` is updated with the flags that won.
-    The device comes from ``device_arch``, ``metadata["target"].arch``,
-    ``$TRITON_INTEL_DEVICE_ARCH``, or the driver.
+    Spills follow upstream's rule for the driver (``lts``: any spilled byte; rolling: more
+    than 16 slots per lane). The device comes from ``device_arch``,
+    ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver.
     """
-    grf_mode = getattr(options, "grf_mode", "default")
-    if not isinstance(grf_mode, str):  # triton-xpu 3.3's default is a tuple of choices
-        grf_mode = "default"
-    num_warps = getattr(options, "num_warps", None)
-    if not _offline_engine_available() and grf_mode == "default" and (num_warps or 0) <= 32:
-        # No ocloc here: the driver's own compiler, in a worker, builds the native binary.
-        try:
-            native, flags = _build_native(
-                metadata.get("name") or "", src, metadata.get("build_flags", "") or "", 0,
-                device_arch or _target_device_arch(metadata),
-            )  # fmt: skip
-        except BuildError as e:
-            raise _triton_error(e) from e
-        metadata["build_flags"] = flags
-        metadata["binary_ext"] = "zebin"
-        return native
-    arch = device_arch or _target_device_arch(metadata) or _device_arch(0, None)
+    arch = device_arch or _target_device_arch(metadata)
+    opts = native_options(
+        metadata.get("name"),
+        metadata.get("build_flags", "") or "",
+        rule=MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE,
+        grf_mode=getattr(options, "grf_mode", "default"),
+        num_warps=getattr(options, "num_warps", None),
+        device_arch=arch,
+        max_grf_mode=metadata.get("max_grf_mode"),
+    )
     try:
-        result = xpu_zebin.compile(
-            src,
-            device=arch,
-            build_flags=metadata.get("build_flags", "") or "",
-            grf_mode=grf_mode,
-            num_warps=getattr(options, "num_warps", None),
-            kernel_name=metadata.get("name"),
-        )
+        if _offline_engine_available():
+            result = xpu_zebin.compile(src, device=arch or _device_arch(0, None), options=opts)
+            native, flags = result.binary, result.build_flags
+        else:  # no ocloc here: the driver's own compiler, in a worker, builds it
+            native, flags = _build_native(metadata.get("name") or "", src, opts, 0)
     except BuildError as e:
         raise _triton_error(e) from e
-    metadata["build_flags"] = result.build_flags
+    metadata["build_flags"] = flags
     metadata["binary_ext"] = "zebin"
-    return result.binary
+    return native
 
 
 def install_backend(cls: Any = None) -> None:
@@ -343,8 +400,11 @@ def install_backend(cls: Any = None) -> None:
     def add_stages(self, stages: dict, options: Any, *args: Any, **kwargs: Any) -> None:
         original_add_stages(self, stages, options, *args, **kwargs)
         arch = getattr(self, "device_arch", None)
+        lts = _driver_is_lts(self)
         if "zebin" in stages:
-            stages["zebin"] = lambda src, metadata: make_zebin(src, metadata, options, arch)
+            stages["zebin"] = lambda src, metadata: make_zebin(
+                src, metadata, options, arch, lts=lts
+            )
         elif getattr(options, "generate_native_code", False):
             # triton-xpu 3.3 has no zebin stage: its make_spv runs ocloc itself and returns
             # the zebin under the "spv" key, the only binary its CompiledKernel reads as
@@ -354,7 +414,7 @@ def install_backend(cls: Any = None) -> None:
 
             def spv_then_zebin(src: Any, metadata: dict) -> bytes:
                 spirv = self.make_spv(src, metadata, spv_options)
-                return make_zebin(spirv, metadata, options, arch)
+                return make_zebin(spirv, metadata, options, arch, lts=lts)
 
             stages["spv"] = spv_then_zebin
 
@@ -491,6 +551,21 @@ def compile_configs(
         except Exception as e:  # every failure stays in its slot, as the autotuner skips it
             return ConfigResult(config, error=e)
 
+    results = _run_all(one, configs, jobs, progress)
+    for r in results:
+        if r.error is not None:
+            logger.info("config %s: %s", r.config, r.error, exc_info=r.error)
+    return results
+
+
+def _run_all(
+    one: Callable[[Any], ConfigResult],
+    configs: List[Any],
+    jobs: Optional[int],
+    progress: Union[bool, Callable[[int], None]],
+) -> List[ConfigResult]:
+    """``one(config)`` for every config on at most ``jobs`` threads, in input order, with a
+    progress bar (``progress=True``) or a callable called with each finished index."""
     done = progress if callable(progress) else None
     bar = None
     if progress is True:
@@ -505,14 +580,10 @@ def compile_configs(
                 f.add_done_callback(
                     lambda _f, i=i: (bar.update(1) if bar else None, done(i) if done else None)
                 )
-            results = [f.result() for f in futures]
+            return [f.result() for f in futures]
     finally:
         if bar is not None:
             bar.close()
-    for r in results:
-        if r.error is not None:
-            logger.info("config %s: %s", r.config, r.error, exc_info=r.error)
-    return results
 
 
 def _warm_triton() -> None:
@@ -530,18 +601,17 @@ def _warm_triton() -> None:
 
 
 def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target: Any) -> str:
-    """The native build ``load_binary`` will need, now, into the package's cache."""
+    """The native build ``load_binary`` will need, now, into the package's cache: the same
+    request the drop-in ``load_binary`` makes for this kernel, so it is a cache hit."""
     arch = _target_device_arch({"target": target}) or _device_arch(0, None)
-    grf_mode = options.get("grf_mode", "default")
+    opts = native_options(
+        kernel.metadata.name,
+        kernel.metadata.build_flags or "",
+        rule=LOAD_BINARY_RULE,
+        device_arch=arch,
+    )
     try:
-        result = xpu_zebin.compile(
-            spirv,
-            device=arch,
-            build_flags=kernel.metadata.build_flags or "",
-            grf_mode=grf_mode if isinstance(grf_mode, str) else "default",
-            num_warps=options.get("num_warps"),
-            kernel_name=kernel.metadata.name,
-        )
+        result = xpu_zebin.compile(spirv, device=arch, options=opts)
     except BuildError as e:
         raise _triton_error(e) from e
     return result.build_flags

@@ -1,11 +1,9 @@
 //! Level Zero bindings: `compile_and_load`, `compile_and_load_many`, `LoadedKernel`, devices.
 
-use super::{
-    attempts, emit_warnings, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt,
-};
+use super::options::PyOptions;
+use super::{attempts, emit_warnings, field, interruptible, run_batch, to_pyerr, Attempt};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use std::path::PathBuf;
 
 /// A kernel loaded through Level Zero. Owns its module and kernel handles and releases
 /// them exactly once: on `close()`, on leaving a `with` block, or when collected.
@@ -18,8 +16,13 @@ pub struct LoadedKernel {
     build_flags: String,
     #[pyo3(get)]
     n_regs: u32,
+    /// Upstream's `n_spills`: `spillMemSize / (4 * simd_size)`, 32-bit slots per lane
+    /// (-1: SIMD width unknown).
     #[pyo3(get)]
-    n_spills: u64,
+    n_spills: i64,
+    /// `spillMemSize`: bytes per hardware thread.
+    #[pyo3(get)]
+    spill_bytes: u64,
     #[pyo3(get)]
     n_max_threads: u32,
     #[pyo3(get)]
@@ -85,8 +88,8 @@ impl LoadedKernel {
 
     fn __repr__(&self) -> String {
         format!(
-            "LoadedKernel(kernel_name={:?}, build_flags={:?}, n_regs={}, n_spills={}, n_max_threads={}, recovered={}, cached={}, closed={})",
-            self.kernel_name, self.build_flags, self.n_regs, self.n_spills,
+            "LoadedKernel(kernel_name={:?}, build_flags={:?}, n_regs={}, n_spills={}, spill_bytes={}, n_max_threads={}, recovered={}, cached={}, closed={})",
+            self.kernel_name, self.build_flags, self.n_regs, self.n_spills, self.spill_bytes,
             self.n_max_threads, self.recovered, self.cached, self.closed()
         )
     }
@@ -98,10 +101,11 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
         kernel_name: loaded.kernel_name.clone(),
         build_flags: loaded.build_flags.clone(),
         n_regs: loaded.n_regs,
-        n_spills: loaded.n_spills,
+        n_spills: loaded.spill.slots(),
+        spill_bytes: loaded.spill.bytes,
         n_max_threads: loaded.n_max_threads,
         private_mem_size: loaded.private_mem_size,
-        simd_size: loaded.simd_size,
+        simd_size: loaded.spill.simd,
         build_log: std::mem::take(&mut loaded.build_log),
         attempts: attempts(&loaded.attempts),
         recovered: loaded.recovered,
@@ -112,77 +116,27 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn load_request(
-    py: Python<'_>,
-    binary: Vec<u8>,
-    kernel_name: String,
-    build_flags: String,
-    is_spv: bool,
-    device: usize,
-    device_arch: Option<String>,
-    cache: bool,
-    cache_dir: Option<PathBuf>,
-    spill_threshold: u64,
-    isolated: bool,
-    timeout: Option<f64>,
-    speculative: Option<bool>,
-) -> PyResult<crate::ze::load::LoadRequest> {
-    Ok(crate::ze::load::LoadRequest {
-        binary,
-        kernel_name,
-        build_flags,
-        is_spv,
-        device,
-        device_arch,
-        cache,
-        cache_dir,
-        spill_threshold,
-        isolated,
-        timeout: timeout_of(py, timeout)?,
-        speculative,
-    })
-}
-
 /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
 /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
 /// SPIR-V is built, and a handed native binary first loaded, in a worker process unless
-/// `isolated` is false.
+/// the options turn isolation off.
 #[pyfunction]
-#[pyo3(signature = (binary, kernel_name, *, build_flags=String::new(), is_spv=true,
-    device=0, device_arch=None, cache=true, cache_dir=None, spill_threshold=0,
-    isolated=true, timeout=None, speculative=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (binary, kernel_name, is_spv, device, options))]
 pub fn compile_and_load(
     py: Python<'_>,
     binary: Vec<u8>,
     kernel_name: String,
-    build_flags: String,
     is_spv: bool,
     device: usize,
-    device_arch: Option<String>,
-    cache: bool,
-    cache_dir: Option<PathBuf>,
-    spill_threshold: u64,
-    isolated: bool,
-    timeout: Option<f64>,
-    speculative: Option<bool>,
+    options: PyRef<'_, PyOptions>,
 ) -> PyResult<LoadedKernel> {
-    let req = load_request(
-        py,
+    let req = crate::ze::load::LoadRequest {
         binary,
         kernel_name,
-        build_flags,
         is_spv,
         device,
-        device_arch,
-        cache,
-        cache_dir,
-        spill_threshold,
-        isolated,
-        timeout,
-        speculative,
-    )?;
+        options: options.inner.clone(),
+    };
     let outcome = interruptible(py, |cancel| crate::ze::load::compile_and_load(&req, cancel));
     emit_warnings(py);
     match outcome? {
@@ -191,8 +145,9 @@ pub fn compile_and_load(
     }
 }
 
-/// Load many kernels (dicts with `compile_and_load`'s keyword names, all present) with
-/// at most `jobs` at once. Returns, in input order, a LoadedKernel or a BuildError each.
+/// Load many kernels (dicts with `binary`, `kernel_name`, `is_spv`, `device` and
+/// `options`) with at most `jobs` at once. Returns, in input order, a LoadedKernel or a
+/// BuildError each.
 #[pyfunction]
 #[pyo3(signature = (requests, *, jobs=None, progress=None))]
 pub fn compile_and_load_many(
@@ -204,21 +159,16 @@ pub fn compile_and_load_many(
     let reqs = requests
         .iter()
         .map(|d| {
-            load_request(
-                py,
-                field(d, "binary")?.extract()?,
-                field(d, "kernel_name")?.extract()?,
-                field(d, "build_flags")?.extract()?,
-                field(d, "is_spv")?.extract()?,
-                field(d, "device")?.extract()?,
-                field(d, "device_arch")?.extract()?,
-                field(d, "cache")?.extract()?,
-                field(d, "cache_dir")?.extract()?,
-                field(d, "spill_threshold")?.extract()?,
-                field(d, "isolated")?.extract()?,
-                field(d, "timeout")?.extract()?,
-                field(d, "speculative")?.extract()?,
-            )
+            Ok(crate::ze::load::LoadRequest {
+                binary: field(d, "binary")?.extract()?,
+                kernel_name: field(d, "kernel_name")?.extract()?,
+                is_spv: field(d, "is_spv")?.extract()?,
+                device: field(d, "device")?.extract()?,
+                options: field(d, "options")?
+                    .extract::<PyRef<PyOptions>>()?
+                    .inner
+                    .clone(),
+            })
         })
         .collect::<PyResult<Vec<_>>>()?;
     run_batch(

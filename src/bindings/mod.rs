@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub mod level_zero;
 pub mod offline;
+pub mod options;
 pub mod workers;
 
 /// Why an attempt failed: the error's kind, message and, for a PTSS overflow, the
@@ -304,15 +305,6 @@ pub(crate) fn run_batch<T: Send>(
             Err(f) => Ok(to_exception(py, *f)?.unbind()),
         })
         .collect()
-}
-
-/// `timeout=` seconds (0: no limit); out of range (negative, not finite, over 1e9 s) is an
-/// `InvalidArgumentError`.
-pub(crate) fn timeout_of(py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    timeout
-        .map(|t| crate::knobs::seconds_argument("timeout", t))
-        .transpose()
-        .map_err(|e| to_pyerr(py, e.into()))
 }
 
 /// The error kinds as (name, description) pairs.

@@ -1,8 +1,7 @@
 //! The offline engine's bindings: `compile`, `compile_many` and the SPIR-V/zebin helpers.
 
-use super::{
-    attempts, emit_warnings, field, interruptible, run_batch, timeout_of, to_pyerr, Attempt,
-};
+use super::options::PyOptions;
+use super::{attempts, emit_warnings, field, interruptible, run_batch, to_pyerr, Attempt};
 use crate::engine::{self, CompileRequest, Compiled};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -17,7 +16,11 @@ pub struct CompileResult {
     build_flags: String,
     grf_mode: String,
     n_regs: u32,
+    /// The kernel's spills, bytes per hardware thread (`.ze_info` `spill_size`).
     spill_size: u64,
+    /// The same in upstream's unit: 32-bit slots per lane (-1: SIMD width unknown).
+    n_spills: i64,
+    simd_size: u32,
     recovered: bool,
     cached: bool,
     attempts: Vec<Attempt>,
@@ -32,7 +35,7 @@ type ResultFields = (
     String,
     String,
     u32,
-    u64,
+    (u64, u32),
     bool,
     bool,
     Vec<Attempt>,
@@ -51,13 +54,19 @@ impl CompileResult {
         build_flags: String,
         grf_mode: String,
         n_regs: u32,
-        spill_size: u64,
+        spill: (u64, u32),
         recovered: bool,
         cached: bool,
         attempts: Vec<Attempt>,
         log: String,
         notes: Vec<String>,
     ) -> Self {
+        let (spill_size, simd_size) = spill;
+        let slots = crate::spill::Spill {
+            bytes: spill_size,
+            simd: simd_size,
+        }
+        .slots();
         CompileResult {
             binary,
             kernel,
@@ -66,6 +75,8 @@ impl CompileResult {
             grf_mode,
             n_regs,
             spill_size,
+            n_spills: slots,
+            simd_size,
             recovered,
             cached,
             attempts,
@@ -87,7 +98,7 @@ impl CompileResult {
                 r.build_flags.clone(),
                 r.grf_mode.clone(),
                 r.n_regs,
-                r.spill_size,
+                (r.spill_size, r.simd_size),
                 r.recovered,
                 r.cached,
                 r.attempts.clone(),
@@ -99,8 +110,8 @@ impl CompileResult {
 
     fn __repr__(&self) -> String {
         format!(
-            "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, recovered={}, cached={}, attempts={})",
-            self.kernel, self.device, self.build_flags, self.n_regs, self.spill_size,
+            "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, n_spills={}, recovered={}, cached={}, attempts={})",
+            self.kernel, self.device, self.build_flags, self.n_regs, self.spill_size, self.n_spills,
             self.recovered, self.cached, self.attempts.len()
         )
     }
@@ -114,7 +125,9 @@ fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
         build_flags: c.build_flags,
         grf_mode: c.grf_mode,
         n_regs: c.n_regs,
-        spill_size: c.spill_size,
+        spill_size: c.spill.bytes,
+        n_spills: c.spill.slots(),
+        simd_size: c.spill.simd,
         recovered: c.recovered,
         cached: c.cached,
         attempts: attempts(&c.attempts),
@@ -123,75 +136,20 @@ fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn request(
-    py: Python<'_>,
-    spirv: Vec<u8>,
-    device: String,
-    build_flags: String,
-    grf_mode: String,
-    num_warps: Option<u32>,
-    kernel_name: Option<String>,
-    ocloc: Option<PathBuf>,
-    timeout: Option<f64>,
-    cache: bool,
-    cache_dir: Option<PathBuf>,
-    spill_threshold: u64,
-    speculative: Option<bool>,
-) -> PyResult<CompileRequest> {
-    let timeout = timeout_of(py, timeout)?;
-    Ok(CompileRequest {
-        spirv,
-        device,
-        build_flags,
-        grf_mode,
-        num_warps,
-        kernel_name,
-        ocloc,
-        timeout,
-        cache,
-        cache_dir,
-        spill_threshold,
-        speculative,
-    })
-}
-
 /// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed.
 #[pyfunction]
-#[pyo3(signature = (spirv, *, device, build_flags=String::new(), grf_mode="default".to_string(),
-    num_warps=None, kernel_name=None, ocloc=None, timeout=None, cache=true, cache_dir=None,
-    spill_threshold=0, speculative=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (spirv, device, options))]
 pub fn compile(
     py: Python<'_>,
     spirv: Vec<u8>,
     device: String,
-    build_flags: String,
-    grf_mode: String,
-    num_warps: Option<u32>,
-    kernel_name: Option<String>,
-    ocloc: Option<PathBuf>,
-    timeout: Option<f64>,
-    cache: bool,
-    cache_dir: Option<PathBuf>,
-    spill_threshold: u64,
-    speculative: Option<bool>,
+    options: PyRef<'_, PyOptions>,
 ) -> PyResult<CompileResult> {
-    let req = request(
-        py,
+    let req = CompileRequest {
         spirv,
         device,
-        build_flags,
-        grf_mode,
-        num_warps,
-        kernel_name,
-        ocloc,
-        timeout,
-        cache,
-        cache_dir,
-        spill_threshold,
-        speculative,
-    )?;
+        options: options.inner.clone(),
+    };
     let outcome = interruptible(py, |cancel| engine::compile(&req, cancel));
     emit_warnings(py);
     match outcome? {
@@ -200,8 +158,8 @@ pub fn compile(
     }
 }
 
-/// Compile many requests (dicts with `compile`'s keyword names, all present) with at
-/// most `jobs` at once. Returns, in input order, a CompileResult or a BuildError each.
+/// Compile many requests (dicts with `spirv`, `device` and `options`) with at most `jobs`
+/// at once. Returns, in input order, a CompileResult or a BuildError each.
 #[pyfunction]
 #[pyo3(signature = (requests, *, jobs=None, progress=None))]
 pub fn compile_many(
@@ -213,21 +171,14 @@ pub fn compile_many(
     let reqs = requests
         .iter()
         .map(|d| {
-            request(
-                py,
-                field(d, "spirv")?.extract()?,
-                field(d, "device")?.extract()?,
-                field(d, "build_flags")?.extract()?,
-                field(d, "grf_mode")?.extract()?,
-                field(d, "num_warps")?.extract()?,
-                field(d, "kernel_name")?.extract()?,
-                field(d, "ocloc")?.extract()?,
-                field(d, "timeout")?.extract()?,
-                field(d, "cache")?.extract()?,
-                field(d, "cache_dir")?.extract()?,
-                field(d, "spill_threshold")?.extract()?,
-                field(d, "speculative")?.extract()?,
-            )
+            Ok(CompileRequest {
+                spirv: field(d, "spirv")?.extract()?,
+                device: field(d, "device")?.extract()?,
+                options: field(d, "options")?
+                    .extract::<PyRef<PyOptions>>()?
+                    .inner
+                    .clone(),
+            })
         })
         .collect::<PyResult<Vec<_>>>()?;
     run_batch(

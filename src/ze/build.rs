@@ -15,7 +15,9 @@
 use super::{ffi, runtime, Kernel, Module, Runtime};
 use crate::classify::{classify_driver_failure, signal_name, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
+use crate::ladder::Build;
 use crate::pool;
+use crate::spill::Spill;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -24,12 +26,20 @@ use std::time::Duration;
 pub struct Built {
     pub kernel: Kernel,
     pub module: Module,
-    /// `spillMemSize`, bytes.
-    pub spills: u64,
+    /// `spillMemSize` (bytes) and the SIMD width: the required sub-group size, else the
+    /// largest the kernel supports (what upstream divides by, #7950).
+    pub spill: Spill,
     pub private_mem_size: u32,
-    /// The required sub-group size, else the largest the kernel supports.
-    pub simd_size: u32,
     pub log: String,
+}
+
+impl Build for Built {
+    fn spill(&self) -> Spill {
+        self.spill
+    }
+    fn log(&self) -> &str {
+        &self.log
+    }
 }
 
 fn classify_result(r: ffi::ze_result_t, log: &str) -> BuildError {
@@ -115,13 +125,15 @@ pub fn in_process(
         .with_log(log.clone())
     })?;
     Ok(Built {
-        spills: props.spill_mem_size as u64,
-        private_mem_size: props.private_mem_size,
-        simd_size: if props.required_subgroup_size != 0 {
-            props.required_subgroup_size
-        } else {
-            props.max_subgroup_size
+        spill: Spill {
+            bytes: u64::from(props.spill_mem_size),
+            simd: if props.required_subgroup_size != 0 {
+                props.required_subgroup_size
+            } else {
+                props.max_subgroup_size
+            },
         },
+        private_mem_size: props.private_mem_size,
         kernel,
         module,
         log,
@@ -141,15 +153,23 @@ struct Request {
 /// What the worker answers; on success the payload is the native binary.
 #[derive(Serialize, Deserialize)]
 struct Response {
-    result: std::result::Result<(u64, String), BuildError>,
+    result: std::result::Result<(Spill, String), BuildError>,
 }
 
 /// A SPIR-V attempt built in a worker: the driver's native binary and what it reported.
 pub struct Isolated {
     pub native: Vec<u8>,
-    /// `spillMemSize` of the kernel, bytes.
-    pub spills: u64,
+    pub spill: Spill,
     pub log: String,
+}
+
+impl Build for Isolated {
+    fn spill(&self) -> Spill {
+        self.spill
+    }
+    fn log(&self) -> &str {
+        &self.log
+    }
 }
 
 /// The Level Zero worker's main loop (`python -m xpu_zebin._worker ze`): the same driver
@@ -174,7 +194,7 @@ pub fn serve() -> std::io::Result<()> {
             )
             .and_then(|built| {
                 if !req.is_spv {
-                    return Ok((Vec::new(), built.spills, built.log)); // it loads: that was all
+                    return Ok((Vec::new(), built.spill, built.log)); // it loads: that was all
                 }
                 let native = built.module.native_binary();
                 if native.is_empty() {
@@ -184,15 +204,15 @@ pub fn serve() -> std::io::Result<()> {
                     )
                     .with_log(built.log));
                 }
-                Ok((native, built.spills, built.log))
+                Ok((native, built.spill, built.log))
             }),
         };
         let (native, result) = match result {
-            Ok((native, spills, log)) => (native, Ok((spills, log))),
+            Ok((native, spill, log)) => (native, Ok((spill, log))),
             Err(e) => (Vec::new(), Err(e)),
         };
         let result = match result {
-            Ok((spills, log)) => Ok((spills, crate::pool::log_tail(log))),
+            Ok((spill, log)) => Ok((spill, crate::pool::log_tail(log))),
             Err(mut e) => {
                 e.log = crate::pool::log_tail(std::mem::take(&mut e.log));
                 Err(e)
@@ -260,9 +280,9 @@ pub fn isolated(
                 .with_log(chatter.clone())
             })?;
             match response.result {
-                Ok((spills, log)) => Ok(Isolated {
+                Ok((spill, log)) => Ok(Isolated {
                     native: payload,
-                    spills,
+                    spill,
                     log: log + &chatter,
                 }),
                 Err(mut e) => {

@@ -60,6 +60,8 @@ pub const ZE_STRUCTURE_TYPE_CONTEXT_DESC: u32 = 0xd;
 pub const ZE_STRUCTURE_TYPE_MODULE_DESC: u32 = 0x1b;
 pub const ZE_STRUCTURE_TYPE_KERNEL_DESC: u32 = 0x1d;
 pub const ZE_STRUCTURE_TYPE_KERNEL_PROPERTIES: u32 = 0x1e;
+/// `ze_device_ip_version_ext_t`, chained to the device properties (`ZE_extension_device_ip_version`).
+pub const ZE_STRUCTURE_TYPE_DEVICE_IP_VERSION_EXT: u32 = 0x1000f;
 pub const ZE_INIT_FLAG_GPU_ONLY: u32 = 1;
 pub const ZE_MODULE_FORMAT_IL_SPIRV: u32 = 0;
 pub const ZE_MODULE_FORMAT_NATIVE: u32 = 1;
@@ -95,6 +97,14 @@ pub struct ze_device_properties_t {
     pub kernel_timestamp_valid_bits: u32,
     pub uuid: [u8; 16],
     pub name: [c_char; 256],
+}
+
+/// The device's graphics IP version (GMDID: architecture, release, revision).
+#[repr(C)]
+pub struct ze_device_ip_version_ext_t {
+    pub stype: u32,
+    pub p_next: *const c_void,
+    pub ip_version: u32,
 }
 
 #[repr(C)]

@@ -3,7 +3,7 @@
 //!
 //! `XPU_ZEBIN_SIMULATED_DEVICE=pvc` puts the Intel driver's debug keys in the environment
 //! before the loader is opened, so the real driver and IGC run without a GPU (AUB capture
-//! mode, DESIGN.md §4): modules build and kernels can be inspected; nothing executes.
+//! mode, docs/design.md §4): modules build and kernels can be inspected; nothing executes.
 
 pub mod build;
 pub mod ffi;
@@ -32,7 +32,10 @@ pub struct DeviceInfo {
     pub name: String,
     pub device_id: u32,
     pub vendor_id: u32,
-    /// Short architecture name when the device id is known (e.g. "pvc").
+    /// The graphics IP version (GMDID) the driver reports; 0 when it reports none.
+    pub ip_version: u32,
+    /// Short architecture name, as upstream spells it (e.g. "pvc"): from the IP version,
+    /// else from the PCI device id.
     pub arch: Option<String>,
     pub max_work_group_size: u32,
     pub sub_group_sizes: Vec<u32>,
@@ -61,8 +64,24 @@ unsafe impl Sync for Runtime {}
 static RUNTIME: OnceLock<std::result::Result<Runtime, BuildError>> = OnceLock::new();
 static SIMULATION_DIR: Mutex<Option<tempfile::TempDir>> = Mutex::new(None);
 
-/// PCI device ids -> architecture, for the families Triton targets.
-fn arch_of(device_id: u32) -> Option<&'static str> {
+/// The graphics IP version (GMDID) -> architecture, as upstream names it (its SYCL
+/// architecture enum carries the same number): architecture in bits 31-22, release in
+/// 21-14, revision in 5-0.
+fn arch_of_ip(ip_version: u32) -> Option<&'static str> {
+    let (arch, release) = (ip_version >> 22, (ip_version >> 14) & 0xff);
+    Some(match (arch, release) {
+        (12, 60 | 61) => "pvc",
+        (12, 55..=57) => "dg2",
+        (12, 70 | 71) => "mtl",
+        (12, 74) => "arl_h",
+        (20, 1 | 2) => "bmg",
+        (20, 4) => "lnl",
+        _ => return None,
+    })
+}
+
+/// PCI device ids -> architecture: for drivers that report no IP version.
+fn arch_of_pci(device_id: u32) -> Option<&'static str> {
     Some(match device_id {
         0x0bd0..=0x0bdb => "pvc",
         0x5690..=0x56ff => "dg2",
@@ -222,106 +241,122 @@ fn init() -> Result<Runtime> {
         )
     })?;
     // SAFETY: plain calls into the loader with valid out-pointers.
+    let r = unsafe { (api.init)(ffi::ZE_INIT_FLAG_GPU_ONLY) };
+    if r != ffi::ZE_RESULT_SUCCESS {
+        let hint = if simulated.is_none() {
+            format!(" (without a GPU, set {SIMULATED_DEVICE_ENV}=pvc to use a simulated one)")
+        } else {
+            String::new()
+        };
+        return Err(no_device(format!(
+            "zeInit found no Intel GPU driver: {}{hint}",
+            ffi::result_name(r)
+        )));
+    }
+    let mut devices = Vec::new();
+    for driver in handles(|n, out| unsafe { (api.driver_get)(n, out) }, "zeDriverGet")? {
+        driver_devices(&api, driver, simulated.is_some(), &mut devices)?;
+    }
+    if devices.is_empty() {
+        return Err(no_device("the Level Zero driver reports no GPU device"));
+    }
+    Ok(Runtime { api, devices })
+}
+
+/// The handles a Level Zero `get(count, out)` call lists.
+fn handles(
+    get: impl Fn(&mut u32, *mut Handle) -> ffi::ze_result_t,
+    what: &str,
+) -> Result<Vec<Handle>> {
+    let mut count = 0u32;
+    check(get(&mut count, std::ptr::null_mut()), what)?;
+    let mut list = vec![std::ptr::null_mut(); count as usize];
+    check(get(&mut count, list.as_mut_ptr()), what)?;
+    list.truncate(count as usize);
+    Ok(list)
+}
+
+/// One driver's devices, each with a context, appended to `devices`.
+fn driver_devices(
+    api: &Api,
+    driver: Handle,
+    simulated: bool,
+    devices: &mut Vec<Device>,
+) -> Result<()> {
+    // SAFETY: plain calls into the loader with valid out-pointers and a driver it listed.
     unsafe {
-        let r = (api.init)(ffi::ZE_INIT_FLAG_GPU_ONLY);
-        if r != ffi::ZE_RESULT_SUCCESS {
-            return Err(no_device(format!(
-                "zeInit found no Intel GPU driver: {}{}",
-                ffi::result_name(r),
-                if simulated.is_none() {
-                    format!(
-                        " (without a GPU, set {SIMULATED_DEVICE_ENV}=pvc to use a simulated one)"
-                    )
-                } else {
-                    String::new()
-                }
-            )));
-        }
-        let mut count = 0u32;
+        let mut dprops: ffi::ze_driver_properties_t = zeroed();
+        dprops.stype = ffi::ZE_STRUCTURE_TYPE_DRIVER_PROPERTIES;
         check(
-            (api.driver_get)(&mut count, std::ptr::null_mut()),
-            "zeDriverGet",
+            (api.driver_get_properties)(driver, &mut dprops),
+            "zeDriverGetProperties",
         )?;
-        let mut drivers = vec![std::ptr::null_mut(); count as usize];
+        let uuid: String = dprops.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        let driver_id = format!("{}-{uuid}", dprops.driver_version);
+        let desc = ffi::ze_context_desc_t {
+            stype: ffi::ZE_STRUCTURE_TYPE_CONTEXT_DESC,
+            p_next: std::ptr::null(),
+            flags: 0,
+        };
+        let mut context = std::ptr::null_mut();
         check(
-            (api.driver_get)(&mut count, drivers.as_mut_ptr()),
-            "zeDriverGet",
+            (api.context_create)(driver, &desc, &mut context),
+            "zeContextCreate",
         )?;
-        let mut devices = Vec::new();
-        for driver in drivers {
-            let desc = ffi::ze_context_desc_t {
-                stype: ffi::ZE_STRUCTURE_TYPE_CONTEXT_DESC,
-                p_next: std::ptr::null(),
-                flags: 0,
-            };
-            let mut dprops: ffi::ze_driver_properties_t = zeroed();
-            dprops.stype = ffi::ZE_STRUCTURE_TYPE_DRIVER_PROPERTIES;
-            check(
-                (api.driver_get_properties)(driver, &mut dprops),
-                "zeDriverGetProperties",
-            )?;
-            let driver_id = format!(
-                "{}-{}",
-                dprops.driver_version,
-                dprops
-                    .uuid
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            );
-            let mut context = std::ptr::null_mut();
-            check(
-                (api.context_create)(driver, &desc, &mut context),
-                "zeContextCreate",
-            )?;
-            let mut n = 0u32;
-            check(
-                (api.device_get)(driver, &mut n, std::ptr::null_mut()),
-                "zeDeviceGet",
-            )?;
-            let mut handles = vec![std::ptr::null_mut(); n as usize];
-            check(
-                (api.device_get)(driver, &mut n, handles.as_mut_ptr()),
-                "zeDeviceGet",
-            )?;
-            for handle in handles {
-                let mut props: ffi::ze_device_properties_t = zeroed();
-                props.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES;
-                check(
-                    (api.device_get_properties)(handle, &mut props),
-                    "zeDeviceGetProperties",
-                )?;
-                let mut compute: ffi::ze_device_compute_properties_t = zeroed();
-                compute.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_COMPUTE_PROPERTIES;
-                check(
-                    (api.device_get_compute_properties)(handle, &mut compute),
-                    "zeDeviceGetComputeProperties",
-                )?;
-                let name = CStr::from_ptr(props.name.as_ptr())
-                    .to_string_lossy()
-                    .into_owned();
-                let sizes = compute.num_sub_group_sizes.min(8) as usize;
-                devices.push(Device {
-                    handle,
-                    context,
-                    info: DeviceInfo {
-                        index: devices.len(),
-                        name,
-                        device_id: props.device_id,
-                        vendor_id: props.vendor_id,
-                        arch: arch_of(props.device_id).map(str::to_string),
-                        max_work_group_size: compute.max_total_group_size,
-                        sub_group_sizes: compute.sub_group_sizes[..sizes].to_vec(),
-                        simulated: simulated.is_some(),
-                        driver: driver_id.clone(),
-                    },
-                });
-            }
+        let listed = handles(|n, out| (api.device_get)(driver, n, out), "zeDeviceGet")?;
+        for handle in listed {
+            let mut info = device_info(api, handle)?;
+            info.index = devices.len();
+            info.simulated = simulated;
+            info.driver = driver_id.clone();
+            devices.push(Device {
+                handle,
+                context,
+                info,
+            });
         }
-        if devices.is_empty() {
-            return Err(no_device("the Level Zero driver reports no GPU device"));
-        }
-        Ok(Runtime { api, devices })
+    }
+    Ok(())
+}
+
+/// What one device reports: name, ids, IP version and architecture, work-group and
+/// sub-group sizes.
+fn device_info(api: &Api, handle: Handle) -> Result<DeviceInfo> {
+    // SAFETY: plain calls into the loader with valid out-pointers and chained structs that
+    // outlive the calls.
+    unsafe {
+        let mut ip: ffi::ze_device_ip_version_ext_t = zeroed();
+        ip.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_IP_VERSION_EXT;
+        let mut props: ffi::ze_device_properties_t = zeroed();
+        props.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES;
+        props.p_next = (&mut ip as *mut ffi::ze_device_ip_version_ext_t).cast();
+        check(
+            (api.device_get_properties)(handle, &mut props),
+            "zeDeviceGetProperties",
+        )?;
+        let mut compute: ffi::ze_device_compute_properties_t = zeroed();
+        compute.stype = ffi::ZE_STRUCTURE_TYPE_DEVICE_COMPUTE_PROPERTIES;
+        check(
+            (api.device_get_compute_properties)(handle, &mut compute),
+            "zeDeviceGetComputeProperties",
+        )?;
+        let sizes = compute.num_sub_group_sizes.min(8) as usize;
+        Ok(DeviceInfo {
+            index: 0,
+            name: CStr::from_ptr(props.name.as_ptr())
+                .to_string_lossy()
+                .into_owned(),
+            device_id: props.device_id,
+            vendor_id: props.vendor_id,
+            ip_version: ip.ip_version,
+            arch: arch_of_ip(ip.ip_version)
+                .or_else(|| arch_of_pci(props.device_id))
+                .map(str::to_string),
+            max_work_group_size: compute.max_total_group_size,
+            sub_group_sizes: compute.sub_group_sizes[..sizes].to_vec(),
+            simulated: false,
+            driver: String::new(),
+        })
     }
 }
 
@@ -563,5 +598,24 @@ impl Kernel {
         } else {
             Err(r)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn architecture_from_the_ip_version_then_the_pci_id() {
+        let gmdid = |arch: u32, release: u32, revision: u32| arch << 22 | release << 14 | revision;
+        assert_eq!(arch_of_ip(gmdid(12, 60, 7)), Some("pvc")); // 0x030f0007
+        assert_eq!(arch_of_ip(0x030f_0007), Some("pvc"));
+        assert_eq!(arch_of_ip(gmdid(20, 1, 4)), Some("bmg")); // 0x05004004
+        assert_eq!(arch_of_ip(0x0500_4004), Some("bmg"));
+        assert_eq!(arch_of_ip(gmdid(20, 4, 0)), Some("lnl"));
+        assert_eq!(arch_of_ip(gmdid(12, 56, 5)), Some("dg2"));
+        assert_eq!(arch_of_ip(0), None); // the bookworm driver reports none
+        assert_eq!(arch_of_pci(0x0bd5), Some("pvc"));
+        assert_eq!(arch_of_pci(0x1234), None);
     }
 }
