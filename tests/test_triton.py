@@ -212,7 +212,7 @@ def test_wrapper_keeps_the_drivers_other_attributes_and_takes_a_max_grf_mode(
         module, *_ = utils.load_binary(
             kernel.metadata.name, kernel.asm["spv"], 0, "", True, 0, "128"
         )
-        name, native, flags, is_spv, seventh = utils.calls[-1]
+        _, native, flags, is_spv, seventh = utils.calls[-1]
         assert (flags, is_spv, seventh) == ("", False, "128") and native[:4] == b"\x7fELF"
         assert utils.get_last_selected_build_flags() == ""
         utils.unload_module(module)  # the driver's own, untouched by the wrapper
