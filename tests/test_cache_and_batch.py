@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import xpu_zebin
+from xpu_zebin import samples
 
 
 def _entries(cache_dir: Path):
@@ -129,3 +130,42 @@ def test_compile_many_on_a_process_pool(system_ocloc, add_spirv):
 def test_compile_many_rejects_zero_jobs(system_ocloc, add_spirv):
     with pytest.raises(ValueError):
         xpu_zebin.compile_many([dict(spirv=add_spirv, device="pvc")], jobs=0)
+
+
+@pytest.fixture(scope="module")
+def two_kernels(system_ocloc) -> bytes:
+    """One module: `spill` spills heavily at 128 GRF, `add` does not spill at all."""
+    source = samples.register_pressure_kernel(300, name="spill") + samples.ADD_KERNEL
+    return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)
+
+
+@pytest.mark.parametrize("order", [("spill", "add"), ("add", "spill")])
+def test_each_kernel_of_a_module_gets_its_own_answer_in_any_cache_order(
+    ocloc, two_kernels, tmp_path, order
+):
+    """Spills are the named kernel's own, and the cache key holds the kernel name: `add`
+    is default GRF, whichever kernel the cache saw first."""
+    got = {}
+    for name in order:
+        got[name] = xpu_zebin.compile(
+            two_kernels, device="pvc", ocloc=ocloc, kernel_name=name, cache_dir=tmp_path
+        )
+    assert got["add"].build_flags == "" and got["add"].spill_size == 0
+    assert not got["add"].cached and not got["spill"].cached
+    assert got["spill"].build_flags == "-cl-intel-256-GRF-per-thread"
+    again = xpu_zebin.compile(
+        two_kernels, device="pvc", ocloc=ocloc, kernel_name="add", cache_dir=tmp_path
+    )
+    assert again.cached and again.build_flags == "" and again.kernel == "add"
+
+
+@pytest.mark.parametrize("order", [("spill", "add"), ("add", "spill")])
+def test_each_kernel_of_a_module_gets_its_own_answer_through_level_zero(
+    two_kernels, tmp_path, order
+):
+    got = {}
+    for name in order:
+        with xpu_zebin.compile_and_load(two_kernels, name, cache_dir=tmp_path) as k:
+            got[name] = (k.build_flags, k.spill_bytes, k.cached)
+    assert got["add"] == ("", 0, False)
+    assert got["spill"][0] == "-cl-intel-256-GRF-per-thread"
