@@ -94,3 +94,19 @@ def test_calls_return_what_the_stub_says(add_spirv, system_ocloc):
     assert _is(result.n_spills, int) and _is(result.spill_size, int)
     info = _core.zebin_info(result.binary)
     assert _is(info, returns["zebin_info"])
+
+
+def test_options_attributes_have_the_stub_types(system_ocloc, tmp_path):
+    namespace = {**vars(typing), "os": __import__("os"), "Path": pathlib.Path}
+    classes = {n.name: n for n in _stub().body if isinstance(n, ast.ClassDef)}
+    full = _core.Options(
+        num_warps=4, kernel_name="k", device_arch="pvc", max_grf_mode="256",
+        ocloc=system_ocloc, timeout=2, cache_dir=tmp_path, spill_policy="any",
+        speculative=False, isolated=True,
+    )  # fmt: skip
+    for options in (_core.Options(), full):
+        for item in classes["Options"].body:
+            if isinstance(item, ast.AnnAssign):
+                annotation = eval(ast.unparse(item.annotation), namespace)
+                value = getattr(options, item.target.id)
+                assert _is(value, annotation), f"Options.{item.target.id} = {value!r}"

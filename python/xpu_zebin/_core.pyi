@@ -28,10 +28,10 @@ class Options:
     kernel_name: Optional[str]
     device_arch: Optional[str]
     max_grf_mode: Optional[int]
-    ocloc: Optional[str]
+    ocloc: Optional[Path]
     timeout: Optional[float]
     cache: bool
-    cache_dir: Optional[str]
+    cache_dir: Optional[Path]
     spill_policy: Optional[str]
     speculative: Optional[bool]
     isolated: Optional[bool]

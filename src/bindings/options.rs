@@ -191,7 +191,7 @@ impl PyOptions {
         })
     }
 
-    /// Every option by name (paths as str, the timeout in seconds).
+    /// Every option by name (paths as `pathlib.Path`, the timeout in seconds).
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let o = &self.inner;
         let d = PyDict::new(py);
