@@ -90,7 +90,7 @@ fn build_once(
     let mut args = vec![
         "-spirv_input".to_string(),
         "-device".to_string(),
-        req.device.clone(),
+        req.device.trim().to_string(),
     ];
     if !flags.is_empty() {
         args.extend(["-options".to_string(), flags.to_string()]);
@@ -141,9 +141,10 @@ fn compile_inner(
 ) -> Outcome {
     let o = &req.options;
     o.check(&[("device", &req.device)])?;
+    let device = req.device.trim();
     let timeout = crate::knobs::effective_timeout(o.timeout)?;
     let kernel = spirv::validate(&req.spirv)?.select_kernel(o.kernel_name.as_deref())?;
-    if req.device.trim().is_empty() {
+    if device.is_empty() {
         return Err(BuildError::new(
             ErrorKind::InvalidArgument,
             "device is empty: name a target such as pvc",
@@ -151,7 +152,7 @@ fn compile_inner(
         .into());
     }
     let rule = o.rule(Path::Offline)?;
-    let ladder = o.ladder(o.device_arch.as_deref().unwrap_or(&req.device))?;
+    let ladder = o.ladder(o.device_arch.as_deref().unwrap_or(device))?;
     let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
     // The key needs the compiler's identity (a version and build of IGC).
     let cache = if o.cache {
@@ -162,7 +163,7 @@ fn compile_inner(
             kernel: &kernel,
             flags: &ladder,
             rule: Some(rule),
-            target: &[&req.device, &identity],
+            target: &[device, &identity],
         }
         .key();
         Some((Cache::open(o.cache_dir.as_deref()), key))
@@ -190,7 +191,7 @@ fn compile_inner(
     )?;
     Ok(Compiled {
         kernel,
-        device: req.device.clone(),
+        device: device.to_string(),
         binary,
         n_regs: grf::n_regs(&record.build_flags),
         build_flags: record.build_flags,

@@ -24,6 +24,23 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Would the same input fail the same way again? A timeout, a cancel, a crashed or
+    /// missing compiler, a lost device or a bug of ours may not: an answer that depends on
+    /// one of those is never cached.
+    pub fn is_repeatable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::ScratchOverflow
+                | ErrorKind::BuildFailure
+                | ErrorKind::InvalidSpirv
+                | ErrorKind::KernelNotFound
+                | ErrorKind::UnsupportedDevice
+                | ErrorKind::DegenerateBinary
+                | ErrorKind::InvalidArgument
+                | ErrorKind::LinkFailure
+        )
+    }
+
     pub const ALL: [ErrorKind; 14] = [
         ErrorKind::ScratchOverflow,
         ErrorKind::BuildFailure,

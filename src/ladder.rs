@@ -206,10 +206,20 @@ pub fn settle<B: Build + Send, F>(
             }))
         }
     };
-    if let Some((cache, key)) = &plan.cache {
-        if let Some(note) = cache.put(key, &record, &native(&product)) {
-            notes.push(note);
+    // An answer shaped by a transient failure (the retry timed out, was cancelled, its
+    // worker died) is not the input's answer: it is returned, never cached.
+    let repeatable = record
+        .attempts
+        .iter()
+        .all(|a| a.error.as_ref().is_none_or(|e| e.kind.is_repeatable()));
+    match &plan.cache {
+        Some((cache, key)) if repeatable => {
+            if let Some(note) = cache.put(key, &record, &native(&product)) {
+                notes.push(note);
+            }
         }
+        Some(_) => notes.push("not cached: an attempt failed in a way that may not repeat".into()),
+        None => {}
     }
     Ok(Settled {
         product,

@@ -7,7 +7,7 @@ use crate::spill::{Path, Rule, SpillPolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Options {
     /// Extra compiler options; a GRF flag here fixes the GRF mode (never retried).
     pub build_flags: String,

@@ -80,8 +80,13 @@ impl SpillPolicy {
     /// Parse a policy name; `what` names where it came from, for the error.
     pub fn parse(text: &str, what: &str) -> Result<Self> {
         let t = text.trim().to_ascii_lowercase();
-        let number = |n: &str| n.trim().parse::<u64>().ok();
-        let policy = match t.split_once(':') {
+        // Plain digits, as every number the package reads (no sign).
+        let number = |n: &str| {
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+            digits.then(|| n.parse::<u64>().ok()).flatten()
+        };
+        let parts = t.split_once(':').map(|(a, b)| (a.trim(), b.trim()));
+        let policy = match parts {
             None if t.is_empty() || t == "upstream" => Some(SpillPolicy::Upstream),
             None if t == "any" => Some(SpillPolicy::Rule(Rule::Any)),
             None if t == "never" => Some(SpillPolicy::Rule(Rule::Never)),

@@ -317,6 +317,11 @@ def _load_request(
     **changes: Any,
 ) -> dict:
     opts = _options(options, changes)
+    if opts.kernel_name is not None and opts.kernel_name != kernel_name:
+        raise InvalidArgumentError(
+            f"options.kernel_name={opts.kernel_name!r} differs from kernel_name={kernel_name!r}",
+            kind="invalid_argument",
+        )
     if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < 2**32:
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a device index")
     if not isinstance(kernel_name, str):

@@ -37,6 +37,7 @@ import xpu_zebin
 
 from .errors import (
     BuildError,
+    InvalidArgumentError,
     NoDeviceError,
     ScratchOverflowError,
     UnsupportedDeviceError,
@@ -129,25 +130,38 @@ def _offline_engine_available() -> bool:
         return False
 
 
-def _seventh_argument(value: Any) -> Tuple[Optional[str], Optional[str]]:
+def _seventh_argument(value: Any) -> Tuple[Optional[str], Optional[Any]]:
     """Upstream ``load_binary``'s optional 7th argument as ``(device_arch, max_grf_mode)``:
     the newest driver passes the max GRF mode (``"128"``, ``"256"``, ``"512"``, from
     ``metadata["max_grf_mode"]``, intel-xpu-backend-for-triton issue #8074), older ones
-    the device arch (``"cri"`` chooses 512 GRF)."""
+    the device arch (``"cri"`` chooses 512 GRF; ``"unknown"`` when Triton cannot tell).
+    Digits are a GRF mode, checked by :class:`~xpu_zebin.Options` (128, 256 or 512); a
+    name is an arch; anything else is an :class:`InvalidArgumentError`."""
     if value is None:
         return None, None
-    text = str(value).strip()
-    if text in ("128", "256", "512"):
-        return None, text
-    return (text or None), None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None, value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return None, text
+        if text.replace("_", "").isalnum():
+            return (None if text.lower() == "unknown" else text), None
+        if not text:
+            return None, None
+    raise InvalidArgumentError(
+        f"load_binary's 7th argument {value!r} is neither a max GRF mode (128, 256, 512) "
+        "nor a device arch name",
+        kind="invalid_argument",
+    )
 
 
 def _spill_policy(upstream_rule: str) -> Optional[str]:
     """The drop-ins follow upstream's rule for the path they stand in for, whichever
-    compiler builds; ``$XPU_ZEBIN_SPILL_POLICY`` (or an argument) chooses another."""
-    if os.environ.get(xpu_zebin._core.SPILL_POLICY_ENV, "").strip():
-        return None
-    return upstream_rule
+    compiler builds (``upstream`` in ``$XPU_ZEBIN_SPILL_POLICY`` means the same); another
+    value there chooses another rule (the engine reads and checks it)."""
+    chosen = os.environ.get(xpu_zebin._core.SPILL_POLICY_ENV, "").strip().lower()
+    return upstream_rule if chosen in ("", "upstream") else None
 
 
 #: Upstream's spill rule of each path it has (docs/design.md §2).
@@ -174,7 +188,7 @@ def native_options(
         grf_mode=grf_mode if isinstance(grf_mode, str) else "default",  # 3.3: a tuple
         num_warps=num_warps,
         kernel_name=name or None,
-        device_arch=device_arch,
+        device_arch=device_arch or os.environ.get(DEVICE_ARCH_ENV, "").strip() or None,
         max_grf_mode=max_grf_mode,
         spill_policy=_spill_policy(rule),
     )
@@ -363,16 +377,16 @@ def make_zebin(
     ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver.
     """
     arch = device_arch or _target_device_arch(metadata)
-    opts = native_options(
-        metadata.get("name"),
-        metadata.get("build_flags", "") or "",
-        rule=MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE,
-        grf_mode=getattr(options, "grf_mode", "default"),
-        num_warps=getattr(options, "num_warps", None),
-        device_arch=arch,
-        max_grf_mode=metadata.get("max_grf_mode"),
-    )
     try:
+        opts = native_options(
+            metadata.get("name"),
+            metadata.get("build_flags", "") or "",
+            rule=MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE,
+            grf_mode=getattr(options, "grf_mode", "default"),
+            num_warps=getattr(options, "num_warps", None),
+            device_arch=arch,
+            max_grf_mode=metadata.get("max_grf_mode"),
+        )
         if _offline_engine_available():
             result = xpu_zebin.compile(src, device=arch or _device_arch(0, None), options=opts)
             native, flags = result.binary, result.build_flags

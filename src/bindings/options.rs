@@ -16,10 +16,11 @@ use std::path::PathBuf;
     name = "Options",
     frozen,
     eq,
+    hash,
     skip_from_py_object,
     module = "xpu_zebin._core"
 )]
-#[derive(Clone, PartialEq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyOptions {
     pub inner: Options,
 }
@@ -75,22 +76,24 @@ fn count(name: &str, v: &Bound<'_, PyAny>) -> PyResult<u32> {
     n.ok_or_else(|| invalid(v.py(), name, v, "an integer from 0 to 4294967295"))
 }
 
-/// A path: str, bytes or os.PathLike.
+/// A path: str, bytes or os.PathLike; not empty (that would be the current directory),
+/// no NUL (the system would cut it).
 fn path(name: &str, v: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-    if let Ok(b) = v.cast::<PyBytes>() {
-        use std::os::unix::ffi::OsStrExt;
-        return Ok(PathBuf::from(std::ffi::OsStr::from_bytes(b.as_bytes())));
+    use std::os::unix::ffi::OsStrExt;
+    const EXPECTED: &str = "a non-empty path without NUL (str, bytes or os.PathLike)";
+    let p = if let Ok(b) = v.cast::<PyBytes>() {
+        PathBuf::from(std::ffi::OsStr::from_bytes(b.as_bytes()))
+    } else if v.is_instance_of::<PyBool>() {
+        return Err(invalid(v.py(), name, v, EXPECTED));
+    } else {
+        v.extract::<PathBuf>()
+            .map_err(|_| invalid(v.py(), name, v, EXPECTED))?
+    };
+    let bytes = p.as_os_str().as_bytes();
+    if bytes.is_empty() || bytes.contains(&0) {
+        return Err(invalid(v.py(), name, v, EXPECTED));
     }
-    if v.is_instance_of::<PyBool>() {
-        return Err(invalid(
-            v.py(),
-            name,
-            v,
-            "a path (str, bytes or os.PathLike)",
-        ));
-    }
-    v.extract::<PathBuf>()
-        .map_err(|_| invalid(v.py(), name, v, "a path (str, bytes or os.PathLike)"))
+    Ok(p)
 }
 
 fn seconds(name: &str, v: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
@@ -109,7 +112,10 @@ fn seconds(name: &str, v: &Bound<'_, PyAny>) -> PyResult<std::time::Duration> {
 /// Upstream's max GRF mode: 128, 256 or 512, as an int or as Triton passes it, a str.
 fn grf_size(name: &str, v: &Bound<'_, PyAny>) -> PyResult<u32> {
     let n = if v.is_instance_of::<PyString>() {
-        text(name, v)?.trim().parse::<u32>().ok()
+        let t = text(name, v)?;
+        let t = t.trim();
+        let digits = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        digits.then(|| t.parse::<u32>().ok()).flatten()
     } else {
         count(name, v).ok()
     };
@@ -148,7 +154,8 @@ fn set(o: &mut Options, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
         "cache" => o.cache = flag(name, v)?,
         "cache_dir" => o.cache_dir = opt(name, v, path)?,
         "spill_policy" => {
-            o.spill_policy = opt(name, v, text)?;
+            // Blank is unset, as for the variable: the environment's policy applies.
+            o.spill_policy = opt(name, v, text)?.filter(|t| !t.trim().is_empty());
             if let Some(p) = &o.spill_policy {
                 crate::spill::SpillPolicy::parse(p, name)
                     .map_err(|e| to_pyerr(v.py(), e.into()))?;
@@ -156,6 +163,15 @@ fn set(o: &mut Options, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
         }
         "speculative" => o.speculative = opt(name, v, flag)?,
         "isolated" => o.isolated = opt(name, v, flag)?,
+        "spill_threshold" => {
+            let e = BuildError::new(
+                ErrorKind::InvalidArgument,
+                "spill_threshold was replaced by spill_policy: \"bytes:N\" retries above N \
+                 bytes, \"slots:N\" above N slots per lane, \"any\" on any spill (or \
+                 XPU_ZEBIN_SPILL_POLICY)",
+            );
+            return Err(to_pyerr(v.py(), e.into()));
+        }
         other => {
             return Err(PyTypeError::new_err(format!(
                 "unknown option '{other}': options are {}",
