@@ -110,7 +110,7 @@ def test_an_answer_shaped_by_a_timeout_is_not_cached(system_ocloc, tmp_path):
         samples.register_pressure_kernel(300, name="spill"), device="pvc", ocloc=system_ocloc
     )
     opts = Options(ocloc=slow, cache_dir=tmp_path / "cache", speculative=False)
-    stalled = xpu_zebin.compile(spirv, device="pvc", options=opts, timeout=15)
+    stalled = xpu_zebin.compile(spirv, device="pvc", options=opts, timeout=8)
     assert stalled.build_flags == "" and stalled.attempts[1].error.kind == "timeout"
     assert any("not cached" in n for n in stalled.notes)
     stall.unlink()  # the same compiler, now answering in time: the same cache key
