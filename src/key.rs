@@ -15,6 +15,8 @@ pub enum Purpose {
     Jit,
     /// This native binary loaded in a worker on this device and driver.
     NativeTrial,
+    /// A bundle's native build for a target profile (`bundle.rs`).
+    Bundle,
 }
 
 impl Purpose {
@@ -23,6 +25,7 @@ impl Purpose {
             Purpose::Offline => b"xpu-zebin/offline/v3",
             Purpose::Jit => b"xpu-zebin/jit/v3",
             Purpose::NativeTrial => b"xpu-zebin/native-trial/v3",
+            Purpose::Bundle => b"xpu-zebin/bundle/v1",
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod batch;
 #[cfg(feature = "python")]
 mod bindings;
+pub mod bundle;
 pub mod cache;
 pub mod classify;
 pub mod cores;
@@ -35,6 +36,11 @@ pub mod zebin;
 mod _core {
     use pyo3::prelude::*;
 
+    #[pymodule_export]
+    use crate::bindings::bundle::{
+        bundle_key, bundle_lookup, bundle_read, bundle_verify, bundle_write, bundles_dir,
+        compiler_identity,
+    };
     #[pymodule_export]
     use crate::bindings::level_zero::{
         compile_and_load, compile_and_load_many, devices, ze_handle_counts, LoadedKernel,

@@ -86,6 +86,9 @@ def test_calls_return_what_the_stub_says(add_spirv, system_ocloc):
         "devices": _core.devices,
         "ocloc_worker_unavailable": lambda: _core.ocloc_worker_unavailable(system_ocloc),
         "compile": lambda: _core.compile(add_spirv, "pvc", _core.Options(ocloc=system_ocloc)),
+        "compiler_identity": lambda: _core.compiler_identity(system_ocloc),
+        "bundles_dir": _core.bundles_dir,
+        "bundle_key": lambda: _core.bundle_key(add_spirv, "add", "pvc", _core.Options(), "t"),
     }
     for name, call in calls.items():
         value = call()

@@ -11,7 +11,15 @@ import triton.language as tl
 from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.errors import OutOfResources
-from triton_helpers import MM_SIG, TARGET, compile_triton, matmul_kernel, triton_on_cpu
+from triton_helpers import (
+    MM_SIG,
+    TARGET,
+    RecordingUtils,
+    RecordingUtils33,
+    compile_triton,
+    matmul_kernel,
+    triton_on_cpu,
+)
 
 import xpu_zebin
 import xpu_zebin.triton as xt
@@ -93,38 +101,6 @@ def test_standalone_load_binary_on_the_simulated_device(triton_kernels):
     assert n_regs == 256 and n_max_threads == 1024 and n_spills == module.n_spills
     assert xt.get_last_selected_build_flags() == GRF256
     module.close()
-
-
-class RecordingUtils:
-    """Stand-in for a Triton XPU driver's ``utils`` (the SYCL queue of a GPU cannot exist
-    here). Like the real driver it loads what it gets through Level Zero (the real driver on
-    the simulated device), and it records what it was handed."""
-
-    def __init__(self):
-        self.calls = []
-        self.last_flags = ""
-
-    def load_binary(self, name, kernel, shared, build_flags, is_spv, device, device_arch=None):
-        self.calls.append((name, bytes(kernel), build_flags, is_spv, device_arch))
-        loaded = xpu_zebin.compile_and_load(
-            kernel, name, build_flags=build_flags, is_spv=is_spv, device=device, cache=False
-        )
-        self.last_flags = loaded.build_flags
-        return loaded, loaded.kernel_handle, loaded.n_regs, loaded.n_spills, loaded.n_max_threads
-
-    def get_last_selected_build_flags(self):
-        return self.last_flags
-
-    def unload_module(self, module):  # Triton's CompiledKernel.__del__ calls it (triton #9444)
-        module.close()
-
-
-class RecordingUtils33(RecordingUtils):
-    """The same stand-in with triton-xpu 3.3's signature, which reads is_spv from the env."""
-
-    def load_binary(self, name, kernel, shared, build_flags, device):
-        native = os.environ.get("TRITON_XPU_GEN_NATIVE_CODE") == "1"
-        return super().load_binary(name, kernel, shared, build_flags, not native, device)
 
 
 @pytest.mark.parametrize("utils_cls", [RecordingUtils, RecordingUtils33], ids=["main", "3.3"])

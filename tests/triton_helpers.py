@@ -7,6 +7,7 @@ Triton's XPU arch parser needs SYCL headers; it is replaced by a stub that names
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 # triton-xpu is a test dependency (pyproject's `test` extra): missing, these tests fail.
@@ -16,6 +17,8 @@ import triton.language as tl
 from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+import xpu_zebin
 
 ARCH = {
     "architecture": 0,
@@ -146,3 +149,35 @@ WINDOW_SIG = {
     "e_out_ptr": "*i8",
     "BLOCK": "constexpr",
 }
+
+
+class RecordingUtils:
+    """Stand-in for a Triton XPU driver's ``utils`` (the SYCL queue of a GPU cannot exist
+    here). Like the real driver it loads what it gets through Level Zero (the real driver on
+    the simulated device), and it records what it was handed."""
+
+    def __init__(self):
+        self.calls = []
+        self.last_flags = ""
+
+    def load_binary(self, name, kernel, shared, build_flags, is_spv, device, device_arch=None):
+        self.calls.append((name, bytes(kernel), build_flags, is_spv, device_arch))
+        loaded = xpu_zebin.compile_and_load(
+            kernel, name, build_flags=build_flags, is_spv=is_spv, device=device, cache=False
+        )
+        self.last_flags = loaded.build_flags
+        return loaded, loaded.kernel_handle, loaded.n_regs, loaded.n_spills, loaded.n_max_threads
+
+    def get_last_selected_build_flags(self):
+        return self.last_flags
+
+    def unload_module(self, module):  # Triton's CompiledKernel.__del__ calls it (triton #9444)
+        module.close()
+
+
+class RecordingUtils33(RecordingUtils):
+    """The same stand-in with triton-xpu 3.3's signature, which reads is_spv from the env."""
+
+    def load_binary(self, name, kernel, shared, build_flags, device):
+        native = os.environ.get("TRITON_XPU_GEN_NATIVE_CODE") == "1"
+        return super().load_binary(name, kernel, shared, build_flags, not native, device)

@@ -296,6 +296,81 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_target(args: argparse.Namespace) -> int:
+    """The local device's target profile (what precompile builds for)."""
+    from . import targets
+
+    try:
+        profile = targets.local(args.device)
+    except BuildError as e:
+        print(f"xpu-zebin: {e}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+    text = json.dumps(profile.to_json(), indent=None if args.json else 2, sort_keys=True)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    if args.json or not args.output:
+        print(text)
+    return EXIT_OK
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    """Native code for every input and target profile, into a bundle."""
+    from . import bundle, targets
+
+    try:
+        profiles = [targets.load(t) for t in args.target]
+    except (OSError, xpu_zebin.InvalidArgumentError) as e:
+        raise _UsageError(str(e)) from None
+    kernels = []
+    for path in args.files:
+        spirv = _read_input(path, profiles[0].ocloc_device, args.ocloc)
+        names = [args.kernel] if args.kernel else xpu_zebin.validate_spirv(spirv)
+        kernels += [{"spirv": spirv, "name": n, "config": Path(path).name} for n in names]
+    manifest = bundle.precompile(
+        kernels, profiles, args.output, jobs=args.jobs, progress=not args.json, ocloc=args.ocloc
+    )
+    if args.json:
+        print(json.dumps(manifest))
+    else:
+        print(f"{args.output}: {len(manifest['entries'])} native entries, "
+              f"{len(manifest['failures'])} failures")  # fmt: skip
+        for f in manifest["failures"]:
+            print(f"  not built: {f['kernel']} ({f['config']}) for {f['target'][:12]}: "
+                  f"{f['kind']}: {f['message']}")  # fmt: skip
+    return EXIT_OK if not manifest["failures"] else EXIT_BUILD_ERROR
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """Check, show or import a bundle."""
+    from . import bundle
+
+    try:
+        if args.action == "verify":
+            report = bundle.verify(args.bundle)
+            good, bad = len(report["ok"]), len(report["bad"])
+            print(json.dumps(report) if args.json else f"{args.bundle}: {good} good, {bad} bad")
+            for key, why in report["bad"] if not args.json else ():
+                print(f"  bad: {key[:12]}: {why}")
+            return EXIT_OK if not report["bad"] else EXIT_BUILD_ERROR
+        if args.action == "info":
+            m = bundle.info(args.bundle)
+            if args.json:
+                print(json.dumps(m))
+                return EXIT_OK
+            print(f"{args.bundle}: {m['format']}, xpu-zebin {m['package']}, Triton {m['triton']}")
+            for tid, t in m["targets"].items():
+                print(f"  target {t.get('name')} ({t.get('ocloc_device')}, id {tid[:12]})")
+            for e in m["entries"]:
+                where = f"{e['kernel']} [{e['config']}] for {e['target'][:12]}"
+                print(f"  {where}: '{e['build_flags']}', n_spills {e['n_spills']}, {e['size']} B")
+            return EXIT_OK
+        print(f"installed: {bundle.install(args.bundle, args.into)}")
+        return EXIT_OK
+    except xpu_zebin.InvalidArgumentError as e:
+        print(f"xpu-zebin: {e}", file=sys.stderr)
+        return EXIT_BUILD_ERROR
+
+
 def cmd_kinds(args: argparse.Namespace) -> int:
     for kind, description in xpu_zebin.error_kinds():
         print(f"{kind:20} {description}")
@@ -425,7 +500,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("kinds", help="list the error kinds")
     k.set_defaults(func=cmd_kinds)
+    _add_aot_commands(sub)
     return p
+
+
+def _add_aot_commands(sub: Any) -> None:
+    """``target``, ``precompile`` and ``bundle``: native code ahead of time."""
+    t = sub.add_parser("target", help="the local device's target profile (JSON)")
+    t.add_argument("--device", type=int, default=0, help="Level Zero device index")
+    t.add_argument("-o", "--output", default=None, help="write the profile here")
+    t.add_argument("--json", action="store_true", help="one line of JSON")
+    t.set_defaults(func=cmd_target)
+
+    p = sub.add_parser("precompile", help="build SPIR-V (or .cl) files for target profiles")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--target", action="append", required=True, help="a profile file (repeat)")
+    p.add_argument("-o", "--output", required=True, help="the bundle directory")
+    p.add_argument("--kernel", default=None, help="only this kernel (default: every one)")
+    p.add_argument("--jobs", type=_jobs, default=None, help="parallel compilers (default: cores)")
+    p.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, PATH)")
+    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.set_defaults(func=cmd_precompile)
+
+    b = sub.add_parser("bundle", help="verify, show or import a bundle")
+    b.add_argument("action", choices=["verify", "info", "import"])
+    b.add_argument("bundle")
+    b.add_argument("--into", default=None, help="import here (default: the cache's bundles)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bundle)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

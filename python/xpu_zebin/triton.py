@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import xpu_zebin
 
+from . import bundle
 from .errors import (
     BuildError,
     InvalidArgumentError,
@@ -200,7 +201,15 @@ def _build_native(
     options: xpu_zebin.Options,
     device: int,
 ) -> Tuple[bytes, str]:
-    """Build SPIR-V to a native binary with the GRF fallback: (binary, chosen flags)."""
+    """A native binary for SPIR-V, with the GRF fallback: (binary, chosen flags). From a
+    bundle when one holds it for this device (trial-loaded in a worker first), else built."""
+    found = bundle.find(name, spirv, options, device)
+    if found is not None:
+        try:
+            _trial_load(name, found[0], found[1], device, options.device_arch)
+            return found
+        except Exception as e:  # an entry that does not load here: compile instead
+            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
     if _offline_engine_available():
         arch = _device_arch(device, options.device_arch)
         result = xpu_zebin.compile(spirv, device=arch, options=options)
@@ -270,7 +279,10 @@ def load_binary(
         name, build_flags, rule=LOAD_BINARY_RULE, device_arch=device_arch,
         max_grf_mode=max_grf_mode,
     )  # fmt: skip
+    found = bundle.find(name, kernel, options, device) if is_spv else None
     try:
+        if found is not None:  # loaded in a worker first by compile_and_load itself
+            kernel, options, is_spv = found[0], options.replace(build_flags=found[1]), False
         loaded = xpu_zebin.compile_and_load(
             kernel, name, is_spv=bool(is_spv), device=device, options=options
         )

@@ -8,6 +8,7 @@ use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+pub mod bundle;
 pub mod level_zero;
 pub mod offline;
 pub mod options;

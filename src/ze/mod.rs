@@ -40,7 +40,8 @@ pub struct DeviceInfo {
     pub max_work_group_size: u32,
     pub sub_group_sizes: Vec<u32>,
     pub simulated: bool,
-    /// The driver's version and UUID: part of the binary cache key.
+    /// The driver's version (`major.minor.build`, as upstream's `driver_version`): part of
+    /// the binary cache key and of target profiles.
     pub driver: String,
 }
 
@@ -291,8 +292,10 @@ fn driver_devices(
             (api.driver_get_properties)(driver, &mut dprops),
             "zeDriverGetProperties",
         )?;
-        let uuid: String = dprops.uuid.iter().map(|b| format!("{b:02x}")).collect();
-        let driver_id = format!("{}-{uuid}", dprops.driver_version);
+        // The version as SYCL and upstream's `driver_version` spell it (major.minor.build).
+        // Not the UUID: measured here, its bytes change between processes.
+        let v = dprops.driver_version;
+        let driver_id = format!("{}.{}.{}", v >> 24, (v >> 16) & 0xff, v & 0xffff);
         let desc = ffi::ze_context_desc_t {
             stype: ffi::ZE_STRUCTURE_TYPE_CONTEXT_DESC,
             p_next: std::ptr::null(),

@@ -1,0 +1,232 @@
+"""Ahead-of-time bundles: native code for every target of a fleet, built without its GPUs,
+so that no kernel load runs IGC.
+
+``precompile`` builds kernels (SPIR-V, or Triton kernels and their autotune configs) for
+target profiles (:mod:`xpu_zebin.targets`) with the GRF ladder, concurrently, into a bundle
+directory; ``verify``, ``info`` and ``install`` check, show and import one. With a bundle
+in place (``XPU_ZEBIN_BUNDLE``, or imported), the Triton drop-in ``load_binary`` finds each
+kernel's native binary for the local device and hands it to the driver with
+``is_spv=False``: nothing runs IGC. Entries are untrusted input: checked against their
+checksums and trial-loaded in a worker before the caller's driver sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import xpu_zebin
+from xpu_zebin import _core
+
+from .errors import BuildError, InvalidArgumentError
+from .targets import TargetProfile
+
+__all__ = ["BUNDLE_ENV", "find", "info", "install", "precompile", "search_path", "verify"]
+
+logger = logging.getLogger("xpu_zebin.bundle")
+
+#: Bundle directories the drop-ins look in, ``os.pathsep``-separated (imported bundles too).
+BUNDLE_ENV = "XPU_ZEBIN_BUNDLE"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _triton_version() -> Optional[str]:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return getattr(triton, "__version__", None)
+
+
+def _kernel_options(kernel: Dict[str, Any], target: TargetProfile) -> xpu_zebin.Options:
+    """The options the drop-in ``load_binary`` builds for this kernel on this target: the
+    bundle's key is the drop-in's own."""
+    from .triton import LOAD_BINARY_RULE, native_options
+
+    return native_options(
+        kernel["name"], kernel.get("build_flags", ""), rule=LOAD_BINARY_RULE,
+        device_arch=target.ocloc_device,
+    )  # fmt: skip
+
+
+def precompile(
+    kernels: Sequence[Dict[str, Any]],
+    targets: Sequence[TargetProfile],
+    out: PathLike,
+    *,
+    jobs: Optional[int] = None,
+    client: Any = None,
+    progress: Union[bool, Callable[[int], None]] = False,
+    ocloc: Optional[PathLike] = None,
+) -> Dict[str, Any]:
+    """Build every kernel for every target into the bundle at ``out``; returns its manifest.
+
+    ``kernels`` are dicts: ``spirv`` (bytes), ``name`` (the kernel), optional
+    ``build_flags`` and ``config`` (text naming the autotune config). Builds run with the
+    GRF ladder and upstream's ``load_binary`` rule, at most ``jobs`` at once (or as tasks
+    on the Dask ``client``). A kernel that cannot be built for a target is listed in the
+    manifest's ``failures`` (a PTSS overflow as ``scratch_overflow``), never stored."""
+    if not targets:
+        raise InvalidArgumentError("precompile needs at least one target profile")
+    plan: List[Tuple[Dict[str, Any], TargetProfile, Any]] = []
+    requests = []
+    for target in targets:
+        for k in kernels:
+            opts = _kernel_options(k, target)
+            if ocloc is not None:
+                opts = opts.replace(ocloc=ocloc)
+            plan.append((k, target, opts))
+            requests.append({"spirv": k["spirv"], "device": target.ocloc_device, "options": opts})
+    results = xpu_zebin.compile_many(requests, jobs=jobs, client=client, progress=progress)
+    compiler = _core.compiler_identity(ocloc)
+    built, failures = [], []
+    for (k, target, opts), r in zip(plan, results):
+        where = {"kernel": k["name"], "config": k.get("config", ""), "target": target.id}
+        if isinstance(r, BuildError):
+            failures.append({**where, "kind": r.kind, "message": r.message})
+            continue
+        key = _core.bundle_key(k["spirv"], k["name"], target.ocloc_device, opts, target.id)
+        entry = {
+            **where, "key": key, "build_flags": r.build_flags, "spill_bytes": r.spill_size,
+            "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
+        }  # fmt: skip
+        built.append((entry, r.binary))
+    header = {
+        "format": "", "package": xpu_zebin.__version__, "triton": _triton_version(),
+        "targets": {t.id: t.to_json() for t in targets},
+    }  # fmt: skip
+    manifest = _core.bundle_write(os.fspath(out), header, built, failures)
+    for f in failures:
+        logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
+                       f["message"])  # fmt: skip
+    return manifest
+
+
+def precompile_triton(
+    fn: Any,
+    signature: Dict[str, str],
+    targets: Sequence[TargetProfile],
+    out: PathLike,
+    configs: Optional[Sequence[Any]] = None,
+    *,
+    constexprs: Optional[Dict[str, Any]] = None,
+    **kwargs: Any,
+) -> Dict[str, Any]:
+    """:func:`precompile` for a Triton kernel: each autotune config (``configs``, else the
+    ``@triton.autotune`` kernel's own) through Triton's front end for each target (it runs
+    on the CPU), then the native builds. ``kwargs`` are :func:`precompile`'s."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from .triton import _jit_function, _split_config, _warm_triton
+
+    jit = _jit_function(fn)
+    configs = list(configs if configs is not None else getattr(fn, "configs", None) or [])
+    if not configs:
+        raise InvalidArgumentError("pass configs, or an @triton.autotune kernel that has them")
+    _warm_triton()
+    names = list(jit.arg_names)
+    kernels_by_target: Dict[str, List[Dict[str, Any]]] = {}
+    failures = []
+    for target in targets:
+        for config in configs:
+            constants, options = _split_config(config)
+            constants = {**(constexprs or {}), **constants}
+            sig = {n: "constexpr" if n in constants else signature[n] for n in names}
+            src = ASTSource(jit, sig, {(names.index(k),): v for k, v in constants.items()})
+            try:
+                compiled = triton.compile(src, target=target.gpu_target(), options=options)
+            except Exception as e:  # a config Triton cannot lower stays in its slot
+                failures.append((config, target, e))
+                continue
+            spirv = compiled.asm.get("spv", b"")
+            if spirv[:4] == b"\x7fELF":
+                raise InvalidArgumentError(
+                    "Triton produced native code here (TRITON_XPU_GEN_NATIVE_CODE is set): "
+                    "precompile needs its SPIR-V"
+                )
+            kernels_by_target.setdefault(target.id, []).append({
+                "spirv": spirv, "name": compiled.metadata.name,
+                "build_flags": compiled.metadata.build_flags or "", "config": str(config),
+            })  # fmt: skip
+    manifest: Dict[str, Any] = {}
+    for target in targets:
+        kernels = kernels_by_target.get(target.id, [])
+        if kernels:
+            manifest = precompile(kernels, [target], out, **kwargs)
+    for config, target, e in failures:
+        logger.warning("config %s not lowered for %s: %s", config, target.name, e)
+    return manifest
+
+
+def search_path() -> List[str]:
+    """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one."""
+    dirs = [d for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep) if d.strip()]
+    try:
+        imported = Path(_core.bundles_dir())
+        if imported.is_dir():
+            dirs += sorted(str(p) for p in imported.iterdir() if (p / "manifest.json").is_file())
+    except (BuildError, OSError):
+        pass
+    return dirs
+
+
+def verify(bundle: PathLike) -> Dict[str, Any]:
+    """Every entry checked: ``{"ok": [keys], "bad": [(key, why)]}``."""
+    return _core.bundle_verify(os.fspath(bundle))
+
+
+def info(bundle: PathLike) -> Dict[str, Any]:
+    """The bundle's manifest (checked)."""
+    return _core.bundle_read(os.fspath(bundle))
+
+
+def install(bundle: PathLike, into: Optional[PathLike] = None) -> Path:
+    """Check a bundle and copy it where the drop-ins find it (``bundles`` in the cache
+    directory, or ``into``); a bundle with a bad entry is refused. Returns where it is."""
+    report = verify(bundle)
+    if report["bad"]:
+        key, why = report["bad"][0]
+        raise InvalidArgumentError(f"{bundle}: entry {key[:12]} is bad ({why}); not installed")
+    name = Path(os.fspath(bundle)).resolve().name
+    dest = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir()) / name
+    tmp = dest.with_name(dest.name + ".installing")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(os.fspath(bundle), tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def find(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Optional[Tuple[bytes, str]]:
+    """The native binary and build flags a bundle holds for this kernel on the local
+    device, or None (then the caller compiles). Says why at DEBUG (``TRITON_DEBUG=1``)."""
+    dirs = search_path()
+    if not dirs:
+        return None
+    from . import targets
+
+    try:
+        profile = targets.local(device)
+    except BuildError as e:
+        logger.debug("kernel %r: compiled, no bundle lookup (%s)", name, e)
+        return None
+    key = _core.bundle_key(spirv, name, profile.ocloc_device, options, profile.id)
+    status, what, native = _core.bundle_lookup(dirs, key, name)
+    if status == "native":
+        logger.debug("kernel %r: from the bundle (%s, %s)", name, profile.name, what["build_flags"])
+        return native, what["build_flags"]
+    if status == "refused":
+        logger.warning("kernel %r: bundle entry refused (%s); compiling", name, what)
+    elif what:
+        logger.debug("kernel %r: compiled: the bundle has it for other targets only (%s)",
+                     name, ", ".join(t[:12] for t in what))  # fmt: skip
+    else:
+        logger.debug("kernel %r: compiled: not in the bundle", name)
+    return None

@@ -1,0 +1,163 @@
+"""Target profiles: what a GPU is, for building its native code on a machine without it.
+
+A profile is what Triton's XPU driver reports for the device (its ``GPUTarget``: backend,
+the architecture dict, warp size), the ``ocloc`` device name, and the Level Zero driver's
+identity. ``xpu-zebin target --json`` writes the local device's; a profile file taken on
+one machine is used on another (a build farm with no GPU builds for it). Its ``id`` is a
+hash of all of that but the name: a bundle entry built for one id loads only where the
+local device has the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import xpu_zebin
+
+from .errors import InvalidArgumentError, UnsupportedDeviceError
+
+FORMAT = "xpu-zebin-target/1"
+#: Profiles are small; a bigger file is not one.
+MAX_PROFILE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    ocloc_device: str
+    arch: Dict[str, Any]
+    warp_size: int = 32
+    backend: str = "xpu"
+    #: The Level Zero driver's identity (version and UUID); None: any driver.
+    driver: Optional[str] = None
+    name: str = field(default="", compare=False)
+
+    @property
+    def id(self) -> str:
+        """What the profile is, as a key: everything but its name."""
+        canonical = json.dumps(
+            [self.backend, self.arch, self.warp_size, self.ocloc_device, self.driver],
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "name": self.name or self.ocloc_device,
+            "backend": self.backend,
+            "arch": self.arch,
+            "warp_size": self.warp_size,
+            "ocloc_device": self.ocloc_device,
+            "driver": self.driver,
+            "id": self.id,
+        }
+
+    def gpu_target(self) -> Any:
+        """Triton's ``GPUTarget`` for this profile."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, dict(self.arch), self.warp_size)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "profile") -> TargetProfile:
+        """A profile from its JSON, checked (a profile file is input like any other)."""
+
+        def bad(why: str) -> InvalidArgumentError:
+            return InvalidArgumentError(f"{where} is not a target profile: {why}")
+
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise bad(f"expected a JSON object with format {FORMAT!r}")
+        fields = {
+            "ocloc_device": str, "arch": dict, "warp_size": int, "backend": str, "name": str,
+        }  # fmt: skip
+        for key, kind in fields.items():
+            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+                raise bad(f"{key!r} must be a {kind.__name__}")
+        driver = data.get("driver")
+        if driver is not None and not isinstance(driver, str):
+            raise bad("'driver' must be a str or null")
+        device = data["ocloc_device"].strip()
+        if not device or not device.replace("_", "").replace("-", "").isalnum():
+            raise bad(f"'ocloc_device' {device!r} is not a device name")
+        profile = cls(
+            device, data["arch"], data["warp_size"], data["backend"], driver, data["name"]
+        )
+        if "id" in data and data["id"] != profile.id:
+            raise bad("its id does not match its contents")
+        return profile
+
+
+def load(path: os.PathLike[str] | str) -> TargetProfile:
+    """A profile file (``xpu-zebin target --json > pvc.json``)."""
+    with open(path, "rb") as f:
+        text = f.read(MAX_PROFILE_BYTES + 1)
+    if len(text) > MAX_PROFILE_BYTES:
+        raise InvalidArgumentError(f"{path} is larger than a target profile can be")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"{path} is not JSON: {e}") from None
+    return TargetProfile.from_json(data, str(path))
+
+
+def _triton_target() -> Optional[Any]:
+    """What Triton's own driver reports for the current device, where it can (it needs
+    PyTorch's XPU runtime)."""
+    try:
+        from triton.runtime.driver import driver
+
+        return driver.active.get_current_target()
+    except Exception:  # no Triton, no PyTorch XPU, no SYCL device: Level Zero says it
+        return None
+
+
+def _arch_from_level_zero(info: Dict[str, Any]) -> Dict[str, Any]:
+    """The architecture dict Triton's driver would report, from what Level Zero says: the
+    fields Triton's XPU backend reads."""
+    sizes = list(info["sub_group_sizes"]) or [16]
+    return {
+        "name": info["name"],
+        "architecture": int(info.get("ip_version") or 0) << 8,
+        "max_work_group_size": info["max_work_group_size"],
+        "max_num_sub_groups": info["max_work_group_size"] // min(sizes),
+        "sub_group_sizes": sizes,
+    }
+
+
+_local: Dict[int, TargetProfile] = {}
+
+
+def local(device: int = 0, *, arch: Optional[Dict[str, Any]] = None) -> TargetProfile:
+    """The profile of Level Zero device ``device`` (the simulated PVC serves the tests):
+    Triton's target when its driver can report one, else ``arch`` or what Level Zero
+    reports. Computed once per device and process unless ``arch`` is given."""
+    given = arch
+    if given is None and device in _local:
+        return _local[device]
+    info = xpu_zebin.devices()[device]
+    if not info.get("arch"):
+        raise UnsupportedDeviceError(
+            f"device {device} ({info['name']}, id 0x{info['device_id']:04x}) has no known "
+            "ocloc device name",
+            kind="unsupported_device",
+        )
+    warp_size = 32
+    if arch is None:
+        target = _triton_target()
+        if target is not None and isinstance(getattr(target, "arch", None), dict):
+            arch, warp_size = dict(target.arch), int(target.warp_size)
+    profile = TargetProfile(
+        ocloc_device=info["arch"],
+        arch=arch if arch is not None else _arch_from_level_zero(info),
+        warp_size=warp_size,
+        driver=info["driver"],
+        name=info["arch"],
+    )
+    if given is None:
+        _local[device] = profile
+    return profile

@@ -1,0 +1,120 @@
+//! Bundle bindings: keys, writing, reading, verifying and looking up (`bundle.rs`).
+
+use super::options::PyOptions;
+use super::to_pyerr;
+use crate::bundle::{self, Entry, Found, Manifest, Unbuilt};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::path::PathBuf;
+
+/// What a lookup answers: its status, the entry (or the other targets, or why refused),
+/// and the native bytes when found.
+type LookupAnswer<'py> = (&'static str, Bound<'py, PyAny>, Option<Bound<'py, PyBytes>>);
+
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(e.to_string())
+}
+
+/// The key of a native build of `kernel` for the target profile `target` (its id).
+#[pyfunction]
+pub fn bundle_key(
+    py: Python<'_>,
+    spirv: &[u8],
+    kernel: &str,
+    arch: &str,
+    options: PyRef<'_, PyOptions>,
+    target: &str,
+) -> PyResult<String> {
+    bundle::key(spirv, kernel, arch, &options.inner, target).map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// Write entries (`(entry dict, native bytes)`) and failures into the bundle at `dir`;
+/// `header` holds `package`, `triton` and `targets`. Returns the manifest.
+#[pyfunction]
+pub fn bundle_write<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    header: Bound<'py, PyAny>,
+    built: Vec<(Bound<'py, PyAny>, Vec<u8>)>,
+    failures: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut h: Manifest = pythonize::depythonize(&header).map_err(value_error)?;
+    h.format = bundle::FORMAT.to_string();
+    let built = built
+        .into_iter()
+        .map(|(e, bytes)| {
+            Ok((
+                pythonize::depythonize::<Entry>(&e).map_err(value_error)?,
+                bytes,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let failures: Vec<Unbuilt> = pythonize::depythonize(&failures).map_err(value_error)?;
+    let manifest = py
+        .detach(|| bundle::write(&dir, h, built, failures))
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(pythonize::pythonize(py, &manifest)?)
+}
+
+/// The bundle's manifest, checked.
+#[pyfunction]
+pub fn bundle_read<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    let manifest = bundle::read(&dir).map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(pythonize::pythonize(py, &manifest)?)
+}
+
+/// Every entry checked: `{"ok": [keys], "bad": [(key, why)]}`.
+#[pyfunction]
+pub fn bundle_verify<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    let report = py
+        .detach(|| bundle::verify(&dir))
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(pythonize::pythonize(py, &report)?)
+}
+
+/// Look `key` up in `dirs`: `("native", entry, bytes)`, `("missing", [other targets], None)`
+/// or `("refused", why, None)`.
+#[pyfunction]
+pub fn bundle_lookup<'py>(
+    py: Python<'py>,
+    dirs: Vec<PathBuf>,
+    key: &str,
+    kernel: &str,
+) -> PyResult<LookupAnswer<'py>> {
+    let found = py
+        .detach(|| bundle::lookup(&dirs, key, kernel))
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(match found {
+        Found::Native(entry, bytes) => (
+            "native",
+            pythonize::pythonize(py, &*entry)?,
+            Some(PyBytes::new(py, &bytes)),
+        ),
+        Found::Missing { other_targets } => {
+            ("missing", pythonize::pythonize(py, &other_targets)?, None)
+        }
+        Found::Refused(why) => ("refused", why.into_pyobject(py)?.into_any(), None),
+    })
+}
+
+/// The compiler's identity as keys and manifests record it (`ocloc` as `compile` finds it).
+#[pyfunction]
+#[pyo3(signature = (ocloc=None))]
+pub fn compiler_identity(py: Python<'_>, ocloc: Option<PathBuf>) -> PyResult<String> {
+    py.detach(|| {
+        let path = crate::ocloc::discover(ocloc.as_deref())?;
+        crate::ocloc::identity(&path)
+    })
+    .map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// Where bundles are imported: `bundles` in the cache directory.
+#[pyfunction]
+pub fn bundles_dir(py: Python<'_>) -> PyResult<PathBuf> {
+    crate::cache::default_dir()
+        .map(|d| d.join("bundles"))
+        .map_err(|why| {
+            let e = crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why);
+            to_pyerr(py, e.into())
+        })
+}

@@ -1,0 +1,188 @@
+"""Ahead-of-time bundles on the real compilers and the real driver: target profiles taken on
+the (simulated) PVC, native code built for them without using the device, and loads that
+run no compiler, refuse other targets and survive corrupted entries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from triton_helpers import SOFTMAX_SIG, RecordingUtils, softmax_kernel, triton_on_cpu
+
+import xpu_zebin
+import xpu_zebin.triton as xt
+from xpu_zebin import bundle, samples, targets
+
+G256 = "-cl-intel-256-GRF-per-thread"
+
+
+@pytest.fixture(scope="module")
+def kernels(system_ocloc) -> list:
+    sources = {
+        "add": samples.ADD_KERNEL,
+        "small": samples.register_pressure_kernel(40, name="small"),
+        "spill": samples.register_pressure_kernel(300, name="spill"),
+    }
+    return [
+        {"spirv": xpu_zebin.opencl_to_spirv(src, device="pvc", ocloc=system_ocloc), "name": n}
+        for n, src in sources.items()
+    ]
+
+
+@pytest.fixture
+def pvc() -> targets.TargetProfile:
+    return targets.local()
+
+
+def _bmg(profile: targets.TargetProfile) -> targets.TargetProfile:
+    """A profile of another GPU, as a file from another machine would give it."""
+    return dataclasses.replace(profile, ocloc_device="bmg", name="bmg", driver="1.6.35096")
+
+
+def _native_of(manifest: dict, out: Path, kernel: str, target: str) -> bytes:
+    entry = next(e for e in manifest["entries"] if (e["kernel"], e["target"]) == (kernel, target))
+    return (out / entry["file"]).read_bytes()
+
+
+def test_target_profile_of_the_local_device_round_trips(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "target", "--json", "-o", str(tmp_path / "p.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["ocloc_device"] == "pvc" and data["backend"] == "xpu" and data["driver"]
+    profile = targets.load(tmp_path / "p.json")
+    assert profile.id == data["id"] == targets.local().id  # the same in another process
+    data["warp_size"] = 16  # edited after the fact: its id no longer matches
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="id does not match"):
+        targets.load(tmp_path / "bad.json")
+    (tmp_path / "junk.json").write_bytes(b"\xff" * 100)
+    with pytest.raises(xpu_zebin.InvalidArgumentError):
+        targets.load(tmp_path / "junk.json")
+
+
+def test_precompile_builds_every_target_and_loads_with_no_compile(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels, [pvc, _bmg(pvc)], out, ocloc=modern_ocloc)
+    assert manifest["failures"] == []
+    assert {(e["kernel"], e["target"]) for e in manifest["entries"]} == {
+        (k["name"], t.id) for k in kernels for t in (pvc, _bmg(pvc))
+    }
+    flags = {e["kernel"]: e["build_flags"] for e in manifest["entries"] if e["target"] == pvc.id}
+    assert flags == {"add": "", "small": "", "spill": G256}  # load_binary's rule (#7959)
+    assert bundle.verify(out) == {"ok": [e["key"] for e in manifest["entries"]], "bad": []}
+
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        for k in kernels:
+            module, _, n_regs, n_spills, _ = xt.load_binary(k["name"], k["spirv"], 0, "", True, 0)
+            assert n_spills == module.spill_bytes // (4 * module.simd_size)
+            with module:
+                # The bundle's own bytes (a JIT build would be the driver's, not ocloc's).
+                assert module.native_binary == _native_of(manifest, out, k["name"], pvc.id)
+                assert module.build_flags == flags[k["name"]]
+                assert n_regs == (256 if k["name"] == "spill" else 128)
+    assert caplog.text.count("from the bundle") == len(kernels)
+
+
+def test_a_bundle_for_another_target_is_not_loaded(kernels, pvc, modern_ocloc, tmp_path,
+                                                   monkeypatch, caplog):  # fmt: skip
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels[:1], [_bmg(pvc)], out, ocloc=modern_ocloc)
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    with module:
+        assert module.native_binary != _native_of(manifest, out, "add", _bmg(pvc).id)
+    assert "other targets only" in caplog.text
+
+
+def test_a_corrupted_entry_is_refused_and_the_kernel_compiled(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels, [pvc], out, ocloc=modern_ocloc)
+    victim = next(e for e in manifest["entries"] if e["kernel"] == "spill")
+    path = out / victim["file"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    report = bundle.verify(out)
+    assert [k for k, _ in report["bad"]] == [victim["key"]] and "checksum" in report["bad"][0][1]
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not installed"):
+        bundle.install(out, tmp_path / "installed")
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, _, n_regs, *_ = xt.load_binary("spill", kernels[2]["spirv"], 0, "", True, 0)
+    with module:
+        assert n_regs == 256 and module.attempts[0].build_flags == ""  # built: the ladder ran
+    assert "refused" in caplog.text
+
+
+def test_a_garbled_manifest_is_a_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": "xpu-zebin-bundle/1", "entries": '
+                                            '[{"key": "../../etc", "file": "x"}]}')  # fmt: skip
+    for call in (bundle.verify, bundle.info):
+        with pytest.raises(xpu_zebin.InvalidArgumentError, match="not a usable xpu-zebin bundle"):
+            call(tmp_path)
+
+
+def test_triton_kernels_precompiled_and_loaded_native_by_the_driver(
+    pvc, modern_ocloc, tmp_path, monkeypatch
+):
+    """A Triton kernel's autotune configs through Triton's front end for the profile, then
+    the native builds; the wrapped driver later gets each one native, from the bundle."""
+    configs = [{"constexprs": {"BLOCK": 256}, "num_warps": 4},
+               {"constexprs": {"BLOCK": 1024}, "num_warps": 8}]  # fmt: skip
+    out = tmp_path / "bundle"
+    with triton_on_cpu(str(tmp_path / "triton-cache")):
+        manifest = bundle.precompile_triton(
+            softmax_kernel, SOFTMAX_SIG, [pvc], out, configs, ocloc=modern_ocloc
+        )
+        assert len(manifest["entries"]) == 2 and manifest["triton"]
+        monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+        utils = xt.install(RecordingUtils(), backend=False)
+        try:
+            from triton_helpers import compile_triton
+
+            for config, entry in zip(configs, manifest["entries"]):
+                compiled = compile_triton(softmax_kernel, SOFTMAX_SIG, config["constexprs"],
+                                          num_warps=config["num_warps"])  # fmt: skip
+                name = compiled.metadata.name
+                module, *_ = utils.load_binary(name, compiled.asm["spv"], 0, "", True, 0)
+                _, native, _flags, is_spv, _ = utils.calls[-1]
+                assert is_spv is False and native == (out / entry["file"]).read_bytes()
+                module.close()
+        finally:
+            xt.uninstall()
+
+
+def test_cli_precompile_verify_info_import(add_spirv, pvc, modern_ocloc, tmp_path):
+    (tmp_path / "pvc.json").write_text(json.dumps(pvc.to_json()))
+    (tmp_path / "add.spv").write_bytes(add_spirv)
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "xpu_zebin", *a], capture_output=True, text=True, timeout=300
+    )
+    out = tmp_path / "bundle"
+    r = run("precompile", str(tmp_path / "add.spv"), "--target", str(tmp_path / "pvc.json"),
+            "-o", str(out), "--ocloc", modern_ocloc)  # fmt: skip
+    assert r.returncode == 0 and "1 native entries, 0 failures" in r.stdout, r.stderr
+    r = run("bundle", "verify", str(out))
+    assert r.returncode == 0 and "1 good, 0 bad" in r.stdout
+    r = run("bundle", "info", str(out))
+    assert r.returncode == 0 and "add [add.spv]" in r.stdout and "target pvc" in r.stdout
+    r = run("bundle", "import", str(out), "--into", str(tmp_path / "imported"))
+    assert r.returncode == 0 and (tmp_path / "imported" / "manifest.json").is_file()
+    r = run("precompile", str(tmp_path / "add.spv"), "--target", str(tmp_path / "nope.json"),
+            "-o", str(out))  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr
