@@ -230,13 +230,49 @@ pub enum Found {
     Refused(String),
 }
 
+/// A manifest read once per process and change (its size and modification time), with
+/// its entries by key: a model's loads read it once, not once per kernel.
+struct Indexed {
+    stamp: (u64, Option<std::time::SystemTime>),
+    manifest: Manifest,
+    by_key: std::collections::HashMap<String, usize>,
+}
+
+static MANIFESTS: std::sync::Mutex<BTreeMap<PathBuf, std::sync::Arc<Indexed>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
+    let meta = std::fs::symlink_metadata(dir.join(MANIFEST)).map_err(|e| bad(dir, e))?;
+    let stamp = (meta.len(), meta.modified().ok());
+    if let Some(known) = crate::sync::lock(&MANIFESTS).get(dir) {
+        if known.stamp == stamp {
+            return Ok(known.clone());
+        }
+    }
+    let manifest = read(dir)?;
+    let by_key = manifest
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.key.clone(), i))
+        .collect();
+    let indexed = std::sync::Arc::new(Indexed {
+        stamp,
+        manifest,
+        by_key,
+    });
+    crate::sync::lock(&MANIFESTS).insert(dir.to_path_buf(), indexed.clone());
+    Ok(indexed)
+}
+
 /// Look `key` up in `dirs` (the first bundle that has it answers); `kernel` names, for a
 /// miss, the targets that have the kernel under another key.
 pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str) -> Result<Found> {
     let mut other_targets = Vec::new();
     for dir in dirs {
-        let manifest = read(dir)?;
-        if let Some(entry) = manifest.entries.iter().find(|e| e.key == key) {
+        let indexed = read_indexed(dir)?;
+        let manifest = &indexed.manifest;
+        if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
             return Ok(match entry_bytes(dir, entry) {
                 Ok(bytes) => Found::Native(Box::new(entry.clone()), bytes),
                 Err(why) => Found::Refused(why),

@@ -38,6 +38,7 @@ pub const KNOBS: &[(&str, Kind)] = &[
     ("XPU_ZEBIN_CORE_SLOTS_DIR", Kind::Text),
     ("XPU_ZEBIN_SIMULATED_DEVICE", Kind::Text),
     ("XPU_ZEBIN_SPILL_POLICY", Kind::SpillPolicy),
+    ("XPU_ZEBIN_BUNDLE", Kind::Text),
 ];
 
 fn bad(name: &str, value: &str, expected: &str) -> BuildError {

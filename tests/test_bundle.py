@@ -186,3 +186,18 @@ def test_cli_precompile_verify_info_import(add_spirv, pvc, modern_ocloc, tmp_pat
     r = run("precompile", str(tmp_path / "add.spv"), "--target", str(tmp_path / "nope.json"),
             "-o", str(out))  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_an_imported_bundle_is_used_without_the_variable(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels[:1], [pvc], out, ocloc=modern_ocloc)
+    installed = bundle.install(out)  # into the cache's bundles/, tried here at once
+    assert installed.parent == Path(xpu_zebin._core.bundles_dir())
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(tmp_path / "nothing-here"))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    with module:
+        assert module.native_binary == _native_of(manifest, out, "add", pvc.id)
+    assert "holds no bundle" in caplog.text and "from the bundle" in caplog.text

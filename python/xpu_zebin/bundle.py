@@ -163,9 +163,22 @@ def precompile_triton(
     return manifest
 
 
+_warned: set = set()
+
+
 def search_path() -> List[str]:
-    """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one."""
-    dirs = [d for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep) if d.strip()]
+    """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one. A
+    named directory that holds no bundle is said once, at WARNING, and skipped."""
+    dirs = []
+    for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep):
+        if not d.strip():
+            continue
+        if (Path(d) / "manifest.json").is_file():
+            dirs.append(d)
+        elif d not in _warned:
+            _warned.add(d)
+            logger.warning("%s=%s: %s holds no bundle (no manifest.json); skipped", BUNDLE_ENV,
+                           os.environ.get(BUNDLE_ENV), d)  # fmt: skip
     try:
         imported = Path(_core.bundles_dir())
         if imported.is_dir():
@@ -199,7 +212,32 @@ def install(bundle: PathLike, into: Optional[PathLike] = None) -> Path:
     shutil.copytree(os.fspath(bundle), tmp)
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
+    _try_local_entries(dest)
     return dest
+
+
+def _try_local_entries(bundle: Path) -> None:
+    """Load the entries built for this machine's device in workers now, all at once, so
+    each is remembered as safe here and later loads skip the trial (and refuse nothing)."""
+    from . import targets
+
+    try:
+        profile = targets.local()
+    except BuildError as e:
+        logger.info("%s: entries not tried here (%s)", bundle, e)
+        return
+    manifest = info(bundle)
+    mine = [e for e in manifest["entries"] if e["target"] == profile.id]
+    requests = [
+        {"binary": (bundle / e["file"]).read_bytes(), "kernel_name": e["kernel"], "is_spv": False,
+         "build_flags": e["build_flags"]}
+        for e in mine
+    ]  # fmt: skip
+    for entry, result in zip(mine, xpu_zebin.compile_and_load_many(requests)):
+        if isinstance(result, BuildError):
+            logger.warning("%s: %s does not load here: %s", bundle, entry["kernel"], result)
+        else:
+            result.close()
 
 
 def find(
@@ -218,7 +256,13 @@ def find(
         logger.debug("kernel %r: compiled, no bundle lookup (%s)", name, e)
         return None
     key = _core.bundle_key(spirv, name, profile.ocloc_device, options, profile.id)
-    status, what, native = _core.bundle_lookup(dirs, key, name)
+    try:
+        status, what, native = _core.bundle_lookup(dirs, key, name)
+    except BuildError as e:  # a garbled manifest: no bundle, said once per message
+        if str(e) not in _warned:
+            _warned.add(str(e))
+            logger.warning("bundle not used: %s", e)
+        return None
     if status == "native":
         logger.debug("kernel %r: from the bundle (%s, %s)", name, profile.name, what["build_flags"])
         return native, what["build_flags"]

@@ -1,0 +1,161 @@
+"""Cold start with and without an ahead-of-time bundle, and the farm that builds it.
+
+A model-sized set of real Triton kernels (``model_kernels.py``: attention forward and
+backward, layer norm, matmul, softmax, reductions; 43 kernel-config pairs) is loaded in a
+fresh process on the simulated PVC through the drop-in ``load_binary``: from SPIR-V (the
+driver's JIT in the process, upstream's way) against from a bundle (no compile). The farm
+builds the set for three targets (pvc, bmg, dg2) one at a time, with ``jobs`` = cores, and
+on a local Dask cluster. Every ratio is measured in this run.
+
+    python benches/cold_start.py --ocloc <modern ocloc> [--repeat 3] [--dask] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
+
+import xpu_zebin
+from xpu_zebin import bundle, targets
+
+
+def child(mode: str, kernels_file: str) -> None:
+    """One fresh process: load every kernel through the drop-in, print the timings."""
+    import xpu_zebin.triton as xt
+
+    kernels = pickle.loads(Path(kernels_file).read_bytes())
+    started = time.perf_counter()
+    xpu_zebin.devices()  # the driver's start-up, paid alike by both
+    init = time.perf_counter() - started
+    loads, modules = [], []
+    for k in kernels:
+        t = time.perf_counter()
+        module, *_ = xt.load_binary(k["name"], k["spirv"], 0, k["build_flags"], True, 0)
+        loads.append(time.perf_counter() - t)
+        modules.append(module)
+    native = []
+    if mode == "bundle":  # what a plain native load of the same binaries costs here
+        for k, m in zip(kernels, modules):
+            t = time.perf_counter()
+            xpu_zebin.compile_and_load(
+                m.native_binary, k["name"], is_spv=False, isolated=False, cache=False,
+                build_flags=m.build_flags,
+            ).close()  # fmt: skip
+            native.append(time.perf_counter() - t)
+    for m in modules:
+        m.close()
+    print(json.dumps({"init": init, "loads": loads, "native": native}))
+
+
+def fresh_process(mode: str, kernels_file: Path, env: Dict[str, str]) -> Dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, str(kernels_file)],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def farm(
+    kernels: List[Dict[str, Any]], profiles: list, ocloc: str, jobs: int, client=None
+) -> float:
+    """Seconds to build the set for every profile into a new bundle, with no cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["XPU_ZEBIN_CACHE_DIR"] = str(Path(tmp) / "cache")
+        started = time.perf_counter()
+        bundle.precompile(kernels, profiles, Path(tmp) / "b", jobs=jobs, client=client, ocloc=ocloc)
+        return time.perf_counter() - started
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ocloc", default=None, help="the farm's compiler (default: discovery)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--dask", action="store_true", help="also build on a 2-worker LocalCluster")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(*args.child)
+        return 0
+    sys.path.insert(0, str(Path(__file__).parent))
+    import model_kernels
+
+    ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
+    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-cold-"))
+    pvc = targets.local()
+    profiles = [pvc] + [dataclasses.replace(pvc, ocloc_device=d, name=d, driver=None)
+                        for d in ("bmg", "dg2")]  # fmt: skip
+    started = time.perf_counter()
+    kernels = model_kernels.model_spirv(pvc.gpu_target())
+    front_end = time.perf_counter() - started
+    kernels_file = work / "kernels.pkl"
+    kernels_file.write_bytes(pickle.dumps(kernels))
+    print(f"{len(kernels)} kernel-config pairs (Triton front end {front_end:.1f} s)",
+          file=sys.stderr)  # fmt: skip
+
+    results: Dict[str, Any] = {"pairs": len(kernels), "targets": len(profiles)}
+    cores = xpu_zebin._core.default_jobs()
+    results["farm_serial_s"] = round(farm(kernels, profiles, ocloc, 1), 1)
+    results["farm_parallel_s"] = round(farm(kernels, profiles, ocloc, cores), 1)
+    results["farm_speedup"] = round(results["farm_serial_s"] / results["farm_parallel_s"], 2)
+    if args.dask:
+        from distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as c:
+            results["farm_dask_s"] = round(farm(kernels, profiles, ocloc, cores, client=c), 1)
+    print(f"  farm: {results}", file=sys.stderr)
+
+    # The bundle a user installs (entries for this device tried once, at install).
+    os.environ["XPU_ZEBIN_CACHE_DIR"] = str(work / "farm-cache")
+    bundle.precompile(kernels, profiles, work / "bundle", jobs=cores, ocloc=ocloc)
+    env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(work / "user-cache")}
+    os.environ.update(env)
+    installed = bundle.install(work / "bundle")
+    jit_env = {**env, "XPU_ZEBIN_ISOLATED": "0", "XPU_ZEBIN_CACHE_DIR": str(work / "jit-cache")}
+    jit_env.pop("XPU_ZEBIN_BUNDLE", None)
+    runs: Dict[str, list] = {"jit": [], "bundle": []}
+    for _ in range(max(1, args.repeat)):
+        for mode, e in (("jit", jit_env), ("bundle", {**env, "XPU_ZEBIN_BUNDLE": str(installed)})):
+            if mode == "jit":  # every JIT run starts from an empty package cache
+                subprocess.run(["rm", "-rf", jit_env["XPU_ZEBIN_CACHE_DIR"]], check=True)
+            runs[mode].append(fresh_process(mode, kernels_file, e))
+    total = {m: statistics.median(sum(r["loads"]) for r in rs) for m, rs in runs.items()}
+    per_bundle = statistics.median(x for r in runs["bundle"] for x in r["loads"])
+    per_native = statistics.median(x for r in runs["bundle"] for x in r["native"])
+    results.update(
+        jit_load_s=round(total["jit"], 2), bundle_load_s=round(total["bundle"], 3),
+        cold_start_speedup=round(total["jit"] / total["bundle"], 1),
+        per_kernel_bundle_ms=round(1000 * per_bundle, 2),
+        per_kernel_native_ms=round(1000 * per_native, 2),
+        driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
+    )  # fmt: skip
+    print(f"\ncold start, {len(kernels)} Triton kernel-config pairs, fresh process, simulated PVC:")
+    print(f"  JIT (driver, in-process, GRF ladder): {results['jit_load_s']} s")
+    print(f"  from the bundle:                      {results['bundle_load_s']} s "
+          f"({results['cold_start_speedup']}x)")  # fmt: skip
+    print(f"  per kernel from the bundle {results['per_kernel_bundle_ms']} ms, plain native load "
+          f"{results['per_kernel_native_ms']} ms (median)")  # fmt: skip
+    print(
+        f"farm, {len(profiles)} targets: one at a time {results['farm_serial_s']} s, "
+        f"jobs={cores} {results['farm_parallel_s']} s ({results['farm_speedup']}x)"
+        + (f", Dask 2 workers {results['farm_dask_s']} s" if "farm_dask_s" in results else "")
+    )
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
