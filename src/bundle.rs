@@ -117,8 +117,9 @@ fn read_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The bundle's manifest, checked: its format, and every entry's key and file name (a
-/// file name is `native/<key>.zebin`, never a path of the manifest's choosing).
+/// The bundle's manifest, checked: its format, every entry's key, checksum and file name
+/// (a file name is `native/<key>.zebin`, never a path of the manifest's choosing; a key is
+/// listed once), and every target is a JSON object.
 pub fn read(dir: &Path) -> Result<Manifest> {
     let bytes = read_file(&dir.join(MANIFEST), MAX_MANIFEST_BYTES).map_err(|e| bad(dir, e))?;
     let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(dir, e))?;
@@ -131,17 +132,45 @@ pub fn read(dir: &Path) -> Result<Manifest> {
             ),
         ));
     }
+    let mut seen = std::collections::HashSet::new();
     for e in &manifest.entries {
-        if !is_key(&e.key) || e.file != format!("native/{}.zebin", e.key) || !is_key(&e.blake3) {
-            return Err(bad(dir, format!("entry {:?} is malformed", e.key)));
-        }
+        let why = if !is_key(&e.key) {
+            "its key is not 64 lowercase hex digits"
+        } else if e.file != format!("native/{}.zebin", e.key) {
+            "its file is not native/<key>.zebin"
+        } else if !is_key(&e.blake3) {
+            "its blake3 is not 64 lowercase hex digits"
+        } else if !seen.insert(e.key.as_str()) {
+            "its key is listed twice"
+        } else {
+            continue;
+        };
+        return Err(bad(dir, format!("entry {:?} is malformed: {why}", e.key)));
+    }
+    if let Some((id, _)) = manifest.targets.iter().find(|(_, t)| !t.is_object()) {
+        return Err(bad(dir, format!("target {id:?} is not a JSON object")));
     }
     Ok(manifest)
+}
+
+/// The bundle's `native/` directory, when it is a directory of its own (a link could lead
+/// reads and writes anywhere).
+fn native_dir(dir: &Path) -> Result<PathBuf> {
+    let native = dir.join("native");
+    match std::fs::symlink_metadata(&native) {
+        Ok(m) if m.file_type().is_dir() => Ok(native),
+        Ok(_) => Err(bad(
+            dir,
+            "native/ is not a directory (a link is not followed)",
+        )),
+        Err(e) => Err(bad(dir, format!("native/: {e}"))),
+    }
 }
 
 /// An entry's bytes, if they are what the manifest says: its size, its checksum, a zebin
 /// that holds its kernel.
 pub fn entry_bytes(dir: &Path, entry: &Entry) -> std::result::Result<Vec<u8>, String> {
+    native_dir(dir).map_err(|e| e.message)?;
     let bytes = read_file(&dir.join(&entry.file), MAX_ENTRY_BYTES.min(entry.size))
         .map_err(|e| format!("{} cannot be read: {e}", entry.file))?;
     if bytes.len() as u64 != entry.size || blake3::hash(&bytes).to_hex().as_str() != entry.blake3 {
@@ -153,9 +182,31 @@ pub fn entry_bytes(dir: &Path, entry: &Entry) -> std::result::Result<Vec<u8>, St
     Ok(bytes)
 }
 
+/// Write `bytes` to `path` atomically (a temp file in `dir`, renamed), readable by all: a
+/// bundle is an artifact to ship, not a private file.
+fn persist(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Hold the bundle's writer lock (the manifest is read, merged and replaced).
+fn lock_for_writing(dir: &Path) -> std::io::Result<std::fs::File> {
+    let lock = crate::private::open_file(&dir.join(".lock"), true, true)?;
+    // SAFETY: flock on a file descriptor this function owns.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(lock)
+}
+
 /// Write `built` (entries and their native binaries) and `failures` into the bundle at
 /// `dir`, keeping what it already holds for other keys; `header` gives the format fields
-/// and the targets. The manifest is replaced atomically, last.
+/// and the targets. One writer at a time; the manifest is replaced atomically, last.
 pub fn write(
     dir: &Path,
     header: Manifest,
@@ -163,7 +214,12 @@ pub fn write(
     failures: Vec<Unbuilt>,
 ) -> Result<Manifest> {
     let io = |e: std::io::Error| bad(dir, e);
-    std::fs::create_dir_all(dir.join("native")).map_err(io)?;
+    std::fs::create_dir_all(dir).map_err(io)?;
+    if std::fs::symlink_metadata(dir.join("native")).is_err() {
+        std::fs::create_dir(dir.join("native")).map_err(io)?;
+    }
+    let native = native_dir(dir)?;
+    let _lock = lock_for_writing(dir).map_err(io)?;
     let mut manifest = if dir.join(MANIFEST).exists() {
         read(dir)?
     } else {
@@ -173,31 +229,45 @@ pub fn write(
     manifest.package = header.package;
     manifest.triton = header.triton.or(manifest.triton);
     manifest.targets.extend(header.targets);
+    let same = |a: (&String, &String, &String), b: (&String, &String, &String)| a == b;
     for (mut entry, bytes) in built {
         entry.file = format!("native/{}.zebin", entry.key);
         entry.blake3 = blake3::hash(&bytes).to_hex().to_string();
         entry.size = bytes.len() as u64;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir.join("native")).map_err(io)?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(io)?;
-        tmp.persist(dir.join(&entry.file))
-            .map_err(|e| io(e.error))?;
+        persist(&native, &dir.join(&entry.file), &bytes).map_err(io)?;
+        let slot = (&entry.kernel, &entry.config, &entry.target);
         manifest.entries.retain(|e| e.key != entry.key);
-        manifest.failures.retain(|f| {
-            (&f.kernel, &f.config, &f.target) != (&entry.kernel, &entry.config, &entry.target)
-        });
+        manifest
+            .failures
+            .retain(|f| !same((&f.kernel, &f.config, &f.target), slot));
         manifest.entries.push(entry);
     }
     for f in failures {
+        let slot = (&f.kernel, &f.config, &f.target);
         manifest
             .failures
-            .retain(|g| (&g.kernel, &g.config, &g.target) != (&f.kernel, &f.config, &f.target));
+            .retain(|g| !same((&g.kernel, &g.config, &g.target), slot));
         manifest.failures.push(f);
     }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
-    std::io::Write::write_all(&mut tmp, &text).map_err(io)?;
-    tmp.persist(dir.join(MANIFEST)).map_err(|e| io(e.error))?;
+    persist(dir, &dir.join(MANIFEST), &text).map_err(io)?;
     Ok(manifest)
+}
+
+/// Copy the bundle at `src` into `dest` (a new directory): its manifest and every entry,
+/// each read checked (size, checksum, a zebin holding its kernel), nothing else.
+pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
+    let manifest = read(src)?;
+    let io = |e: std::io::Error| bad(dest, e);
+    std::fs::create_dir(dest).map_err(io)?;
+    std::fs::create_dir(dest.join("native")).map_err(io)?;
+    for e in &manifest.entries {
+        let bytes = entry_bytes(src, e).map_err(|why| bad(src, why))?;
+        persist(&dest.join("native"), &dest.join(&e.file), &bytes).map_err(io)?;
+    }
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dest, e))?;
+    persist(dest, &dest.join(MANIFEST), &text).map_err(io)?;
+    Ok(manifest.entries.len())
 }
 
 /// What `verify` found: entries whose bytes are what the manifest says, and the others.
@@ -220,63 +290,114 @@ pub fn verify(dir: &Path) -> Result<Verified> {
     Ok(report)
 }
 
-/// What a lookup found in the bundles.
-pub enum Found {
-    /// The entry and its checked bytes.
-    Native(Box<Entry>, Vec<u8>),
-    /// Not in any bundle; `other_targets` names targets that have this kernel.
-    Missing { other_targets: Vec<String> },
-    /// In a bundle, but its bytes are not what its manifest says.
-    Refused(String),
-}
-
-/// A manifest read once per process and change (its size and modification time), with
-/// its entries by key: a model's loads read it once, not once per kernel.
+/// A manifest read once per process and change (device, inode, size, modification and
+/// change times: the last cannot be set back), with its entries by key: a model's loads
+/// read it once, not once per kernel. A manifest that cannot be used is remembered too.
 struct Indexed {
-    stamp: (u64, Option<std::time::SystemTime>),
-    manifest: Manifest,
+    stamp: (u64, u64, u64, i64, i64),
+    manifest: Result<Manifest>,
     by_key: std::collections::HashMap<String, usize>,
 }
 
-static MANIFESTS: std::sync::Mutex<BTreeMap<PathBuf, std::sync::Arc<Indexed>>> =
-    std::sync::Mutex::new(BTreeMap::new());
+type Manifests = BTreeMap<PathBuf, std::sync::Arc<Indexed>>;
+static MANIFESTS: std::sync::Mutex<Manifests> = std::sync::Mutex::new(BTreeMap::new());
 
 fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
-    let meta = std::fs::symlink_metadata(dir.join(MANIFEST)).map_err(|e| bad(dir, e))?;
-    let stamp = (meta.len(), meta.modified().ok());
-    if let Some(known) = crate::sync::lock(&MANIFESTS).get(dir) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::fs::canonicalize(dir).map_err(|e| bad(dir, e))?;
+    let meta = std::fs::symlink_metadata(dir.join(MANIFEST)).map_err(|e| bad(&dir, e))?;
+    let stamp = (
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec(),
+        meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
+    );
+    if let Some(known) = crate::sync::lock(&MANIFESTS).get(&dir) {
         if known.stamp == stamp {
             return Ok(known.clone());
         }
     }
-    let manifest = read(dir)?;
-    let by_key = manifest
-        .entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.key.clone(), i))
-        .collect();
+    let manifest = read(&dir);
+    let by_key = match &manifest {
+        Ok(m) => m
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.key.clone(), i))
+            .collect(),
+        Err(_) => Default::default(),
+    };
     let indexed = std::sync::Arc::new(Indexed {
         stamp,
         manifest,
         by_key,
     });
-    crate::sync::lock(&MANIFESTS).insert(dir.to_path_buf(), indexed.clone());
+    crate::sync::lock(&MANIFESTS).insert(dir, indexed.clone());
     Ok(indexed)
 }
 
-/// Look `key` up in `dirs` (the first bundle that has it answers); `kernel` names, for a
-/// miss, the targets that have the kernel under another key.
-pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str) -> Result<Found> {
+/// What a lookup found.
+pub enum Found {
+    /// The entry and its checked bytes.
+    Native(Box<Entry>, Vec<u8>),
+    /// Not in any bundle; `other_targets` names targets that have this kernel.
+    Missing { other_targets: Vec<String> },
+    /// In a bundle, but not usable: its bytes are not what its manifest says, or it is
+    /// for another kernel or target than its key claims.
+    Refused(String),
+}
+
+/// What a lookup found in the bundles, and the bundles it could not use (each with why).
+pub struct Lookup {
+    pub found: Found,
+    pub skipped: Vec<String>,
+}
+
+/// Look `key` up in `dirs` (the first bundle with a good entry answers) for `kernel` on
+/// `target`; a bundle that cannot be read is skipped, and said in `skipped`; an entry that
+/// fails its checks is refused only when no other bundle has a good one.
+pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str, target: &str) -> Lookup {
     let mut other_targets = Vec::new();
+    let mut skipped = Vec::new();
+    let mut refused = None;
     for dir in dirs {
-        let indexed = read_indexed(dir)?;
-        let manifest = &indexed.manifest;
+        let indexed = match read_indexed(dir) {
+            Ok(i) => i,
+            Err(e) => {
+                skipped.push(e.message);
+                continue;
+            }
+        };
+        let manifest = match &indexed.manifest {
+            Ok(m) => m,
+            Err(e) => {
+                skipped.push(e.message.clone());
+                continue;
+            }
+        };
         if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
-            return Ok(match entry_bytes(dir, entry) {
-                Ok(bytes) => Found::Native(Box::new(entry.clone()), bytes),
-                Err(why) => Found::Refused(why),
-            });
+            if entry.kernel != kernel || entry.target != target {
+                refused.get_or_insert(format!(
+                    "{}: entry {} is for kernel {:?} on target {}, not {kernel:?} here",
+                    dir.display(),
+                    &entry.key[..12],
+                    entry.kernel,
+                    entry.target.get(..12).unwrap_or(&entry.target)
+                ));
+                continue;
+            }
+            match entry_bytes(dir, entry) {
+                Ok(bytes) => {
+                    let found = Found::Native(Box::new(entry.clone()), bytes);
+                    return Lookup { found, skipped };
+                }
+                // Another bundle may hold a good copy: the refusal is said if none does.
+                Err(why) => {
+                    refused.get_or_insert(format!("{}: {why}", dir.display()));
+                    continue;
+                }
+            }
         }
         for e in manifest.entries.iter().filter(|e| e.kernel == kernel) {
             if !other_targets.contains(&e.target) {
@@ -284,5 +405,9 @@ pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str) -> Result<Found> {
             }
         }
     }
-    Ok(Found::Missing { other_targets })
+    let found = match refused {
+        Some(why) => Found::Refused(why),
+        None => Found::Missing { other_targets },
+    };
+    Lookup { found, skipped }
 }

@@ -182,7 +182,9 @@ def test_cli_precompile_verify_info_import(add_spirv, pvc, modern_ocloc, tmp_pat
     r = run("bundle", "info", str(out))
     assert r.returncode == 0 and "add [add.spv]" in r.stdout and "target pvc" in r.stdout
     r = run("bundle", "import", str(out), "--into", str(tmp_path / "imported"))
-    assert r.returncode == 0 and (tmp_path / "imported" / "manifest.json").is_file()
+    assert r.returncode == 0 and (tmp_path / "imported" / "bundle" / "manifest.json").is_file()
+    r = run("bundle", "import", str(out), "--into", str(tmp_path / "imported"))  # replaced
+    assert r.returncode == 0, r.stderr
     r = run("precompile", str(tmp_path / "add.spv"), "--target", str(tmp_path / "nope.json"),
             "-o", str(out))  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -201,3 +203,118 @@ def test_an_imported_bundle_is_used_without_the_variable(
     with module:
         assert module.native_binary == _native_of(manifest, out, "add", pvc.id)
     assert "holds no bundle" in caplog.text and "from the bundle" in caplog.text
+
+
+def test_import_never_deletes_what_is_not_an_installed_bundle(kernels, pvc, modern_ocloc,
+                                                               tmp_path):  # fmt: skip
+    out = tmp_path / "bundle"
+    bundle.precompile(kernels[:1], [pvc], out, ocloc=modern_ocloc)
+    home = tmp_path / "home"
+    (home / "bundle").mkdir(parents=True)
+    (home / "bundle" / "thesis.tex").write_text("years of work")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not an installed bundle"):
+        bundle.install(out, home)
+    assert (home / "bundle" / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in home.iterdir()) == ["bundle"]  # no staging left behind
+
+
+def test_hostile_bundles_are_skipped_and_good_ones_still_used(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    good = tmp_path / "good"
+    manifest = bundle.precompile(kernels[:1], [pvc], good, ocloc=modern_ocloc)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = tmp_path / "linked"  # its native/ is a link out of the bundle
+    linked.mkdir()
+    (linked / "native").symlink_to(outside)
+    (linked / "manifest.json").write_text((good / "manifest.json").read_text())
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="native/ is not a directory"):
+        bundle.precompile(kernels[:1], [pvc], linked, ocloc=modern_ocloc)
+    assert list(outside.iterdir()) == []
+    assert all("native/ is not a directory" in why for _, why in bundle.verify(linked)["bad"])
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    (garbled / "manifest.json").write_text(
+        '{"format": "xpu-zebin-bundle/1", "package": "0", "targets": {"x": 1}}'
+    )
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", f"{garbled}:{linked}:{good}")
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    with module:  # the garbled one is skipped, the linked one refused, the good one used
+        assert module.native_binary == _native_of(manifest, good, "add", pvc.id)
+    assert "is not a JSON object" in caplog.text and "from the bundle" in caplog.text
+    assert "refused" not in caplog.text  # the good bundle had it: no refusal to speak of
+
+
+def test_an_entry_that_claims_another_kernel_is_refused(kernels, pvc, modern_ocloc, tmp_path,
+                                                        monkeypatch, caplog):  # fmt: skip
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels[:2], [pvc], out, ocloc=modern_ocloc)
+    add, small = (
+        next(e for e in manifest["entries"] if e["kernel"] == n) for n in ("add", "small")
+    )
+    # small's (valid, checksummed) binary filed under add's key
+    (out / add["file"]).write_bytes((out / small["file"]).read_bytes())
+    forged = dict(small, key=add["key"], file=add["file"])
+    data = json.loads((out / "manifest.json").read_text())
+    data["entries"] = [forged if e["key"] == add["key"] else e for e in data["entries"]]
+    (out / "manifest.json").write_text(json.dumps(data))
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    with module:
+        assert module.kernel_name == "add" and module.attempts[0].build_flags == ""
+    assert "refused" in caplog.text and "from the bundle" not in caplog.text
+
+
+def test_a_bundle_for_any_driver_and_one_from_another_triton(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels[:1], [pvc.any_driver()], out, ocloc=modern_ocloc)
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    with module:
+        assert module.native_binary == _native_of(manifest, out, "add", pvc.any_driver().id)
+    data = json.loads((out / "manifest.json").read_text())
+    data["triton"] = "0.0.1"
+    (out / "manifest.json").write_text(json.dumps(data))
+    with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
+        module, *_ = xt.load_binary("add", kernels[0]["spirv"], 0, "", True, 0)
+    module.close()
+    assert "Triton 0.0.1" in caplog.text and "from the bundle" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"ocloc_device": "-q"}, "not an ocloc device name"),
+        ({"ocloc_device": "pvc²"}, "not an ocloc device name"),
+        ({"warp_size": True}, "warp_size"),
+        ({"warp_size": 10**30}, "warp_size"),
+        ({"arch": {"x": float("nan")}}, "not plain JSON"),
+        ({"driver": 7}, "driver"),
+    ],
+)
+def test_profile_files_are_checked(pvc, tmp_path, change, why):
+    data = {**pvc.to_json(), **change}
+    data.pop("id")
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match=why):
+        targets.load(tmp_path / "p.json")
+
+
+def test_profile_files_that_are_not_files_or_repeat_keys(pvc, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not a regular file"):
+        targets.load(tmp_path / "fifo")  # returns at once: never waits for a writer
+    text = json.dumps(pvc.to_json())
+    (tmp_path / "twice.json").write_text(text[:-1] + ', "warp_size": 16}')
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="given twice"):
+        targets.load(tmp_path / "twice.json")
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(xpu_zebin.InvalidArgumentError):
+        targets.load(tmp_path / "deep.json")

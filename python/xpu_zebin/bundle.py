@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -72,6 +73,9 @@ def precompile(
     manifest's ``failures`` (a PTSS overflow as ``scratch_overflow``), never stored."""
     if not targets:
         raise InvalidArgumentError("precompile needs at least one target profile")
+    _check_kernels(kernels)
+    if (Path(os.fspath(out)) / "manifest.json").exists():
+        info(out)  # a bundle that cannot be added to is said before anything compiles
     plan: List[Tuple[Dict[str, Any], TargetProfile, Any]] = []
     requests = []
     for target in targets:
@@ -104,6 +108,22 @@ def precompile(
         logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
     return manifest
+
+
+def _check_kernels(kernels: Sequence[Dict[str, Any]]) -> None:
+    """Each kernel a dict with SPIR-V bytes and a kernel name, none twice."""
+    if not kernels:
+        raise InvalidArgumentError("precompile needs at least one kernel")
+    seen = set()
+    for i, k in enumerate(kernels):
+        if not isinstance(k, dict) or not isinstance(k.get("spirv"), (bytes, bytearray)):
+            raise InvalidArgumentError(f"kernel {i}: expected a dict with 'spirv' bytes")
+        if not isinstance(k.get("name"), str) or not k["name"]:
+            raise InvalidArgumentError(f"kernel {i}: expected a non-empty 'name'")
+        slot = (k["name"], k.get("config", ""), bytes(k["spirv"]), k.get("build_flags", ""))
+        if slot in seen:
+            raise InvalidArgumentError(f"kernel {i} ({k['name']}) is given twice")
+        seen.add(slot)
 
 
 def precompile_triton(
@@ -153,39 +173,74 @@ def precompile_triton(
                 "spirv": spirv, "name": compiled.metadata.name,
                 "build_flags": compiled.metadata.build_flags or "", "config": str(config),
             })  # fmt: skip
-    manifest: Dict[str, Any] = {}
     for target in targets:
         kernels = kernels_by_target.get(target.id, [])
         if kernels:
-            manifest = precompile(kernels, [target], out, **kwargs)
-    for config, target, e in failures:
-        logger.warning("config %s not lowered for %s: %s", config, target.name, e)
-    return manifest
+            precompile(kernels, [target], out, **kwargs)
+    unlowered = [
+        {"kernel": jit.__name__, "config": str(config), "target": target.id, "kind": "front_end",
+         "message": f"{type(e).__name__}: {e}"}
+        for config, target, e in failures
+    ]  # fmt: skip
+    for f in unlowered:
+        logger.warning("config %s not lowered for %s: %s", f["config"], f["target"][:12],
+                       f["message"])  # fmt: skip
+    header = {
+        "format": "", "package": xpu_zebin.__version__, "triton": _triton_version(),
+        "targets": {t.id: t.to_json() for t in targets},
+    }  # fmt: skip
+    return _core.bundle_write(os.fspath(out), header, [], unlowered)
 
 
 _warned: set = set()
 
 
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
+
+
+# Bundles already looked at: path -> (stat stamp, usable).
+_checked: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
+
+
+def _usable(d: str) -> bool:
+    """A bundle made from another Triton version's SPIR-V is refused by name, once."""
+    try:
+        st = os.stat(Path(d) / "manifest.json")
+    except OSError:
+        _warn_once(f"{BUNDLE_ENV}: {d} holds no bundle (no manifest.json); skipped")
+        return False
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _checked.get(d)
+    if known and known[0] == stamp:
+        return known[1]
+    ok = True
+    try:
+        built_with, here = info(d).get("triton"), _triton_version()
+        if built_with and here and built_with != here:
+            _warn_once(f"bundle {d} was built from Triton {built_with}'s SPIR-V; this is "
+                       f"Triton {here}: not used")  # fmt: skip
+            ok = False
+    except BuildError as e:
+        _warn_once(f"bundle not used: {e}")
+        ok = False
+    _checked[d] = (stamp, ok)
+    return ok
+
+
 def search_path() -> List[str]:
     """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one. A
-    named directory that holds no bundle is said once, at WARNING, and skipped."""
-    dirs = []
-    for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep):
-        if not d.strip():
-            continue
-        if (Path(d) / "manifest.json").is_file():
-            dirs.append(d)
-        elif d not in _warned:
-            _warned.add(d)
-            logger.warning("%s=%s: %s holds no bundle (no manifest.json); skipped", BUNDLE_ENV,
-                           os.environ.get(BUNDLE_ENV), d)  # fmt: skip
+    directory that holds no usable bundle is said once, at WARNING, and skipped."""
+    dirs = [d for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep) if d.strip()]
     try:
         imported = Path(_core.bundles_dir())
         if imported.is_dir():
-            dirs += sorted(str(p) for p in imported.iterdir() if (p / "manifest.json").is_file())
+            dirs += sorted(str(p) for p in imported.iterdir() if not p.name.startswith("."))
     except (BuildError, OSError):
         pass
-    return dirs
+    return [d for d in dirs if _usable(d)]
 
 
 def verify(bundle: PathLike) -> Dict[str, Any]:
@@ -199,21 +254,45 @@ def info(bundle: PathLike) -> Dict[str, Any]:
 
 
 def install(bundle: PathLike, into: Optional[PathLike] = None) -> Path:
-    """Check a bundle and copy it where the drop-ins find it (``bundles`` in the cache
-    directory, or ``into``); a bundle with a bad entry is refused. Returns where it is."""
+    """Check a bundle and copy it, entry by checked entry, into ``into`` (a directory of
+    bundles; default ``bundles`` in the cache directory), as ``<into>/<bundle's name>``,
+    where the drop-ins find it. An existing bundle of that name is replaced in one rename;
+    anything else there is refused, never deleted. Entries for this device are then tried
+    once, so later loads skip the trial. Returns where it is."""
     report = verify(bundle)
     if report["bad"]:
         key, why = report["bad"][0]
         raise InvalidArgumentError(f"{bundle}: entry {key[:12]} is bad ({why}); not installed")
-    name = Path(os.fspath(bundle)).resolve().name
-    dest = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir()) / name
-    tmp = dest.with_name(dest.name + ".installing")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(os.fspath(bundle), tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    src = Path(os.fspath(bundle)).resolve()
+    parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
+    dest = parent / src.name
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists() or dest.is_symlink():
+            _replaceable(dest)
+        staging = Path(tempfile.mkdtemp(prefix=f".{src.name}.", dir=parent))
+        try:
+            _core.bundle_copy(os.fspath(src), os.fspath(staging / "bundle"))
+            if dest.exists():
+                os.replace(dest, staging / "old")
+            os.replace(staging / "bundle", dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
     _try_local_entries(dest)
     return dest
+
+
+def _replaceable(dest: Path) -> None:
+    """Only an installed bundle is replaced: a directory holding a bundle's files only."""
+    names = {p.name for p in dest.iterdir()} if dest.is_dir() and not dest.is_symlink() else None
+    if (
+        names is None
+        or "manifest.json" not in names
+        or names - {"manifest.json", "native", ".lock"}
+    ):
+        raise InvalidArgumentError(f"{dest} exists and is not an installed bundle: not replaced")
 
 
 def _try_local_entries(bundle: Path) -> None:
@@ -244,7 +323,8 @@ def find(
     name: str, spirv: bytes, options: xpu_zebin.Options, device: int
 ) -> Optional[Tuple[bytes, str]]:
     """The native binary and build flags a bundle holds for this kernel on the local
-    device, or None (then the caller compiles). Says why at DEBUG (``TRITON_DEBUG=1``)."""
+    device (built for its driver, or for any driver), or None: then the caller compiles.
+    Says why at DEBUG (``TRITON_DEBUG=1``); a refused entry or bundle at WARNING."""
     dirs = search_path()
     if not dirs:
         return None
@@ -255,22 +335,24 @@ def find(
     except BuildError as e:
         logger.debug("kernel %r: compiled, no bundle lookup (%s)", name, e)
         return None
-    key = _core.bundle_key(spirv, name, profile.ocloc_device, options, profile.id)
-    try:
-        status, what, native = _core.bundle_lookup(dirs, key, name)
-    except BuildError as e:  # a garbled manifest: no bundle, said once per message
-        if str(e) not in _warned:
-            _warned.add(str(e))
-            logger.warning("bundle not used: %s", e)
-        return None
-    if status == "native":
-        logger.debug("kernel %r: from the bundle (%s, %s)", name, profile.name, what["build_flags"])
-        return native, what["build_flags"]
-    if status == "refused":
-        logger.warning("kernel %r: bundle entry refused (%s); compiling", name, what)
-    elif what:
+    others: List[str] = []
+    for target in (profile, profile.any_driver()):
+        key = _core.bundle_key(spirv, name, target.ocloc_device, options, target.id)
+        status, what, native, skipped = _core.bundle_lookup(dirs, key, name, target.id)
+        for why in skipped:
+            _warn_once(f"bundle not used: {why}")
+        if status == "native":
+            logger.debug("kernel %r: from the bundle (%s, %r)", name, profile.name,
+                         what["build_flags"])  # fmt: skip
+            return native, what["build_flags"]
+        if status == "refused":
+            logger.warning("kernel %r: bundle entry refused (%s); compiling", name, what)
+            return None
+        others += [t for t in what if t not in others]
+    others = [t for t in others if t not in (profile.id, profile.any_driver().id)]
+    if others:
         logger.debug("kernel %r: compiled: the bundle has it for other targets only (%s)",
-                     name, ", ".join(t[:12] for t in what))  # fmt: skip
+                     name, ", ".join(t[:12] for t in others))  # fmt: skip
     else:
         logger.debug("kernel %r: compiled: not in the bundle", name)
     return None

@@ -525,7 +525,9 @@ def _add_aot_commands(sub: Any) -> None:
     b = sub.add_parser("bundle", help="verify, show or import a bundle")
     b.add_argument("action", choices=["verify", "info", "import"])
     b.add_argument("bundle")
-    b.add_argument("--into", default=None, help="import here (default: the cache's bundles)")
+    b.add_argument(
+        "--into", default=None, help="a directory of bundles to import into (default: the cache's)"
+    )
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bundle)
 

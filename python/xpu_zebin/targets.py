@@ -10,9 +10,12 @@ local device has the same id.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -25,25 +28,33 @@ FORMAT = "xpu-zebin-target/1"
 MAX_PROFILE_BYTES = 1 << 20
 
 
+#: ocloc device names: lowercase ASCII, digits, '_', '.', '-' ("pvc", "dg2", "12.60.7").
+_DEVICE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+WARP_SIZES = (8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class TargetProfile:
     ocloc_device: str
     arch: Dict[str, Any]
     warp_size: int = 32
     backend: str = "xpu"
-    #: The Level Zero driver's identity (version and UUID); None: any driver.
+    #: The Level Zero driver's version (``major.minor.build``); None: any driver.
     driver: Optional[str] = None
     name: str = field(default="", compare=False)
 
     @property
     def id(self) -> str:
-        """What the profile is, as a key: everything but its name."""
-        canonical = json.dumps(
-            [self.backend, self.arch, self.warp_size, self.ocloc_device, self.driver],
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        """What native code for this profile depends on: the backend, the ``ocloc``
+        device, the warp size and the driver. Not the architecture dict: Triton's front end
+        reads it, so it is in the SPIR-V, which every bundle key holds already (and it is
+        reported differently with and without PyTorch's XPU runtime)."""
+        canonical = json.dumps([self.backend, self.warp_size, self.ocloc_device, self.driver])
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def any_driver(self) -> TargetProfile:
+        """The same profile for any driver version (what ``"driver": null`` means)."""
+        return dataclasses.replace(self, driver=None)
 
     def to_json(self) -> Dict[str, Any]:
         return {
@@ -72,35 +83,50 @@ class TargetProfile:
 
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise bad(f"expected a JSON object with format {FORMAT!r}")
-        fields = {
-            "ocloc_device": str, "arch": dict, "warp_size": int, "backend": str, "name": str,
-        }  # fmt: skip
-        for key, kind in fields.items():
-            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+        for key, kind in {"ocloc_device": str, "arch": dict, "backend": str, "name": str}.items():
+            if not isinstance(data.get(key), kind):
                 raise bad(f"{key!r} must be a {kind.__name__}")
+        if data.get("warp_size") not in WARP_SIZES or isinstance(data.get("warp_size"), bool):
+            raise bad(f"'warp_size' must be one of {WARP_SIZES}")
         driver = data.get("driver")
         if driver is not None and not isinstance(driver, str):
             raise bad("'driver' must be a str or null")
-        device = data["ocloc_device"].strip()
-        if not device or not device.replace("_", "").replace("-", "").isalnum():
-            raise bad(f"'ocloc_device' {device!r} is not a device name")
-        profile = cls(
-            device, data["arch"], data["warp_size"], data["backend"], driver, data["name"]
-        )
+        if not _DEVICE.fullmatch(data["ocloc_device"]):
+            raise bad(f"'ocloc_device' {data['ocloc_device']!r} is not an ocloc device name")
+        try:  # finite numbers and plain JSON only: it is hashed and written again
+            json.dumps(data["arch"], allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise bad(f"'arch' is not plain JSON: {e}") from None
+        profile = cls(data["ocloc_device"], data["arch"], data["warp_size"], data["backend"],
+                      driver, data["name"])  # fmt: skip
         if "id" in data and data["id"] != profile.id:
             raise bad("its id does not match its contents")
         return profile
 
 
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise InvalidArgumentError(f"a key is given twice in {sorted(keys)}")
+    return dict(pairs)
+
+
 def load(path: os.PathLike[str] | str) -> TargetProfile:
-    """A profile file (``xpu-zebin target --json > pvc.json``)."""
-    with open(path, "rb") as f:
+    """A profile file (``xpu-zebin target --json -o pvc.json``): a regular file (never
+    waits on a FIFO), at most 1 MiB, strict JSON."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise InvalidArgumentError(f"{path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidArgumentError(f"{path} is not a regular file")
         text = f.read(MAX_PROFILE_BYTES + 1)
     if len(text) > MAX_PROFILE_BYTES:
         raise InvalidArgumentError(f"{path} is larger than a target profile can be")
     try:
-        data = json.loads(text)
-    except ValueError as e:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError) as e:
         raise InvalidArgumentError(f"{path} is not JSON: {e}") from None
     return TargetProfile.from_json(data, str(path))
 

@@ -280,12 +280,20 @@ def load_binary(
         max_grf_mode=max_grf_mode,
     )  # fmt: skip
     found = bundle.find(name, kernel, options, device) if is_spv else None
+    loaded = None
+    if found is not None:  # loaded in a worker first by compile_and_load itself
+        try:
+            loaded = xpu_zebin.compile_and_load(
+                found[0], name, is_spv=False, device=device,
+                options=options.replace(build_flags=found[1]),
+            )  # fmt: skip
+        except BuildError as e:  # an entry that does not load here: compile instead
+            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
     try:
-        if found is not None:  # loaded in a worker first by compile_and_load itself
-            kernel, options, is_spv = found[0], options.replace(build_flags=found[1]), False
-        loaded = xpu_zebin.compile_and_load(
-            kernel, name, is_spv=bool(is_spv), device=device, options=options
-        )
+        if loaded is None:
+            loaded = xpu_zebin.compile_and_load(
+                kernel, name, is_spv=bool(is_spv), device=device, options=options
+            )
     except BuildError as e:
         raise _triton_error(e) from e
     _last_build_flags = loaded.build_flags

@@ -8,8 +8,13 @@ use pyo3::types::PyBytes;
 use std::path::PathBuf;
 
 /// What a lookup answers: its status, the entry (or the other targets, or why refused),
-/// and the native bytes when found.
-type LookupAnswer<'py> = (&'static str, Bound<'py, PyAny>, Option<Bound<'py, PyBytes>>);
+/// the native bytes when found, and the bundles skipped.
+type LookupAnswer<'py> = (
+    &'static str,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyBytes>>,
+    Vec<String>,
+);
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
     pyo3::exceptions::PyValueError::new_err(e.to_string())
@@ -72,29 +77,42 @@ pub fn bundle_verify<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, 
     Ok(pythonize::pythonize(py, &report)?)
 }
 
-/// Look `key` up in `dirs`: `("native", entry, bytes)`, `("missing", [other targets], None)`
-/// or `("refused", why, None)`.
+/// Look `key` up in `dirs` for `kernel` on `target`: `(status, what, bytes, skipped)`,
+/// status `"native"` (what: the entry), `"missing"` (what: other targets that have the
+/// kernel) or `"refused"` (what: why); `skipped` says which bundles could not be read.
 #[pyfunction]
 pub fn bundle_lookup<'py>(
     py: Python<'py>,
     dirs: Vec<PathBuf>,
     key: &str,
     kernel: &str,
+    target: &str,
 ) -> PyResult<LookupAnswer<'py>> {
-    let found = py
-        .detach(|| bundle::lookup(&dirs, key, kernel))
-        .map_err(|e| to_pyerr(py, e.into()))?;
+    let bundle::Lookup { found, skipped } =
+        py.detach(|| bundle::lookup(&dirs, key, kernel, target));
     Ok(match found {
         Found::Native(entry, bytes) => (
             "native",
             pythonize::pythonize(py, &*entry)?,
             Some(PyBytes::new(py, &bytes)),
+            skipped,
         ),
-        Found::Missing { other_targets } => {
-            ("missing", pythonize::pythonize(py, &other_targets)?, None)
-        }
-        Found::Refused(why) => ("refused", why.into_pyobject(py)?.into_any(), None),
+        Found::Missing { other_targets } => (
+            "missing",
+            pythonize::pythonize(py, &other_targets)?,
+            None,
+            skipped,
+        ),
+        Found::Refused(why) => ("refused", why.into_pyobject(py)?.into_any(), None, skipped),
     })
+}
+
+/// Copy a bundle, entry by checked entry, into the new directory `dest`; returns how
+/// many entries.
+#[pyfunction]
+pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usize> {
+    py.detach(|| bundle::copy_verified(&src, &dest))
+        .map_err(|e| to_pyerr(py, e.into()))
 }
 
 /// The compiler's identity as keys and manifests record it (`ocloc` as `compile` finds it).
