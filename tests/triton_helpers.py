@@ -18,8 +18,6 @@ from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import xpu_zebin
-
 ARCH = {
     "architecture": 0,
     "name": "pvc",
@@ -161,6 +159,8 @@ class RecordingUtils:
         self.last_flags = ""
 
     def load_binary(self, name, kernel, shared, build_flags, is_spv, device, device_arch=None):
+        import xpu_zebin  # here: processes that use these helpers without it never import it
+
         self.calls.append((name, bytes(kernel), build_flags, is_spv, device_arch))
         loaded = xpu_zebin.compile_and_load(
             kernel, name, build_flags=build_flags, is_spv=is_spv, device=device, cache=False
