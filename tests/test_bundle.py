@@ -318,3 +318,46 @@ def test_profile_files_that_are_not_files_or_repeat_keys(pvc, tmp_path):
     (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(xpu_zebin.InvalidArgumentError):
         targets.load(tmp_path / "deep.json")
+
+
+def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_path, monkeypatch):
+    """Triton's JIT cache (its SPIR-V entries) turned into a bundle, from Python and from
+    the CLI; the kernels Triton compiles again then load native from it."""
+    from triton_helpers import compile_triton
+
+    cache = tmp_path / "triton-cache"
+    blocks = (256, 1024)
+    with triton_on_cpu(str(cache)):
+        compiled = [compile_triton(softmax_kernel, SOFTMAX_SIG, {"BLOCK": b}) for b in blocks]
+        kernels = bundle.triton_cache_kernels(cache)
+        assert sorted(k["spirv"] for k in kernels) == sorted(c.asm["spv"] for c in compiled)
+        (tmp_path / "pvc.json").write_text(json.dumps(pvc.to_json()))
+        out = tmp_path / "bundle"
+        r = subprocess.run(
+            [sys.executable, "-m", "xpu_zebin", "precompile", "--from-triton-cache", str(cache),
+             "--target", str(tmp_path / "pvc.json"), "-o", str(out), "--ocloc", modern_ocloc],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0 and "2 native entries, 0 failures" in r.stdout, r.stderr
+        monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+        utils = xt.install(RecordingUtils(), backend=False)
+        natives = {(out / e["file"]).read_bytes() for e in bundle.info(out)["entries"]}
+        try:
+            for c in compiled:
+                module, *_ = utils.load_binary(c.metadata.name, c.asm["spv"], 0, "", True, 0)
+                module.close()
+                _, native, _flags, is_spv, _ = utils.calls[-1]
+                assert is_spv is False and native in natives  # the bundle's own bytes
+        finally:
+            xt.uninstall()
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not a directory"):
+        bundle.triton_cache_kernels(tmp_path / "nope")
+    import os
+
+    hostile = tmp_path / "hostile" / "entry"  # FIFOs where Triton's files would be
+    hostile.mkdir(parents=True)
+    os.mkfifo(hostile / "a.json")
+    (hostile / "b.json").write_text('{"name": "b"}')
+    os.mkfifo(hostile / "b.spv")
+    (hostile / "c.json").write_text('{"name": "../../c"}')
+    assert bundle.triton_cache_kernels(tmp_path / "hostile") == []  # and it returned

@@ -12,9 +12,11 @@ checksums and trial-loaded in a worker before the caller's driver sees them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -25,7 +27,10 @@ from xpu_zebin import _core
 from .errors import BuildError, InvalidArgumentError
 from .targets import TargetProfile
 
-__all__ = ["BUNDLE_ENV", "find", "info", "install", "precompile", "search_path", "verify"]
+__all__ = [
+    "BUNDLE_ENV", "find", "info", "install", "precompile", "precompile_triton", "search_path",
+    "triton_cache_kernels", "verify",
+]  # fmt: skip
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
@@ -108,6 +113,55 @@ def precompile(
         logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
     return manifest
+
+
+SPIRV_MAGIC = b"\x03\x02\x23\x07"
+#: Triton's metadata files are small; a larger one is not Triton's.
+MAX_METADATA_BYTES = 1 << 20
+MAX_SPIRV_BYTES = 256 << 20
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes (no link followed, never a FIFO), at most ``limit``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
+    """The SPIR-V kernels in a Triton cache directory (``TRITON_CACHE_DIR``: one directory
+    per compiled kernel holding ``<name>.json``, its metadata, and ``<name>.spv``), as
+    :func:`precompile` takes them: yesterday's JIT cache, today's bundle. Entries that are
+    not Triton XPU SPIR-V (native ones, other backends, unreadable files) are skipped."""
+    kernels, seen = [], set()
+    root = Path(os.fspath(cache_dir))
+    if not root.is_dir():
+        raise InvalidArgumentError(f"{cache_dir} is not a directory")
+    for meta_path in sorted(root.glob("*/*.json")):
+        if meta_path.name.startswith("__grp__"):
+            continue
+        try:
+            meta = json.loads(_read_regular(meta_path, MAX_METADATA_BYTES))
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name or "/" in name:
+                continue
+            spirv = _read_regular(meta_path.with_name(f"{name}.spv"), MAX_SPIRV_BYTES)
+        except (OSError, ValueError, RecursionError):
+            continue
+        if spirv[:4] != SPIRV_MAGIC:
+            continue
+        flags = meta.get("build_flags") if isinstance(meta.get("build_flags"), str) else ""
+        slot = (name, spirv, flags)
+        if slot not in seen:
+            seen.add(slot)
+            config = f"{meta_path.parent.name[:12]} num_warps={meta.get('num_warps')}"
+            kernels.append({"spirv": spirv, "name": name, "build_flags": flags, "config": config})
+    return kernels
 
 
 def _check_kernels(kernels: Sequence[Dict[str, Any]]) -> None:

@@ -321,7 +321,16 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         profiles = [targets.load(t) for t in args.target]
     except (OSError, xpu_zebin.InvalidArgumentError) as e:
         raise _UsageError(str(e)) from None
-    kernels = []
+    try:
+        kernels = (
+            bundle.triton_cache_kernels(args.from_triton_cache) if args.from_triton_cache else []
+        )
+    except xpu_zebin.InvalidArgumentError as e:
+        raise _UsageError(str(e)) from None
+    if args.from_triton_cache and not kernels:
+        raise _UsageError(f"{args.from_triton_cache} holds no Triton SPIR-V kernels")
+    if not kernels and not args.files:
+        raise _UsageError("name SPIR-V (or .cl) files, or --from-triton-cache DIR")
     for path in args.files:
         spirv = _read_input(path, profiles[0].ocloc_device, args.ocloc)
         names = [args.kernel] if args.kernel else xpu_zebin.validate_spirv(spirv)
@@ -513,7 +522,11 @@ def _add_aot_commands(sub: Any) -> None:
     t.set_defaults(func=cmd_target)
 
     p = sub.add_parser("precompile", help="build SPIR-V (or .cl) files for target profiles")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="*")
+    p.add_argument(
+        "--from-triton-cache", default=None, metavar="DIR",
+        help="also every SPIR-V kernel in this Triton cache directory (TRITON_CACHE_DIR)",
+    )  # fmt: skip
     p.add_argument("--target", action="append", required=True, help="a profile file (repeat)")
     p.add_argument("-o", "--output", required=True, help="the bundle directory")
     p.add_argument("--kernel", default=None, help="only this kernel (default: every one)")
