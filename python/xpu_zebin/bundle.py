@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -24,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import xpu_zebin
 from xpu_zebin import _core
 
+from ._files import read_regular
 from .errors import BuildError, InvalidArgumentError
 from .targets import TargetProfile
 
@@ -121,18 +121,6 @@ MAX_METADATA_BYTES = 1 << 20
 MAX_SPIRV_BYTES = 256 << 20
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """A regular file's bytes (no link followed, never a FIFO), at most ``limit``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(f"{path} is larger than {limit} bytes")
-    return data
-
-
 def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
     """The SPIR-V kernels in a Triton cache directory (``TRITON_CACHE_DIR``: one directory
     per compiled kernel holding ``<name>.json``, its metadata, and ``<name>.spv``), as
@@ -146,11 +134,13 @@ def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
         if meta_path.name.startswith("__grp__"):
             continue
         try:
-            meta = json.loads(_read_regular(meta_path, MAX_METADATA_BYTES))
+            meta = json.loads(read_regular(meta_path, MAX_METADATA_BYTES, follow_links=False))
             name = meta.get("name") if isinstance(meta, dict) else None
             if not isinstance(name, str) or not name or "/" in name:
                 continue
-            spirv = _read_regular(meta_path.with_name(f"{name}.spv"), MAX_SPIRV_BYTES)
+            spirv = read_regular(
+                meta_path.with_name(f"{name}.spv"), MAX_SPIRV_BYTES, follow_links=False
+            )
         except (OSError, ValueError, RecursionError):
             continue
         if spirv[:4] != SPIRV_MAGIC:

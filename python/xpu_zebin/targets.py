@@ -15,12 +15,12 @@ import hashlib
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import xpu_zebin
 
+from ._files import read_regular
 from .errors import InvalidArgumentError, UnsupportedDeviceError
 
 FORMAT = "xpu-zebin-target/1"
@@ -115,15 +115,9 @@ def load(path: os.PathLike[str] | str) -> TargetProfile:
     """A profile file (``xpu-zebin target --json -o pvc.json``): a regular file (never
     waits on a FIFO), at most 1 MiB, strict JSON."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        text = read_regular(path, MAX_PROFILE_BYTES)
     except OSError as e:
-        raise InvalidArgumentError(f"{path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidArgumentError(f"{path} is not a regular file")
-        text = f.read(MAX_PROFILE_BYTES + 1)
-    if len(text) > MAX_PROFILE_BYTES:
-        raise InvalidArgumentError(f"{path} is larger than a target profile can be")
+        raise InvalidArgumentError(f"{path}: {e.strerror or e}") from None
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except (ValueError, RecursionError) as e:
