@@ -48,6 +48,14 @@ def _triton_version() -> Optional[str]:
     return getattr(triton, "__version__", None)
 
 
+def _header(targets: Sequence[TargetProfile]) -> Dict[str, Any]:
+    """What a bundle's manifest says of who wrote it and for which targets."""
+    return {
+        "format": "", "package": xpu_zebin.__version__, "triton": _triton_version(),
+        "targets": {t.id: t.to_json() for t in targets},
+    }  # fmt: skip
+
+
 def _kernel_options(kernel: Dict[str, Any], target: TargetProfile) -> xpu_zebin.Options:
     """The options the drop-in ``load_binary`` builds for this kernel on this target: the
     bundle's key is the drop-in's own."""
@@ -104,11 +112,7 @@ def precompile(
             "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
         }  # fmt: skip
         built.append((entry, r.binary))
-    header = {
-        "format": "", "package": xpu_zebin.__version__, "triton": _triton_version(),
-        "targets": {t.id: t.to_json() for t in targets},
-    }  # fmt: skip
-    manifest = _core.bundle_write(os.fspath(out), header, built, failures)
+    manifest = _core.bundle_write(os.fspath(out), _header(targets), built, failures)
     for f in failures:
         logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
@@ -229,11 +233,7 @@ def precompile_triton(
     for f in unlowered:
         logger.warning("config %s not lowered for %s: %s", f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
-    header = {
-        "format": "", "package": xpu_zebin.__version__, "triton": _triton_version(),
-        "targets": {t.id: t.to_json() for t in targets},
-    }  # fmt: skip
-    return _core.bundle_write(os.fspath(out), header, [], unlowered)
+    return _core.bundle_write(os.fspath(out), _header(targets), [], unlowered)
 
 
 _warned: set = set()
