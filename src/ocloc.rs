@@ -109,7 +109,8 @@ pub fn identity(ocloc: &Path) -> Result<String> {
     let version = std::fs::read(dir.path().join("OCL_DRIVER_VERSION"))
         .map(|v| String::from_utf8_lossy(&v[..v.len().min(4096)]).into_owned())
         .unwrap_or_else(|_| said.clone());
-    let version = version.trim();
+    // ocloc writes the version C-string with its terminating NUL.
+    let version = version.trim_matches(|c: char| c.is_whitespace() || c == '\0');
     if exit != Exit::Code(0) || version.is_empty() {
         return Err(classify_failure(exit, &said));
     }

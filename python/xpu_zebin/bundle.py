@@ -12,24 +12,25 @@ checksums and trial-loaded in a worker before the caller's driver sees them.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import xpu_zebin
 from xpu_zebin import _core
 
-from ._files import read_regular
+from . import triton_cache
 from .errors import BuildError, InvalidArgumentError
 from .targets import TargetProfile
 
 __all__ = [
-    "BUNDLE_ENV", "find", "info", "install", "precompile", "precompile_triton", "search_path",
-    "triton_cache_kernels", "verify",
+    "BUNDLE_ENV", "find", "info", "install", "install_triton_entries", "pack", "precompile",
+    "precompile_triton", "search_path", "triton_cache_kernels", "verify",
 ]  # fmt: skip
 
 logger = logging.getLogger("xpu_zebin.bundle")
@@ -38,6 +39,10 @@ logger = logging.getLogger("xpu_zebin.bundle")
 BUNDLE_ENV = "XPU_ZEBIN_BUNDLE"
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: A native entry for a bundle: its manifest record and its binary.
+Built = Tuple[Dict[str, Any], bytes]
+#: A Triton cache entry for a bundle: its manifest record and its files.
+TritonAddition = Tuple[Dict[str, Any], List[Tuple[str, bytes]]]
 
 
 def _triton_version() -> Optional[str]:
@@ -119,43 +124,11 @@ def precompile(
     return manifest
 
 
-SPIRV_MAGIC = b"\x03\x02\x23\x07"
-#: Triton's metadata files are small; a larger one is not Triton's.
-MAX_METADATA_BYTES = 1 << 20
-MAX_SPIRV_BYTES = 256 << 20
-
-
 def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
-    """The SPIR-V kernels in a Triton cache directory (``TRITON_CACHE_DIR``: one directory
-    per compiled kernel holding ``<name>.json``, its metadata, and ``<name>.spv``), as
+    """The SPIR-V kernels in a Triton cache directory (``TRITON_CACHE_DIR``), as
     :func:`precompile` takes them: yesterday's JIT cache, today's bundle. Entries that are
     not Triton XPU SPIR-V (native ones, other backends, unreadable files) are skipped."""
-    kernels, seen = [], set()
-    root = Path(os.fspath(cache_dir))
-    if not root.is_dir():
-        raise InvalidArgumentError(f"{cache_dir} is not a directory")
-    for meta_path in sorted(root.glob("*/*.json")):
-        if meta_path.name.startswith("__grp__"):
-            continue
-        try:
-            meta = json.loads(read_regular(meta_path, MAX_METADATA_BYTES, follow_links=False))
-            name = meta.get("name") if isinstance(meta, dict) else None
-            if not isinstance(name, str) or not name or "/" in name:
-                continue
-            spirv = read_regular(
-                meta_path.with_name(f"{name}.spv"), MAX_SPIRV_BYTES, follow_links=False
-            )
-        except (OSError, ValueError, RecursionError):
-            continue
-        if spirv[:4] != SPIRV_MAGIC:
-            continue
-        flags = meta.get("build_flags") if isinstance(meta.get("build_flags"), str) else ""
-        slot = (name, spirv, flags)
-        if slot not in seen:
-            seen.add(slot)
-            config = f"{meta_path.parent.name[:12]} num_warps={meta.get('num_warps')}"
-            kernels.append({"spirv": spirv, "name": name, "build_flags": flags, "config": config})
-    return kernels
+    return triton_cache.kernels_in(cache_dir)
 
 
 def _check_kernels(kernels: Sequence[Dict[str, Any]]) -> None:
@@ -182,58 +155,169 @@ def precompile_triton(
     configs: Optional[Sequence[Any]] = None,
     *,
     constexprs: Optional[Dict[str, Any]] = None,
+    native: bool = True,
     **kwargs: Any,
 ) -> Dict[str, Any]:
     """:func:`precompile` for a Triton kernel: each autotune config (``configs``, else the
     ``@triton.autotune`` kernel's own) through Triton's front end for each target (it runs
-    on the CPU), then the native builds. ``kwargs`` are :func:`precompile`'s."""
-    import triton
-    from triton.compiler import ASTSource
-
-    from .triton import _jit_function, _split_config, _warm_triton
+    on the CPU), then the native builds. The bundle also holds Triton's own cache entries
+    for each: the SPIR-V one (Triton's default; the drop-in then loads the native binary
+    from the bundle) and, with ``native``, the one Triton writes with
+    ``TRITON_XPU_GEN_NATIVE_CODE`` (native code inside, built by :func:`make_zebin`'s rules;
+    its package entry serves the drop-in ``make_zebin``). ``kwargs`` are :func:`precompile`'s."""
+    from .triton import _jit_function, _warm_triton
 
     jit = _jit_function(fn)
     configs = list(configs if configs is not None else getattr(fn, "configs", None) or [])
     if not configs:
         raise InvalidArgumentError("pass configs, or an @triton.autotune kernel that has them")
     _warm_triton()
-    names = list(jit.arg_names)
-    kernels_by_target: Dict[str, List[Dict[str, Any]]] = {}
-    failures = []
+    lowered: List[_Lowered] = []
+    failures: List[Dict[str, Any]] = []
+    entries: List[TritonAddition] = []
     for target in targets:
         for config in configs:
-            constants, options = _split_config(config)
-            constants = {**(constexprs or {}), **constants}
-            sig = {n: "constexpr" if n in constants else signature[n] for n in names}
-            src = ASTSource(jit, sig, {(names.index(k),): v for k, v in constants.items()})
             try:
-                compiled = triton.compile(src, target=target.gpu_target(), options=options)
+                lowered.append(_front_end(jit, signature, constexprs, config, target))
             except Exception as e:  # a config Triton cannot lower stays in its slot
-                failures.append((config, target, e))
+                failures.append(_failure(jit.__name__, config, target, e))
                 continue
-            spirv = compiled.asm.get("spv", b"")
-            if spirv[:4] == b"\x7fELF":
-                raise InvalidArgumentError(
-                    "Triton produced native code here (TRITON_XPU_GEN_NATIVE_CODE is set): "
-                    "precompile needs its SPIR-V"
-                )
-            kernels_by_target.setdefault(target.id, []).append({
-                "spirv": spirv, "name": compiled.metadata.name,
-                "build_flags": compiled.metadata.build_flags or "", "config": str(config),
-            })  # fmt: skip
+            entries.append(lowered[-1].entry)
     for target in targets:
-        kernels = kernels_by_target.get(target.id, [])
+        kernels = [low.kernel for low in lowered if low.target is target]
         if kernels:
             precompile(kernels, [target], out, **kwargs)
-    unlowered = [
-        {"kernel": jit.__name__, "config": str(config), "target": target.id, "kind": "front_end",
-         "message": f"{type(e).__name__}: {e}"}
-        for config, target, e in failures
-    ]  # fmt: skip
-    for f in unlowered:
-        logger.warning("config %s not lowered for %s: %s", f["config"], f["target"][:12],
+    built: List[Built] = []
+    if native and lowered:
+        built, native_entries, native_failures = _native(
+            jit, signature, constexprs, lowered, kwargs
+        )
+        entries += native_entries
+        failures += native_failures
+    for f in failures:
+        logger.warning("config %s not built for %s: %s", f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
-    return _core.bundle_write(os.fspath(out), _header(targets), [], unlowered)
+    header = {**_header(targets), "triton_key": triton_cache.key_digest()}
+    return _core.bundle_write(os.fspath(out), header, built, failures, entries)
+
+
+@dataclasses.dataclass
+class _Lowered:
+    """One config of a Triton kernel through Triton's front end for one target."""
+
+    target: TargetProfile
+    config: Any
+    kernel: Dict[str, Any]  # as precompile takes it
+    compiled: Any  # Triton's CompiledKernel (SPIR-V inside)
+    entry: TritonAddition  # its Triton cache entry
+
+
+def _failure(kernel: str, config: Any, target: TargetProfile, e: BaseException) -> Dict[str, Any]:
+    return {"kernel": kernel, "config": str(config), "target": target.id,
+            "kind": getattr(e, "kind", None) or "front_end",
+            "message": f"{type(e).__name__}: {e}"}  # fmt: skip
+
+
+def _triton_source(jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
+                   config: Any) -> Tuple[Any, Dict[str, Any]]:  # fmt: skip
+    """Triton's source object for one config, and the config's compile options."""
+    from triton.compiler import ASTSource
+
+    from .triton import _split_config
+
+    constants, options = _split_config(config)
+    constants = {**(constexprs or {}), **constants}
+    names = list(jit.arg_names)
+    unknown = set(constants) - set(names)
+    if unknown:
+        raise InvalidArgumentError(f"{jit.__name__} has no parameter(s) {sorted(unknown)}")
+    missing = [n for n in names if n not in constants and n not in signature]
+    if missing:
+        raise InvalidArgumentError(f"the signature does not type {missing}")
+    sig = {n: "constexpr" if n in constants else signature[n] for n in names}
+    src = ASTSource(jit, sig, {(names.index(k),): v for k, v in constants.items()})
+    return src, options
+
+
+def _front_end(jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
+               config: Any, target: TargetProfile) -> _Lowered:  # fmt: skip
+    """Triton's front end for one config and target."""
+    import triton
+
+    src, options = _triton_source(jit, signature, constexprs, config)
+    compiled = triton.compile(src, target=target.gpu_target(), options=options)
+    spirv = compiled.asm.get("spv", b"")
+    if spirv[:4] != triton_cache.SPIRV_MAGIC:
+        raise InvalidArgumentError(
+            "Triton produced native code here (TRITON_XPU_GEN_NATIVE_CODE is set): "
+            "precompile needs its SPIR-V"
+        )
+    kernel = {"spirv": spirv, "name": compiled.metadata.name, "config": str(config),
+              "build_flags": compiled.metadata.build_flags or ""}  # fmt: skip
+    entry = _triton_entry(compiled, src, config, target, native=False)
+    return _Lowered(target, config, kernel, compiled, entry)
+
+
+def _triton_entry(compiled: Any, src: Any, config: Any, target: TargetProfile,
+                  native: bool) -> TritonAddition:  # fmt: skip
+    entry = {"hash": compiled.hash, "kernel": compiled.metadata.name, "config": str(config),
+             "target": target.id, "native": native}  # fmt: skip
+    return entry, triton_cache.entry_files(compiled, src.name)
+
+
+def _native(
+    jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
+    lowered: List[_Lowered], kwargs: Dict[str, Any],
+) -> Tuple[List[Built], List[TritonAddition], List[Dict[str, Any]]]:  # fmt: skip
+    """What Triton's native path (``TRITON_XPU_GEN_NATIVE_CODE``) needs for each lowered
+    config: the builds with :func:`make_zebin`'s options (all at once, as ``precompile``
+    runs them), as package entries (the drop-in ``make_zebin`` finds them), and Triton's
+    cache entries with them inside (Triton's native stage, answered by those builds)."""
+    import triton
+    from triton.compiler.compiler import make_backend
+
+    from . import triton as drop_in
+
+    ocloc = os.fspath(kwargs["ocloc"]) if kwargs.get("ocloc") is not None else None
+    plan = []
+    for low in lowered:
+        m = low.compiled.metadata
+        meta = {"name": m.name, "build_flags": m.build_flags,
+                "max_grf_mode": getattr(m, "max_grf_mode", None)}  # fmt: skip
+        lts = drop_in._driver_is_lts(make_backend(low.target.gpu_target()))
+        opts = drop_in.make_zebin_options(meta, m, low.target.ocloc_device, lts=lts)
+        plan.append((low, opts.replace(ocloc=ocloc) if ocloc else opts))
+    results = xpu_zebin.compile_many(
+        [{"spirv": low.kernel["spirv"], "device": low.target.ocloc_device, "options": o}
+         for low, o in plan],
+        jobs=kwargs.get("jobs"), client=kwargs.get("client"),
+        progress=kwargs.get("progress", False),
+    )  # fmt: skip
+    drop_in.install_backend()
+    compiler = _core.compiler_identity(ocloc)
+    built, entries, failures = [], [], []
+    for (low, opts), r in zip(plan, results):
+        if isinstance(r, BuildError):
+            failures.append(_failure(low.kernel["name"], f"{low.config} (native)", low.target, r))
+            continue
+        name, spirv, device = low.kernel["name"], low.kernel["spirv"], low.target.ocloc_device
+        key = _core.bundle_key(spirv, name, device, opts, low.target.id)
+        built.append(({
+            "kernel": name, "config": f"{low.config} (make_zebin)", "target": low.target.id,
+            "key": key, "build_flags": r.build_flags, "spill_bytes": r.spill_size,
+            "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
+        }, r.binary))  # fmt: skip
+        src, options = _triton_source(jit, signature, constexprs, low.config)
+        prebuilt = {drop_in.farm_key(spirv, name, device, opts): (r.binary, r.build_flags)}
+        options = {**options, "generate_native_code": True}
+        try:
+            with drop_in.building_for(device, ocloc, prebuilt):
+                compiled = triton.compile(src, target=low.target.gpu_target(), options=options)
+        except Exception as e:  # stays in its slot, as the front end's failures do
+            failures.append(_failure(name, f"{low.config} (native)", low.target, e))
+            continue
+        entries.append(_triton_entry(compiled, src, low.config, low.target, native=True))
+    return built, entries, failures
 
 
 _warned: set = set()
@@ -287,34 +371,79 @@ def search_path() -> List[str]:
     return [d for d in dirs if _usable(d)]
 
 
+@contextlib.contextmanager
+def _as_directory(bundle: PathLike) -> Iterator[Path]:
+    """A bundle directory, or an archive file unpacked (checked) into a private one."""
+    path = Path(os.fspath(bundle))
+    if path.is_dir() or not path.exists():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="xpu-zebin-bundle.") as tmp:
+        _core.bundle_unpack(os.fspath(path), os.path.join(tmp, path.name))
+        yield Path(tmp) / path.name
+
+
+def pack(bundle: PathLike, archive: PathLike) -> int:
+    """Write the bundle directory as one archive file (a tar of its checked files, with
+    reproducible headers), to ship; every command that takes a bundle takes it too.
+    Returns how many files it holds."""
+    return _core.bundle_pack(os.fspath(bundle), os.fspath(archive))
+
+
 def verify(bundle: PathLike) -> Dict[str, Any]:
-    """Every entry checked: ``{"ok": [keys], "bad": [(key, why)]}``."""
-    return _core.bundle_verify(os.fspath(bundle))
+    """Every entry checked: ``{"ok": [keys], "bad": [(key, why)]}`` (Triton entries as
+    ``triton:<hash>``)."""
+    with _as_directory(bundle) as d:
+        return _core.bundle_verify(os.fspath(d))
 
 
 def info(bundle: PathLike) -> Dict[str, Any]:
     """The bundle's manifest (checked)."""
-    return _core.bundle_read(os.fspath(bundle))
+    with _as_directory(bundle) as d:
+        return _core.bundle_read(os.fspath(d))
 
 
-def install(bundle: PathLike, into: Optional[PathLike] = None) -> Path:
-    """Check a bundle and copy it, entry by checked entry, into ``into`` (a directory of
-    bundles; default ``bundles`` in the cache directory), as ``<into>/<bundle's name>``,
-    where the drop-ins find it. An existing bundle of that name is replaced in one rename;
-    anything else there is refused, never deleted. Entries for this device are then tried
-    once, so later loads skip the trial. Returns where it is."""
-    report = verify(bundle)
-    if report["bad"]:
-        key, why = report["bad"][0]
-        raise InvalidArgumentError(f"{bundle}: entry {key[:12]} is bad ({why}); not installed")
-    src = Path(os.fspath(bundle)).resolve()
-    parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
-    dest = parent / src.name
+def install(
+    bundle: PathLike,
+    into: Optional[PathLike] = None,
+    *,
+    target: Optional[TargetProfile] = None,
+    triton: bool = True,
+) -> Path:
+    """Check a bundle (a directory or an archive) and copy it, entry by checked entry,
+    into ``into`` (a directory of bundles; default ``bundles`` in the cache directory), as
+    ``<into>/<bundle's name>``, where the drop-ins find it. An existing bundle of that name
+    is replaced in one rename; anything else there is refused, never deleted. Entries for
+    this device are then tried once, so later loads skip the trial. With ``triton``, its
+    Triton cache entries for this device (or for ``target``: an image built on a machine
+    without it) go into Triton's cache through Triton's cache manager. Returns where the
+    bundle is."""
+    with _as_directory(bundle) as src:
+        report = verify(src)
+        if report["bad"]:
+            key, why = report["bad"][0]
+            raise InvalidArgumentError(f"{bundle}: entry {key[:20]} is bad ({why}); not installed")
+        parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
+        name = Path(os.fspath(bundle)).name
+        dest = parent / (
+            name[: -len(".tar")]
+            if name.endswith(".tar") and not Path(os.fspath(bundle)).is_dir()
+            else name
+        )
+        _copy_into(src.resolve(), parent, dest, bundle)
+    if target is None:
+        _try_local_entries(dest)
+    if triton:
+        install_triton_entries(dest, target)
+    return dest
+
+
+def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
         if dest.exists() or dest.is_symlink():
             _replaceable(dest)
-        staging = Path(tempfile.mkdtemp(prefix=f".{src.name}.", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
         try:
             _core.bundle_copy(os.fspath(src), os.fspath(staging / "bundle"))
             if dest.exists():
@@ -324,8 +453,56 @@ def install(bundle: PathLike, into: Optional[PathLike] = None) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as e:
         raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
-    _try_local_entries(dest)
-    return dest
+
+
+def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = None) -> int:
+    """Put the bundle's Triton cache entries for ``target`` (default: this machine's
+    device) into Triton's cache, with Triton's own cache manager (``TRITON_CACHE_DIR``,
+    ``TRITON_CACHE_MANAGER``): Triton then finds those kernels compiled, front end and
+    native build alike. Entries made by another Triton build (they would never be found)
+    are not installed, and said. A native entry goes in only if its binary is one of the
+    bundle's checked native entries for that kernel and target. Returns how many."""
+    from . import targets
+
+    manifest = info(bundle)
+    if target is None:
+        try:
+            target = targets.local()
+        except BuildError as e:
+            logger.info("%s: Triton entries not installed: %s", bundle, e)
+            return 0
+    ids = (target.id, target.any_driver().id)
+    mine = [t for t in manifest.get("triton_cache", []) if t["target"] in ids]
+    if not mine:
+        return 0
+    here = triton_cache.key_digest()
+    if here is None:
+        logger.info("%s: Triton is not installed here: its Triton entries are not", bundle)
+        return 0
+    if manifest.get("triton_key") != here:
+        logger.warning("%s: its Triton cache entries were made by another Triton build than "
+                       "this one (%s): they would never be found; not installed", bundle,
+                       _triton_version())  # fmt: skip
+        return 0
+    natives = {(e["kernel"], e["target"], e["blake3"]) for e in manifest["entries"]}
+    for t in mine:
+        files = dict(_core.bundle_triton_files(os.fspath(bundle), t["hash"]))
+        if t["native"] and not any(
+            (t["kernel"], t["target"], f["blake3"]) in natives
+            for f in t["files"] if not f["name"].endswith(".json")
+        ):  # fmt: skip
+            raise InvalidArgumentError(
+                f"{bundle}: Triton entry {t['hash'][:12]} holds a binary that is none of "
+                "the bundle's native entries"
+            )
+        try:
+            triton_cache.put(t, files)
+        except OSError as e:
+            raise InvalidArgumentError(
+                f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
+            ) from None
+    logger.info("%s: %d Triton cache entries installed for %s", bundle, len(mine), target.name)
+    return len(mine)
 
 
 def _replaceable(dest: Path) -> None:
@@ -364,11 +541,14 @@ def _try_local_entries(bundle: Path) -> None:
 
 
 def find(
-    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
-) -> Optional[Tuple[bytes, str]]:
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int,
+    arch: Optional[str] = None,
+) -> Optional[Tuple[bytes, str]]:  # fmt: skip
     """The native binary and build flags a bundle holds for this kernel on the local
     device (built for its driver, or for any driver), or None: then the caller compiles.
-    Says why at DEBUG (``TRITON_DEBUG=1``); a refused entry or bundle at WARNING."""
+    ``arch``: the device the caller builds for, when it may not be the local one (a
+    ``make_zebin`` for another target finds nothing here). Says why at DEBUG
+    (``TRITON_DEBUG=1``); a refused entry or bundle at WARNING."""
     dirs = search_path()
     if not dirs:
         return None
@@ -378,6 +558,9 @@ def find(
         profile = targets.local(device)
     except BuildError as e:
         logger.debug("kernel %r: compiled, no bundle lookup (%s)", name, e)
+        return None
+    if arch and arch != profile.ocloc_device:
+        logger.debug("kernel %r: compiled: built for %s, not this device", name, arch)
         return None
     others: List[str] = []
     for target in (profile, profile.any_driver()):

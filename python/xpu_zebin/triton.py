@@ -24,6 +24,8 @@ Either way ``.log`` holds the compiler's output and ``__cause__`` the package's 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import logging
 import os
@@ -31,7 +33,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import xpu_zebin
 
@@ -52,6 +54,7 @@ __all__ = [
     "install_backend",
     "load_binary",
     "make_zebin",
+    "precompile",
     "uninstall",
 ]
 
@@ -380,6 +383,55 @@ def _driver_is_lts(backend: Any) -> bool:
     return True if answer is None else bool(answer)
 
 
+def make_zebin_options(
+    metadata: dict, options: Any, device_arch: Optional[str], *, lts: bool = True
+) -> xpu_zebin.Options:
+    """The options :func:`make_zebin` builds a kernel with (and a bundle keys it by)."""
+    return native_options(
+        metadata.get("name"),
+        metadata.get("build_flags", "") or "",
+        rule=MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE,
+        grf_mode=getattr(options, "grf_mode", "default"),
+        num_warps=getattr(options, "num_warps", None),
+        device_arch=device_arch,
+        max_grf_mode=metadata.get("max_grf_mode"),
+    )
+
+
+@dataclass(frozen=True)
+class _Farm:
+    """How Triton's native stage builds while a bundle is precompiled: for ``device``,
+    with ``ocloc``, answering from ``prebuilt`` (bundle key -> binary, flags) first."""
+
+    device: str
+    ocloc: Optional[str]
+    prebuilt: Dict[str, Tuple[bytes, str]]
+
+
+_farm: contextvars.ContextVar[Optional[_Farm]] = contextvars.ContextVar(
+    "xpu_zebin_farm", default=None
+)
+
+
+@contextlib.contextmanager
+def building_for(
+    device: str, ocloc: Optional[str], prebuilt: Optional[Dict[str, Tuple[bytes, str]]] = None
+) -> Iterator[None]:
+    """Triton's native stage (through :func:`make_zebin`) builds for ``device`` with
+    ``ocloc`` in this context, whatever device Triton's backend parsed (a build farm);
+    a build already made (``prebuilt``, by :func:`farm_key`) is used as it is."""
+    token = _farm.set(_Farm(device, ocloc, dict(prebuilt or {})))
+    try:
+        yield
+    finally:
+        _farm.reset(token)
+
+
+def farm_key(spirv: bytes, name: str, device: str, options: xpu_zebin.Options) -> str:
+    """What identifies a native build on a farm: its bundle key, for no target."""
+    return xpu_zebin._core.bundle_key(spirv, name, device, options, "farm")
+
+
 def make_zebin(
     src: bytes,
     metadata: dict,
@@ -394,20 +446,25 @@ def make_zebin(
     ``num_warps <= 32``; ``metadata["build_flags"]`` is updated with the flags that won.
     Spills follow upstream's rule for the driver (``lts``: any spilled byte; rolling: more
     than 16 slots per lane). The device comes from ``device_arch``,
-    ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver.
+    ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver. A bundle
+    that holds the kernel for this device answers first (no compile).
     """
     arch = device_arch or _target_device_arch(metadata)
+    farm = _farm.get()
+    if farm is not None:
+        arch = farm.device
     try:
-        opts = native_options(
-            metadata.get("name"),
-            metadata.get("build_flags", "") or "",
-            rule=MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE,
-            grf_mode=getattr(options, "grf_mode", "default"),
-            num_warps=getattr(options, "num_warps", None),
-            device_arch=arch,
-            max_grf_mode=metadata.get("max_grf_mode"),
-        )
-        if _offline_engine_available():
+        opts = make_zebin_options(metadata, options, arch, lts=lts)
+        if farm is not None and farm.ocloc:
+            opts = opts.replace(ocloc=farm.ocloc)
+        name = opts.kernel_name or ""
+        if farm is not None:
+            found = farm.prebuilt.get(farm_key(src, name, farm.device, opts))
+        else:
+            found = bundle.find(name, src, opts, 0, arch=arch)
+        if found is not None:
+            native, flags = found
+        elif _offline_engine_available() or farm is not None:
             result = xpu_zebin.compile(src, device=arch or _device_arch(0, None), options=opts)
             native, flags = result.binary, result.build_flags
         else:  # no ocloc here: the driver's own compiler, in a worker, builds it
@@ -649,3 +706,40 @@ def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target:
     except BuildError as e:
         raise _triton_error(e) from e
     return result.build_flags
+
+
+def precompile(
+    kernels: Iterable[Dict[str, Any]],
+    targets: Iterable[Any],
+    out: Any,
+    **kwargs: Any,
+) -> Dict[str, Any]:
+    """Native code ahead of time for a model's Triton kernels, into the bundle at ``out``.
+
+    ``kernels``: dicts with ``kernel`` (a ``@triton.jit`` or ``@triton.autotune`` kernel),
+    ``signature`` (``{"x_ptr": "*fp32", "n": "i32"}``), and optional ``configs`` (default:
+    the autotuner's) and ``constexprs``. ``targets``: :class:`~xpu_zebin.targets.TargetProfile`
+    objects (or profile files). ``kwargs`` go to :func:`xpu_zebin.bundle.precompile_triton`
+    (``jobs``, ``client``, ``progress``, ``ocloc``, ``native``). Returns the manifest."""
+    from . import targets as target_profiles
+
+    profiles = [
+        t if isinstance(t, target_profiles.TargetProfile) else target_profiles.load(t)
+        for t in targets
+    ]
+    if not profiles:
+        raise InvalidArgumentError("precompile needs at least one target profile")
+    manifest: Dict[str, Any] = {}
+    for i, spec in enumerate(kernels):
+        if not isinstance(spec, dict) or "kernel" not in spec or "signature" not in spec:
+            raise InvalidArgumentError(f"kernel {i}: expected a dict with kernel and signature")
+        unknown = set(spec) - {"kernel", "signature", "configs", "constexprs"}
+        if unknown:
+            raise InvalidArgumentError(f"kernel {i}: unknown field(s) {sorted(unknown)}")
+        manifest = bundle.precompile_triton(
+            spec["kernel"], spec["signature"], profiles, out, spec.get("configs"),
+            constexprs=spec.get("constexprs"), **kwargs,
+        )  # fmt: skip
+    if not manifest:
+        raise InvalidArgumentError("precompile needs at least one kernel")
+    return manifest

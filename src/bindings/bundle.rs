@@ -2,7 +2,7 @@
 
 use super::options::PyOptions;
 use super::to_pyerr;
-use crate::bundle::{self, Entry, Found, Manifest, Unbuilt};
+use crate::bundle::{self, Additions, Entry, Found, Manifest, TritonEntry, Unbuilt};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::path::PathBuf;
@@ -33,15 +33,22 @@ pub fn bundle_key(
     bundle::key(spirv, kernel, arch, &options.inner, target).map_err(|e| to_pyerr(py, e.into()))
 }
 
-/// Write entries (`(entry dict, native bytes)`) and failures into the bundle at `dir`;
-/// `header` holds `package`, `triton` and `targets`. Returns the manifest.
+/// A Triton cache entry as Python gives it: the entry dict (its `files` left out) and its
+/// files, `(name, bytes)`.
+type TritonAddition<'py> = (Bound<'py, PyAny>, Vec<(String, Vec<u8>)>);
+
+/// Write entries (`(entry dict, native bytes)`), failures and Triton cache entries into
+/// the bundle at `dir`; `header` holds `package`, `triton` and `targets`. Returns the
+/// manifest.
 #[pyfunction]
+#[pyo3(signature = (dir, header, built, failures, triton=Vec::new()))]
 pub fn bundle_write<'py>(
     py: Python<'py>,
     dir: PathBuf,
     header: Bound<'py, PyAny>,
     built: Vec<(Bound<'py, PyAny>, Vec<u8>)>,
     failures: Bound<'py, PyAny>,
+    triton: Vec<TritonAddition<'py>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut h: Manifest = pythonize::depythonize(&header).map_err(value_error)?;
     h.format = bundle::FORMAT.to_string();
@@ -55,8 +62,24 @@ pub fn bundle_write<'py>(
         })
         .collect::<PyResult<Vec<_>>>()?;
     let failures: Vec<Unbuilt> = pythonize::depythonize(&failures).map_err(value_error)?;
+    let triton = triton
+        .into_iter()
+        .map(|(e, files)| {
+            let e = e.call_method1("copy", ())?;
+            e.set_item("files", Vec::<String>::new())?;
+            Ok((
+                pythonize::depythonize::<TritonEntry>(&e).map_err(value_error)?,
+                files,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let additions = Additions {
+        built,
+        failures,
+        triton,
+    };
     let manifest = py
-        .detach(|| bundle::write(&dir, h, built, failures))
+        .detach(|| bundle::write(&dir, h, additions))
         .map_err(|e| to_pyerr(py, e.into()))?;
     Ok(pythonize::pythonize(py, &manifest)?)
 }
@@ -113,6 +136,54 @@ pub fn bundle_lookup<'py>(
 pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usize> {
     py.detach(|| bundle::copy_verified(&src, &dest))
         .map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// The files of the bundle's Triton cache entry `hash`, checked: `[(name, bytes)]`.
+#[pyfunction]
+pub fn bundle_triton_files<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    hash: &str,
+) -> PyResult<Vec<(String, Bound<'py, PyBytes>)>> {
+    let files = py
+        .detach(|| {
+            let manifest = bundle::read(&dir)?;
+            let entry = manifest
+                .triton_cache
+                .iter()
+                .find(|t| t.hash == hash)
+                .ok_or_else(|| format!("no Triton entry {hash}"));
+            entry
+                .and_then(|t| bundle::triton_files(&dir, t))
+                .map_err(|why| {
+                    crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why)
+                })
+        })
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(files
+        .into_iter()
+        .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
+        .collect())
+}
+
+/// Write the bundle at `dir` as one archive file `out`; returns how many files it holds.
+#[pyfunction]
+pub fn bundle_pack(py: Python<'_>, dir: PathBuf, out: PathBuf) -> PyResult<usize> {
+    py.detach(|| bundle::pack(&dir, &out))
+        .map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// Unpack the archive `archive` into the new directory `dest`; returns its manifest.
+#[pyfunction]
+pub fn bundle_unpack<'py>(
+    py: Python<'py>,
+    archive: PathBuf,
+    dest: PathBuf,
+) -> PyResult<Bound<'py, PyAny>> {
+    let manifest = py
+        .detach(|| bundle::unpack(&archive, &dest))
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(pythonize::pythonize(py, &manifest)?)
 }
 
 /// The compiler's identity as keys and manifests record it (`ocloc` as `compile` finds it).

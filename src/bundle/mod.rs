@@ -1,7 +1,8 @@
 //! Ahead-of-time bundles: native binaries built on a farm for named target profiles, with a
 //! manifest, so that a machine of that profile loads them with no compile at all.
 //!
-//! A bundle is a directory: `manifest.json` and `native/<key>.zebin`. Everything in it is
+//! A bundle is a directory: `manifest.json`, `native/<key>.zebin`, and Triton cache
+//! entries under `triton/<hash>/` (`triton.rs`); or one archive file of them (`archive.rs`). Everything in it is
 //! untrusted input: the manifest is read bounded and checked (format, keys, file names), an
 //! entry's bytes must match its checksum and parse as a zebin holding its kernel, and the
 //! caller still trial-loads a native binary in a worker before its driver sees it.
@@ -61,6 +62,10 @@ pub struct Manifest {
     /// The Triton version its SPIR-V came from, when it came from Triton.
     #[serde(default)]
     pub triton: Option<String>,
+    /// The sha256 of the Triton build's cache-key prefix (`triton_key()`) its Triton cache
+    /// entries were made with: another build would never find them.
+    #[serde(default)]
+    pub triton_key: Option<String>,
     /// Target profiles by id, as their JSON.
     #[serde(default)]
     pub targets: BTreeMap<String, serde_json::Value>,
@@ -68,6 +73,9 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
     #[serde(default)]
     pub failures: Vec<Unbuilt>,
+    /// Triton cache entries (`triton.rs`), for Triton's own cache.
+    #[serde(default)]
+    pub triton_cache: Vec<TritonEntry>,
 }
 
 fn bad(dir: &Path, why: impl std::fmt::Display) -> BuildError {
@@ -147,6 +155,17 @@ pub fn read(dir: &Path) -> Result<Manifest> {
         };
         return Err(bad(dir, format!("entry {:?} is malformed: {why}", e.key)));
     }
+    let mut hashes = std::collections::HashSet::new();
+    for t in &manifest.triton_cache {
+        let why = triton::malformed(t)
+            .or_else(|| (!hashes.insert(t.hash.as_str())).then_some("its hash is listed twice"));
+        if let Some(why) = why {
+            return Err(bad(
+                dir,
+                format!("Triton entry {:?} is malformed: {why}", t.hash),
+            ));
+        }
+    }
     if let Some((id, _)) = manifest.targets.iter().find(|(_, t)| !t.is_object()) {
         return Err(bad(dir, format!("target {id:?} is not a JSON object")));
     }
@@ -204,15 +223,28 @@ fn lock_for_writing(dir: &Path) -> std::io::Result<std::fs::File> {
     Ok(lock)
 }
 
-/// Write `built` (entries and their native binaries) and `failures` into the bundle at
-/// `dir`, keeping what it already holds for other keys; `header` gives the format fields
-/// and the targets. One writer at a time; the manifest is replaced atomically, last.
-pub fn write(
-    dir: &Path,
-    header: Manifest,
-    built: Vec<(Entry, Vec<u8>)>,
-    failures: Vec<Unbuilt>,
-) -> Result<Manifest> {
+/// Files by name, with their bytes.
+pub type NamedFiles = Vec<(String, Vec<u8>)>;
+
+/// What one write adds to a bundle.
+#[derive(Default)]
+pub struct Additions {
+    /// Entries and their native binaries.
+    pub built: Vec<(Entry, Vec<u8>)>,
+    pub failures: Vec<Unbuilt>,
+    /// Triton cache entries and their files.
+    pub triton: Vec<(TritonEntry, NamedFiles)>,
+}
+
+/// Write `additions` into the bundle at `dir`, keeping what it already holds for other
+/// keys; `header` gives the format fields and the targets. One writer at a time; the
+/// manifest is replaced atomically, last.
+pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manifest> {
+    let Additions {
+        built,
+        failures,
+        triton,
+    } = additions;
     let io = |e: std::io::Error| bad(dir, e);
     std::fs::create_dir_all(dir).map_err(io)?;
     if std::fs::symlink_metadata(dir.join("native")).is_err() {
@@ -228,6 +260,7 @@ pub fn write(
     manifest.format = FORMAT.to_string();
     manifest.package = header.package;
     manifest.triton = header.triton.or(manifest.triton);
+    manifest.triton_key = header.triton_key.or(manifest.triton_key);
     manifest.targets.extend(header.targets);
     let same = |a: (&String, &String, &String), b: (&String, &String, &String)| a == b;
     for (mut entry, bytes) in built {
@@ -249,6 +282,11 @@ pub fn write(
             .retain(|g| !same((&g.kernel, &g.config, &g.target), slot));
         manifest.failures.push(f);
     }
+    for (mut entry, files) in triton {
+        triton::write_entry(dir, &mut entry, &files)?;
+        manifest.triton_cache.retain(|t| t.hash != entry.hash);
+        manifest.triton_cache.push(entry);
+    }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
     persist(dir, &dir.join(MANIFEST), &text).map_err(io)?;
     Ok(manifest)
@@ -257,13 +295,17 @@ pub fn write(
 /// Copy the bundle at `src` into `dest` (a new directory): its manifest and every entry,
 /// each read checked (size, checksum, a zebin holding its kernel), nothing else.
 pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
-    let manifest = read(src)?;
+    let mut manifest = read(src)?;
     let io = |e: std::io::Error| bad(dest, e);
     std::fs::create_dir(dest).map_err(io)?;
     std::fs::create_dir(dest.join("native")).map_err(io)?;
     for e in &manifest.entries {
         let bytes = entry_bytes(src, e).map_err(|why| bad(src, why))?;
         persist(&dest.join("native"), &dest.join(&e.file), &bytes).map_err(io)?;
+    }
+    for t in &mut manifest.triton_cache {
+        let files = triton_files(src, t).map_err(|why| bad(src, why))?;
+        triton::write_entry(dest, t, &files)?;
     }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dest, e))?;
     persist(dest, &dest.join(MANIFEST), &text).map_err(io)?;
@@ -287,127 +329,20 @@ pub fn verify(dir: &Path) -> Result<Verified> {
             Err(why) => report.bad.push((e.key.clone(), why)),
         }
     }
+    for t in &manifest.triton_cache {
+        let name = format!("triton:{}", t.hash);
+        match triton_files(dir, t) {
+            Ok(_) => report.ok.push(name),
+            Err(why) => report.bad.push((name, why)),
+        }
+    }
     Ok(report)
 }
 
-/// A manifest read once per process and change (device, inode, size, modification and
-/// change times: the last cannot be set back), with its entries by key: a model's loads
-/// read it once, not once per kernel. A manifest that cannot be used is remembered too.
-struct Indexed {
-    stamp: (u64, u64, u64, i64, i64),
-    manifest: Result<Manifest>,
-    by_key: std::collections::HashMap<String, usize>,
-}
+mod archive;
+mod lookup;
+mod triton;
 
-type Manifests = BTreeMap<PathBuf, std::sync::Arc<Indexed>>;
-static MANIFESTS: std::sync::Mutex<Manifests> = std::sync::Mutex::new(BTreeMap::new());
-
-fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = std::fs::canonicalize(dir).map_err(|e| bad(dir, e))?;
-    let meta = std::fs::symlink_metadata(dir.join(MANIFEST)).map_err(|e| bad(&dir, e))?;
-    let stamp = (
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec(),
-        meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
-    );
-    if let Some(known) = crate::sync::lock(&MANIFESTS).get(&dir) {
-        if known.stamp == stamp {
-            return Ok(known.clone());
-        }
-    }
-    let manifest = read(&dir);
-    let by_key = match &manifest {
-        Ok(m) => m
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.key.clone(), i))
-            .collect(),
-        Err(_) => Default::default(),
-    };
-    let indexed = std::sync::Arc::new(Indexed {
-        stamp,
-        manifest,
-        by_key,
-    });
-    crate::sync::lock(&MANIFESTS).insert(dir, indexed.clone());
-    Ok(indexed)
-}
-
-/// What a lookup found.
-pub enum Found {
-    /// The entry and its checked bytes.
-    Native(Box<Entry>, Vec<u8>),
-    /// Not in any bundle; `other_targets` names targets that have this kernel.
-    Missing { other_targets: Vec<String> },
-    /// In a bundle, but not usable: its bytes are not what its manifest says, or it is
-    /// for another kernel or target than its key claims.
-    Refused(String),
-}
-
-/// What a lookup found in the bundles, and the bundles it could not use (each with why).
-pub struct Lookup {
-    pub found: Found,
-    pub skipped: Vec<String>,
-}
-
-/// Look `key` up in `dirs` (the first bundle with a good entry answers) for `kernel` on
-/// `target`; a bundle that cannot be read is skipped, and said in `skipped`; an entry that
-/// fails its checks is refused only when no other bundle has a good one.
-pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str, target: &str) -> Lookup {
-    let mut other_targets = Vec::new();
-    let mut skipped = Vec::new();
-    let mut refused = None;
-    for dir in dirs {
-        let indexed = match read_indexed(dir) {
-            Ok(i) => i,
-            Err(e) => {
-                skipped.push(e.message);
-                continue;
-            }
-        };
-        let manifest = match &indexed.manifest {
-            Ok(m) => m,
-            Err(e) => {
-                skipped.push(e.message.clone());
-                continue;
-            }
-        };
-        if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
-            if entry.kernel != kernel || entry.target != target {
-                refused.get_or_insert(format!(
-                    "{}: entry {} is for kernel {:?} on target {}, not {kernel:?} here",
-                    dir.display(),
-                    &entry.key[..12],
-                    entry.kernel,
-                    entry.target.get(..12).unwrap_or(&entry.target)
-                ));
-                continue;
-            }
-            match entry_bytes(dir, entry) {
-                Ok(bytes) => {
-                    let found = Found::Native(Box::new(entry.clone()), bytes);
-                    return Lookup { found, skipped };
-                }
-                // Another bundle may hold a good copy: the refusal is said if none does.
-                Err(why) => {
-                    refused.get_or_insert(format!("{}: {why}", dir.display()));
-                    continue;
-                }
-            }
-        }
-        for e in manifest.entries.iter().filter(|e| e.kernel == kernel) {
-            if !other_targets.contains(&e.target) {
-                other_targets.push(e.target.clone());
-            }
-        }
-    }
-    let found = match refused {
-        Some(why) => Found::Refused(why),
-        None => Found::Missing { other_targets },
-    };
-    Lookup { found, skipped }
-}
+pub use archive::{pack, unpack};
+pub use lookup::{lookup, Found, Lookup};
+pub use triton::{triton_files, TritonEntry, TritonFile};

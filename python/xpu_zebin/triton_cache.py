@@ -1,0 +1,116 @@
+"""Triton's own cache, as bundles meet it: the files of a kernel Triton compiled (taken
+through its cache manager), SPIR-V kernels of an existing cache directory, and a bundle's
+Triton entries put back into a cache with Triton's cache manager (``TRITON_CACHE_DIR``, or
+the manager ``TRITON_CACHE_MANAGER`` names), so that Triton finds those kernels compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from ._files import read_regular
+from .errors import InvalidArgumentError
+
+logger = logging.getLogger("xpu_zebin.bundle")
+
+PathLike = Union[str, "os.PathLike[str]"]
+SPIRV_MAGIC = b"\x03\x02\x23\x07"
+ELF_MAGIC = b"\x7fELF"
+#: Triton's metadata files are small; a larger one is not Triton's.
+MAX_METADATA_BYTES = 1 << 20
+MAX_BINARY_BYTES = 256 << 20
+
+
+def key_digest() -> Optional[str]:
+    """What Triton's cache keys start with (``triton_key()``: its version and the hash of
+    its own sources and library), hashed: a Triton entry made by another Triton build is
+    never found, so it is not installed. None without Triton."""
+    try:
+        from triton.compiler.compiler import triton_key
+    except ImportError:
+        return None
+    return hashlib.sha256(triton_key().encode()).hexdigest()
+
+
+def entry_files(compiled: Any, source_name: str) -> List[Tuple[str, bytes]]:
+    """The files Triton's cache holds for a kernel it just compiled (``compiled``, from the
+    source named ``source_name``): its metadata and its binary, what Triton keeps with
+    ``TRITON_STORE_BINARY_ONLY`` (the IRs are not needed to load it). Read through Triton's
+    cache manager, bounded, no link followed."""
+    from triton.runtime.cache import get_cache_manager
+
+    meta_name = f"{source_name[:150]}.json"
+    group = get_cache_manager(compiled.hash).get_group(meta_name) or {}
+    binary_name = f"{source_name[:150]}.spv"
+    files = []
+    for name, limit in ((meta_name, MAX_METADATA_BYTES), (binary_name, MAX_BINARY_BYTES)):
+        if name not in group:
+            raise InvalidArgumentError(f"Triton's cache has no {name} for {compiled.hash[:12]}")
+        files.append((name, read_regular(Path(group[name]), limit, follow_links=False)))
+    return files
+
+
+def kernels_in(cache_dir: PathLike) -> List[Dict[str, Any]]:
+    """The SPIR-V kernels in a Triton cache directory (one directory per compiled kernel
+    holding ``<name>.json``, its metadata, and ``<name>.spv``), as ``bundle.precompile``
+    takes them. Entries that are not Triton XPU SPIR-V (native ones, other backends,
+    unreadable files) are skipped."""
+    kernels, seen = [], set()
+    root = Path(os.fspath(cache_dir))
+    if not root.is_dir():
+        raise InvalidArgumentError(f"{cache_dir} is not a directory")
+    for meta_path in sorted(root.glob("*/*.json")):
+        if meta_path.name.startswith("__grp__"):
+            continue
+        try:
+            meta = json.loads(read_regular(meta_path, MAX_METADATA_BYTES, follow_links=False))
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name or "/" in name:
+                continue
+            spirv = read_regular(
+                meta_path.with_name(f"{name}.spv"), MAX_BINARY_BYTES, follow_links=False
+            )
+        except (OSError, ValueError, RecursionError):
+            continue
+        if spirv[:4] != SPIRV_MAGIC:
+            continue
+        flags = meta.get("build_flags") if isinstance(meta.get("build_flags"), str) else ""
+        slot = (name, spirv, flags)
+        if slot not in seen:
+            seen.add(slot)
+            config = f"{meta_path.parent.name[:12]} num_warps={meta.get('num_warps')}"
+            kernels.append({"spirv": spirv, "name": name, "build_flags": flags, "config": config})
+    return kernels
+
+
+def _checked_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
+    """The entry's metadata file name, once its metadata is Triton's for this entry: its
+    hash (the cache key the files go under) and kernel are the entry's own."""
+    meta_name = next(n for n in files if n.endswith(".json"))
+    try:
+        meta = json.loads(files[meta_name])
+    except (ValueError, RecursionError) as e:
+        raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: metadata: {e}") from None
+    if not isinstance(meta, dict) or meta.get("hash") != entry["hash"]:
+        raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata is "
+                                   "for another cache key")  # fmt: skip
+    if meta.get("name") != entry["kernel"]:
+        raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata is "
+                                   f"for kernel {meta.get('name')!r}")  # fmt: skip
+    return meta_name
+
+
+def put(entry: Dict[str, Any], files: Dict[str, bytes]) -> None:
+    """Put one Triton entry into Triton's cache with its cache manager (files first, the
+    group that makes it a hit last, as Triton writes its own)."""
+    from triton.runtime.cache import get_cache_manager
+
+    meta_name = _checked_metadata(entry, files)
+    manager = get_cache_manager(entry["hash"])
+    group = {name: manager.put(data, name) for name, data in files.items()}
+    manager.put_group(meta_name, group)
