@@ -149,13 +149,14 @@ def test_triton_kernels_precompiled_and_loaded_native_by_the_driver(
         manifest = bundle.precompile_triton(
             softmax_kernel, SOFTMAX_SIG, [pvc], out, configs, ocloc=modern_ocloc
         )
-        assert len(manifest["entries"]) == 2 and manifest["triton"]
+        assert len(manifest["entries"]) == 4 and manifest["triton"]  # load_binary, make_zebin
+        loads = [e for e in manifest["entries"] if not e["config"].endswith("(make_zebin)")]
         monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
         utils = xt.install(RecordingUtils(), backend=False)
         try:
             from triton_helpers import compile_triton
 
-            for config, entry in zip(configs, manifest["entries"]):
+            for config, entry in zip(configs, loads):
                 compiled = compile_triton(softmax_kernel, SOFTMAX_SIG, config["constexprs"],
                                           num_warps=config["num_warps"])  # fmt: skip
                 name = compiled.metadata.name
@@ -361,3 +362,187 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
     os.mkfifo(hostile / "b.spv")
     (hostile / "c.json").write_text('{"name": "../../c"}')
     assert bundle.triton_cache_kernels(tmp_path / "hostile") == []  # and it returned
+
+
+def _triton_source(block: int):
+    from triton.compiler import ASTSource
+
+    names = list(softmax_kernel.arg_names)
+    sig = {n: "constexpr" if n == "BLOCK" else SOFTMAX_SIG[n] for n in names}
+    return ASTSource(softmax_kernel, sig, {(names.index("BLOCK"),): block})
+
+
+def test_triton_finds_a_bundles_kernels_compiled_after_import(
+    pvc, modern_ocloc, tmp_path, monkeypatch
+):
+    """A bundle's Triton cache entries, shipped as one archive and imported into a fresh
+    Triton cache, are Triton cache hits (no stage of Triton's pipeline runs): the SPIR-V
+    entry (the drop-in then loads the bundle's native binary) and the native one
+    (TRITON_XPU_GEN_NATIVE_CODE). The drop-in make_zebin finds its build in the bundle."""
+    import types
+
+    import triton
+    from triton.backends import backends
+
+    out, archive = tmp_path / "model.bundle", tmp_path / "model.bundle.tar"
+    config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
+    with triton_on_cpu(str(tmp_path / "farm-cache")):
+        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], out, [config],
+                                            ocloc=modern_ocloc)  # fmt: skip
+    assert sorted(t["native"] for t in manifest["triton_cache"]) == [False, True]
+    load_entry, zebin_entry = sorted(manifest["entries"], key=lambda e: "make_zebin" in e["config"])
+    assert bundle.pack(out, archive) == 1 + 2 + 2 * 2  # manifest, natives, Triton's files
+    assert bundle.verify(archive)["bad"] == []
+    user_cache, installed = tmp_path / "user-cache", tmp_path / "installed"
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "bundle", "import", str(archive), "--into",
+         str(installed), "--triton-cache", str(user_cache)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and (installed / "model.bundle").is_dir(), r.stderr
+
+    def no_compile(*_args, **_kwargs):
+        raise AssertionError("a stage of Triton's pipeline ran")
+
+    with triton_on_cpu(str(user_cache)):
+        monkeypatch.setattr(backends["intel"].compiler, "add_stages", no_compile)
+        spv_hit, native_hit = (
+            triton.compile(_triton_source(256), target=pvc.gpu_target(),
+                           options={"num_warps": 4, "generate_native_code": native})
+            for native in (False, True)
+        )  # fmt: skip
+        assert spv_hit.asm["spv"][:4] == b"\x03\x02\x23\x07"
+        assert native_hit.asm["spv"] == (out / zebin_entry["file"]).read_bytes()
+        monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(installed / "model.bundle"))
+        monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
+        utils = xt.install(RecordingUtils(), backend=False)
+        try:
+            for hit, is_spv in ((spv_hit, True), (native_hit, False)):
+                module, *_ = utils.load_binary(hit.name, hit.asm["spv"], 0,
+                                               hit.metadata.build_flags, is_spv, 0)  # fmt: skip
+                module.close()
+                _, native, _flags, spv, _ = utils.calls[-1]
+                wanted = load_entry if is_spv else zebin_entry
+                assert spv is False and native == (out / wanted["file"]).read_bytes()
+        finally:
+            xt.uninstall()
+        metadata = {"name": spv_hit.name, "build_flags": ""}
+        options = types.SimpleNamespace(grf_mode="default", num_warps=4)
+        assert xt.make_zebin(spv_hit.asm["spv"], metadata, options) == native_hit.asm["spv"]
+
+
+def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
+    pvc, modern_ocloc, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "bundle"
+    configs = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 1024)]
+    with triton_on_cpu(str(tmp_path / "farm-cache")):
+        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], out, configs,
+                                            ocloc=modern_ocloc)  # fmt: skip
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
+    data = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**data, "triton_key": "0" * 64}))
+    with caplog.at_level(logging.INFO, logger="xpu_zebin.bundle"):
+        assert bundle.install_triton_entries(out, pvc) == 0
+    assert "another Triton build" in caplog.text and not (tmp_path / "user-cache").exists()
+    # A native entry holding what no native entry of the bundle is (checksums made to match).
+    victim = next(t for t in data["triton_cache"] if t["native"])
+    other = next(t for t in data["triton_cache"] if not t["native"])
+    name = next(f["name"] for f in victim["files"] if f["name"].endswith(".spv"))
+    swapped = next(f for f in other["files"] if f["name"].endswith(".spv"))
+    forged = (out / "triton" / other["hash"] / swapped["name"]).read_bytes()
+    (out / "triton" / victim["hash"] / name).write_bytes(forged)
+    for f in victim["files"]:
+        if f["name"] == name:
+            f.update(size=swapped["size"], blake3=swapped["blake3"])
+    (out / "manifest.json").write_text(json.dumps(data))
+    assert bundle.verify(out)["bad"] == []  # consistent, yet not the bundle's build of it
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="none of the bundle's native"):
+        bundle.install_triton_entries(out, pvc)
+    assert len(manifest["triton_cache"]) == 4
+
+
+@pytest.mark.parametrize(
+    "member, why",
+    [
+        ("symlink", "is not a bundle's file"),
+        ("traversal", "is not a bundle's file"),
+        ("twice", "twice"),
+        ("garbage", "not a tar archive"),
+        ("stray", "is not a bundle's file"),
+    ],
+)
+def test_hostile_archives_are_refused_and_nothing_written_outside(tmp_path, member, why):
+    import io
+    import tarfile
+
+    archive = tmp_path / "hostile.tar"
+    manifest = b'{"format": "xpu-zebin-bundle/1", "package": "0"}'
+    if member == "garbage":
+        archive.write_bytes(b"\x1f\x8b" + bytes(range(256)) * 8)
+    else:
+        with tarfile.open(archive, "w") as tar:
+
+            def add(name: str, data: bytes = b"x") -> None:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+            add("manifest.json", manifest)
+            if member == "symlink":
+                link = tarfile.TarInfo("native/" + "a" * 64 + ".zebin")
+                link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tar.addfile(link)
+            elif member == "traversal":
+                add("../../escaped")
+            elif member == "twice":
+                add("manifest.json", manifest)
+            else:
+                add("native/notes.txt")
+    for act in (bundle.verify, bundle.info, lambda a: bundle.install(a, tmp_path / "into")):
+        with pytest.raises(xpu_zebin.InvalidArgumentError, match=why):
+            act(archive)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.tar", "tmp"]
+    assert list((tmp_path / "tmp").iterdir()) == []  # the unpacked copy is gone
+
+
+KERNELS_PY = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def double(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+KERNELS = [{"kernel": double, "signature": {"x_ptr": "*fp32", "n": "i32"},
+            "configs": [{"constexprs": {"BLOCK": 64}, "num_warps": 4}]}]
+"""
+
+
+def test_cli_precompiles_triton_kernels_named_by_spec(pvc, modern_ocloc, tmp_path, capsys):
+    """``xpu-zebin precompile FILE.py:NAME``: a kernel with --signature and --config, or
+    a list of kernel specs; a spec without a signature is a usage error."""
+    from xpu_zebin import cli
+
+    (tmp_path / "kernels.py").write_text(KERNELS_PY)
+    (tmp_path / "pvc.json").write_text(json.dumps(pvc.to_json()))
+    common = ["--target", str(tmp_path / "pvc.json"), "--ocloc", modern_ocloc]
+    with triton_on_cpu(str(tmp_path / "triton-cache")):
+        config = '{"constexprs": {"BLOCK": 128}, "num_warps": 4}'
+        assert cli.main(["precompile", f"{tmp_path}/kernels.py:double", *common, "-o",
+                         str(tmp_path / "a"), "--signature", "x_ptr=*fp32, n=i32",
+                         "--config", config]) == 0  # fmt: skip
+        assert "2 native entries, 0 failures, 2 Triton cache entries" in capsys.readouterr().out
+        assert cli.main(["precompile", f"{tmp_path}/kernels.py:KERNELS", *common, "-o",
+                         str(tmp_path / "b")]) == 0  # fmt: skip
+        configs = {e["config"] for e in bundle.info(tmp_path / "b")["entries"]}
+        config = "{'constexprs': {'BLOCK': 64}, 'num_warps': 4}"
+        assert configs == {config, f"{config} (make_zebin)"}
+        assert cli.main(["precompile", f"{tmp_path}/kernels.py:double", *common, "-o",
+                         str(tmp_path / "c")]) == 2  # fmt: skip
+        assert "needs --signature" in capsys.readouterr().err
+        assert cli.main(["precompile", f"{tmp_path}/kernels.py:nothing", *common, "-o",
+                         str(tmp_path / "c")]) == 2  # fmt: skip

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import xpu_zebin
 from xpu_zebin import BuildError, CompileResult, samples
@@ -313,36 +313,124 @@ def cmd_target(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _is_triton_spec(arg: str) -> bool:
+    """``FILE.py:NAME`` or ``package.module:NAME``: a Triton kernel (or a list of kernel
+    specs) to precompile, not a SPIR-V or OpenCL file."""
+    where, sep, name = arg.rpartition(":")
+    return bool(sep and where and name.isidentifier()) and (
+        where.endswith(".py") or not Path(arg).exists()
+    )
+
+
+def _load_spec(arg: str) -> Any:
+    """The object ``FILE.py:NAME`` or ``module:NAME`` names (the file or module is run:
+    it is the user's own code, named on the command line)."""
+    import importlib
+    import importlib.util
+
+    where, _, name = arg.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(where).stem, where)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {where}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (ImportError, OSError, SyntaxError) as e:
+        raise _UsageError(f"{arg}: {e}") from None
+    if not hasattr(module, name):
+        raise _UsageError(f"{arg}: {where} has no {name}")
+    return getattr(module, name)
+
+
+def _triton_specs(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """Each Triton spec argument as ``xpu_zebin.triton.precompile`` takes kernels: a
+    kernel with ``--signature``/``--constexpr``/``--config``, or a list of kernel dicts."""
+    specs: List[Dict[str, Any]] = []
+    for arg in (a for a in args.files if _is_triton_spec(a)):
+        obj = _load_spec(arg)
+        if isinstance(obj, (list, tuple)):
+            specs += list(obj)
+            continue
+        if not args.signature:
+            raise _UsageError(f"{arg}: a Triton kernel needs --signature NAME=TYPE,...")
+        spec = {
+            "kernel": obj,
+            "signature": _pairs(args.signature, "--signature", json_values=False),
+        }
+        if args.constexpr:
+            spec["constexprs"] = _pairs(",".join(args.constexpr), "--constexpr", json_values=True)
+        if args.config:
+            try:
+                spec["configs"] = [json.loads(c) for c in args.config]
+            except ValueError as e:
+                raise _UsageError(f"--config: not JSON: {e}") from None
+        specs.append(spec)
+    return specs
+
+
+def _pairs(text: str, option: str, *, json_values: bool) -> Dict[str, Any]:
+    """``a=x,b=y`` as a dict; with ``json_values``, each value is JSON if it parses."""
+    out: Dict[str, Any] = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier() or not value.strip():
+            raise _UsageError(f"{option}: expected NAME=VALUE, got {item!r}")
+        value = value.strip()
+        if json_values:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        out[key.strip()] = value
+    return out
+
+
 def cmd_precompile(args: argparse.Namespace) -> int:
     """Native code for every input and target profile, into a bundle."""
     from . import bundle, targets
 
     try:
         profiles = [targets.load(t) for t in args.target]
-    except (OSError, xpu_zebin.InvalidArgumentError) as e:
-        raise _UsageError(str(e)) from None
-    try:
         kernels = (
             bundle.triton_cache_kernels(args.from_triton_cache) if args.from_triton_cache else []
         )
-    except xpu_zebin.InvalidArgumentError as e:
+    except (OSError, xpu_zebin.InvalidArgumentError) as e:
         raise _UsageError(str(e)) from None
     if args.from_triton_cache and not kernels:
         raise _UsageError(f"{args.from_triton_cache} holds no Triton SPIR-V kernels")
-    if not kernels and not args.files:
-        raise _UsageError("name SPIR-V (or .cl) files, or --from-triton-cache DIR")
-    for path in args.files:
+    specs = _triton_specs(args)
+    files = [f for f in args.files if not _is_triton_spec(f)]
+    if not kernels and not files and not specs:
+        raise _UsageError("name SPIR-V (or .cl) files, Triton kernels (FILE.py:NAME), "
+                          "or --from-triton-cache DIR")  # fmt: skip
+    for path in files:
         spirv = _read_input(path, profiles[0].ocloc_device, args.ocloc)
         names = [args.kernel] if args.kernel else xpu_zebin.validate_spirv(spirv)
         kernels += [{"spirv": spirv, "name": n, "config": Path(path).name} for n in names]
-    manifest = bundle.precompile(
-        kernels, profiles, args.output, jobs=args.jobs, progress=not args.json, ocloc=args.ocloc
-    )
+    common = {"jobs": args.jobs, "progress": not args.json, "ocloc": args.ocloc}
+    manifest: Dict[str, Any] = {}
+    if kernels:
+        manifest = bundle.precompile(kernels, profiles, args.output, **common)
+    if specs:
+        from . import triton as drop_in
+
+        try:
+            manifest = drop_in.precompile(specs, profiles, args.output, **common)
+        except (TypeError, KeyError) as e:
+            raise _UsageError(f"Triton kernel specs: {e}") from None
+    return _print_manifest(args, manifest)
+
+
+def _print_manifest(args: argparse.Namespace, manifest: Dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(manifest))
     else:
         print(f"{args.output}: {len(manifest['entries'])} native entries, "
-              f"{len(manifest['failures'])} failures")  # fmt: skip
+              f"{len(manifest['failures'])} failures, "
+              f"{len(manifest.get('triton_cache', []))} Triton cache entries")  # fmt: skip
         for f in manifest["failures"]:
             print(f"  not built: {f['kernel']} ({f['config']}) for {f['target'][:12]}: "
                   f"{f['kind']}: {f['message']}")  # fmt: skip
@@ -350,8 +438,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    """Check, show or import a bundle."""
-    from . import bundle
+    """Check, show, import or pack a bundle."""
+    from . import bundle, targets
 
     try:
         if args.action == "verify":
@@ -359,25 +447,41 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             good, bad = len(report["ok"]), len(report["bad"])
             print(json.dumps(report) if args.json else f"{args.bundle}: {good} good, {bad} bad")
             for key, why in report["bad"] if not args.json else ():
-                print(f"  bad: {key[:12]}: {why}")
+                print(f"  bad: {key[:20]}: {why}")
             return EXIT_OK if not report["bad"] else EXIT_BUILD_ERROR
         if args.action == "info":
-            m = bundle.info(args.bundle)
-            if args.json:
-                print(json.dumps(m))
-                return EXIT_OK
-            print(f"{args.bundle}: {m['format']}, xpu-zebin {m['package']}, Triton {m['triton']}")
-            for tid, t in m["targets"].items():
-                print(f"  target {t.get('name')} ({t.get('ocloc_device')}, id {tid[:12]})")
-            for e in m["entries"]:
-                where = f"{e['kernel']} [{e['config']}] for {e['target'][:12]}"
-                print(f"  {where}: '{e['build_flags']}', n_spills {e['n_spills']}, {e['size']} B")
+            return _print_info(args, bundle.info(args.bundle))
+        if args.action == "pack":
+            if not args.output:
+                raise _UsageError("bundle pack needs -o ARCHIVE")
+            print(f"{args.output}: {bundle.pack(args.bundle, args.output)} files")
             return EXIT_OK
-        print(f"installed: {bundle.install(args.bundle, args.into)}")
+        if args.triton_cache:
+            os.environ["TRITON_CACHE_DIR"] = args.triton_cache
+        target = targets.load(args.target) if args.target else None
+        where = bundle.install(args.bundle, args.into, target=target, triton=not args.no_triton)
+        print(f"installed: {where}")
         return EXIT_OK
     except xpu_zebin.InvalidArgumentError as e:
         print(f"xpu-zebin: {e}", file=sys.stderr)
         return EXIT_BUILD_ERROR
+
+
+def _print_info(args: argparse.Namespace, m: Dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps(m))
+        return EXIT_OK
+    print(f"{args.bundle}: {m['format']}, xpu-zebin {m['package']}, Triton {m['triton']}")
+    for tid, t in m["targets"].items():
+        print(f"  target {t.get('name')} ({t.get('ocloc_device')}, id {tid[:12]})")
+    for e in m["entries"]:
+        where = f"{e['kernel']} [{e['config']}] for {e['target'][:12]}"
+        print(f"  {where}: '{e['build_flags']}', n_spills {e['n_spills']}, {e['size']} B")
+    for t in m.get("triton_cache", []):
+        kind = "native" if t["native"] else "SPIR-V"
+        print(f"  Triton cache {t['hash'][:12]}: {t['kernel']} [{t['config']}] for "
+              f"{t['target'][:12]}, {kind}")  # fmt: skip
+    return EXIT_OK
 
 
 def cmd_kinds(args: argparse.Namespace) -> int:
@@ -521,8 +625,13 @@ def _add_aot_commands(sub: Any) -> None:
     t.add_argument("--json", action="store_true", help="one line of JSON")
     t.set_defaults(func=cmd_target)
 
-    p = sub.add_parser("precompile", help="build SPIR-V (or .cl) files for target profiles")
-    p.add_argument("files", nargs="*")
+    p = sub.add_parser(
+        "precompile", help="build SPIR-V/.cl files or Triton kernels for target profiles"
+    )
+    p.add_argument("files", nargs="*", metavar="INPUT",
+                   help="SPIR-V or .cl files, or Triton kernels as FILE.py:NAME or module:NAME "
+                        "(NAME: a kernel, or a list of dicts: kernel, signature, configs, "
+                        "constexprs)")  # fmt: skip
     p.add_argument(
         "--from-triton-cache", default=None, metavar="DIR",
         help="also every SPIR-V kernel in this Triton cache directory (TRITON_CACHE_DIR)",
@@ -530,17 +639,32 @@ def _add_aot_commands(sub: Any) -> None:
     p.add_argument("--target", action="append", required=True, help="a profile file (repeat)")
     p.add_argument("-o", "--output", required=True, help="the bundle directory")
     p.add_argument("--kernel", default=None, help="only this kernel (default: every one)")
+    p.add_argument("--signature", default=None, metavar="NAME=TYPE,...",
+                   help="a Triton kernel's argument types, e.g. 'x=*fp32,n=i32'")  # fmt: skip
+    p.add_argument("--constexpr", action="append", default=[], metavar="NAME=VALUE",
+                   help="a Triton kernel's constexpr for every config (repeat)")  # fmt: skip
+    p.add_argument("--config", action="append", default=[], metavar="JSON",
+                   help="a config as JSON, e.g. '{\"constexprs\": {\"BLOCK\": 256}, "
+                        "\"num_warps\": 4}' (repeat; default: the autotuner's)")  # fmt: skip
     p.add_argument("--jobs", type=_jobs, default=None, help="parallel compilers (default: cores)")
     p.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, PATH)")
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_precompile)
 
-    b = sub.add_parser("bundle", help="verify, show or import a bundle")
-    b.add_argument("action", choices=["verify", "info", "import"])
-    b.add_argument("bundle")
+    b = sub.add_parser("bundle", help="verify, show, import or pack a bundle")
+    b.add_argument("action", choices=["verify", "info", "import", "pack"])
+    b.add_argument("bundle", help="a bundle directory, or an archive of one")
     b.add_argument(
         "--into", default=None, help="a directory of bundles to import into (default: the cache's)"
     )
+    b.add_argument("--target", default=None, metavar="PROFILE",
+                   help="import the Triton cache entries of this profile (default: this "
+                        "device)")  # fmt: skip
+    b.add_argument("--triton-cache", default=None, metavar="DIR",
+                   help="Triton's cache to import into (default: TRITON_CACHE_DIR, "
+                        "~/.triton/cache)")  # fmt: skip
+    b.add_argument("--no-triton", action="store_true", help="do not touch Triton's cache")
+    b.add_argument("-o", "--output", default=None, help="pack: the archive file to write")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bundle)
 

@@ -114,3 +114,74 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<super::Manifest> {
     }
     read(dest)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A tar holding one regular file at `path`, written byte by byte (the tar crate's
+    /// own builder refuses paths with `..`, which a hostile archive would not).
+    fn tar_with(path: &str, data: &[u8]) -> Vec<u8> {
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_size(data.len() as u64);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o644);
+        header.set_cksum();
+        let mut out = header.as_bytes().to_vec();
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512 + 1024, 0);
+        out
+    }
+
+    #[test]
+    fn only_a_bundles_paths_have_a_place() {
+        let key = "a".repeat(64);
+        assert!(place("manifest.json").is_some());
+        assert!(place(&format!("native/{key}.zebin")).is_some());
+        assert!(place(&format!("triton/{key}/k.spv")).is_some());
+        for hostile in [
+            "../manifest.json".to_string(),
+            format!("native/../{key}.zebin"),
+            format!("native/{key}.so"),
+            format!("triton/{key}/__grp__k.json"),
+            format!("triton/{key}/../../x"),
+            "/etc/passwd".to_string(),
+            "native".to_string(),
+        ] {
+            assert!(place(&hostile).is_none(), "{hostile}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any bytes as an archive: an error or a checked bundle, never a panic, and
+        /// nothing written outside the new directory.
+        #[test]
+        fn any_bytes_unpack_safely(bytes in proptest::collection::vec(any::<u8>(), 0..3000)) {
+            let dir = tempfile::tempdir().unwrap();
+            let archive = dir.path().join("a.tar");
+            std::fs::write(&archive, &bytes).unwrap();
+            let _ = unpack(&archive, &dir.path().join("out"));
+            let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+            prop_assert!(names.len() <= 2);
+        }
+
+        /// Any path in a well-formed archive: refused unless it is a bundle's, and never
+        /// written outside the new directory.
+        #[test]
+        fn archive_paths_stay_inside(path in "[a-z0-9_./]{1,60}") {
+            let dir = tempfile::tempdir().unwrap();
+            let archive = dir.path().join("a.tar");
+            std::fs::write(&archive, tar_with(&path, b"{}")).unwrap();
+            let result = unpack(&archive, &dir.path().join("out"));
+            if place(&path).is_none() {
+                prop_assert!(result.is_err());
+            }
+            let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+            prop_assert!(names.len() <= 2, "{names:?}");
+        }
+    }
+}
