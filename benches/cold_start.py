@@ -3,7 +3,9 @@
 A model-sized set of real Triton kernels (``model_kernels.py``: attention forward and
 backward, layer norm, matmul, softmax, reductions; 43 kernel-config pairs) is loaded in a
 fresh process on the simulated PVC through the drop-in ``load_binary``: from SPIR-V (the
-driver's JIT in the process, upstream's way) against from a bundle (no compile). The farm
+driver's JIT in the process, upstream's way) against from a bundle (no compile); and the
+model's whole start (Triton's front end and the load) from nothing against after ``bundle
+import`` (Triton cache hits: no front end, no IGC). The farm
 builds the set for three targets (pvc, bmg, dg2) one at a time, with ``jobs`` = cores, and
 on a local Dask cluster. Every ratio is measured in this run.
 
@@ -59,6 +61,62 @@ def child(mode: str, kernels_file: str) -> None:
     print(json.dumps({"init": init, "loads": loads, "native": native}))
 
 
+def child_model(mode: str) -> None:
+    """One fresh process starting the model: Triton compiles each kernel-config pair (its
+    cache is empty, or holds a bundle's imported entries) and the drop-in loads it."""
+    import model_kernels
+    import triton
+
+    import xpu_zebin.triton as xt
+
+    model_kernels.stub_arch_parser()
+    target = targets.local().gpu_target()  # the driver's start-up, paid alike by both
+    started = time.perf_counter()
+    modules = []
+    for fn, constants, warps in model_kernels._configs():
+        compiled = triton.compile(model_kernels.source(fn, constants), target=target,
+                                  options={"num_warps": warps})  # fmt: skip
+        m = compiled.metadata
+        module, *_ = xt.load_binary(m.name, compiled.asm["spv"], 0, m.build_flags or "", True, 0)
+        modules.append(module)
+    total = time.perf_counter() - started
+    for module in modules:
+        module.close()
+    print(json.dumps({"mode": mode, "start": total}))
+
+
+def model_start(work: Path, profiles: list, ocloc: str, repeat: int) -> Dict[str, Any]:
+    """Model start in fresh processes: from nothing (Triton's front end, then the driver's
+    JIT) against after ``bundle import`` (Triton cache hits, native loads)."""
+    import model_kernels
+
+    import xpu_zebin.triton as xt
+
+    cores = xpu_zebin._core.default_jobs()
+    os.environ["TRITON_CACHE_DIR"] = str(work / "farm-triton")
+    started = time.perf_counter()
+    xt.precompile(model_kernels.specs(), profiles[:1], work / "model.bundle", jobs=cores,
+                  ocloc=ocloc)  # fmt: skip
+    farm_s = time.perf_counter() - started
+    os.environ["TRITON_CACHE_DIR"] = str(work / "user-triton")
+    installed = bundle.install(work / "model.bundle", work / "user-bundles")
+    env = {**os.environ, "XPU_ZEBIN_BUNDLE": str(installed)}
+    starts: Dict[str, list] = {"jit": [], "bundle": []}
+    for i in range(max(1, repeat)):
+        jit_env = {**os.environ, "XPU_ZEBIN_ISOLATED": "0",
+                   "TRITON_CACHE_DIR": str(work / f"jit-triton-{i}"),
+                   "XPU_ZEBIN_CACHE_DIR": str(work / f"jit-model-cache-{i}")}  # fmt: skip
+        jit_env.pop("XPU_ZEBIN_BUNDLE", None)
+        for mode, e in (("jit", jit_env), ("bundle", env)):
+            out = subprocess.run([sys.executable, __file__, "--child-model", mode], env=e,
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            starts[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["start"])
+    jit, fast = statistics.median(starts["jit"]), statistics.median(starts["bundle"])
+    return {"model_farm_s": round(farm_s, 1), "model_start_jit_s": round(jit, 2),
+            "model_start_bundle_s": round(fast, 3),
+            "model_start_speedup": round(jit / fast, 1)}  # fmt: skip
+
+
 def fresh_process(mode: str, kernels_file: Path, env: Dict[str, str]) -> Dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", mode, str(kernels_file)],
@@ -78,6 +136,24 @@ def farm(
         return time.perf_counter() - started
 
 
+def report(results: Dict[str, Any], pairs: int, n_targets: int, cores: int) -> None:
+    print(f"\ncold start, {pairs} Triton kernel-config pairs, fresh process, simulated PVC:")
+    print(f"  JIT (driver, in-process, GRF ladder): {results['jit_load_s']} s")
+    print(f"  from the bundle:                      {results['bundle_load_s']} s "
+          f"({results['cold_start_speedup']}x)")  # fmt: skip
+    print(f"  per kernel from the bundle {results['per_kernel_bundle_ms']} ms, plain native load "
+          f"{results['per_kernel_native_ms']} ms (median)")  # fmt: skip
+    print(f"model start (Triton compile + load of every pair): from nothing "
+          f"{results['model_start_jit_s']} s, after bundle import {results['model_start_bundle_s']}"
+          f" s ({results['model_start_speedup']}x); its bundle built in "
+          f"{results['model_farm_s']} s")  # fmt: skip
+    print(
+        f"farm, {n_targets} targets: one at a time {results['farm_serial_s']} s, "
+        f"jobs={cores} {results['farm_parallel_s']} s ({results['farm_speedup']}x)"
+        + (f", Dask 2 workers {results['farm_dask_s']} s" if "farm_dask_s" in results else "")
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None, help="the farm's compiler (default: discovery)")
@@ -85,11 +161,12 @@ def main() -> int:
     p.add_argument("--dask", action="store_true", help="also build on a 2-worker LocalCluster")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--child-model", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        child(*args.child)
-        return 0
     sys.path.insert(0, str(Path(__file__).parent))
+    if args.child or args.child_model:
+        child(*args.child) if args.child else child_model(args.child_model)
+        return 0
     import model_kernels
 
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
@@ -141,17 +218,8 @@ def main() -> int:
         per_kernel_native_ms=round(1000 * per_native, 2),
         driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
     )  # fmt: skip
-    print(f"\ncold start, {len(kernels)} Triton kernel-config pairs, fresh process, simulated PVC:")
-    print(f"  JIT (driver, in-process, GRF ladder): {results['jit_load_s']} s")
-    print(f"  from the bundle:                      {results['bundle_load_s']} s "
-          f"({results['cold_start_speedup']}x)")  # fmt: skip
-    print(f"  per kernel from the bundle {results['per_kernel_bundle_ms']} ms, plain native load "
-          f"{results['per_kernel_native_ms']} ms (median)")  # fmt: skip
-    print(
-        f"farm, {len(profiles)} targets: one at a time {results['farm_serial_s']} s, "
-        f"jobs={cores} {results['farm_parallel_s']} s ({results['farm_speedup']}x)"
-        + (f", Dask 2 workers {results['farm_dask_s']} s" if "farm_dask_s" in results else "")
-    )
+    results.update(model_start(work, profiles, ocloc, args.repeat))
+    report(results, len(kernels), len(profiles), cores)
     if args.json:
         print(json.dumps(results))
     return 0

@@ -262,6 +262,25 @@ def stub_arch_parser() -> None:
     )
 
 
+def source(fn: Any, constants: Dict[str, Any]) -> ASTSource:
+    """Triton's source object for one kernel and its constexprs."""
+    names = list(SIGNATURES[fn])
+    return ASTSource(fn, SIGNATURES[fn], {(names.index(k),): v for k, v in constants.items()})
+
+
+def specs() -> List[Dict[str, Any]]:
+    """The set as ``xpu_zebin.triton.precompile`` takes it: each kernel, its signature,
+    its configs."""
+    by_fn: Dict[Any, List[Dict[str, Any]]] = {}
+    for fn, constants, warps in _configs():
+        by_fn.setdefault(fn, []).append({"constexprs": constants, "num_warps": warps})
+    return [
+        {"kernel": fn, "signature": {k: v for k, v in SIGNATURES[fn].items() if v != CST},
+         "configs": configs}
+        for fn, configs in by_fn.items()
+    ]  # fmt: skip
+
+
 def model_spirv(target: Any) -> List[Dict[str, Any]]:
     """Every kernel-config pair through Triton's front end for ``target`` (a GPUTarget):
     dicts with ``spirv``, ``name``, ``build_flags`` and ``config``."""
@@ -271,10 +290,8 @@ def model_spirv(target: Any) -> List[Dict[str, Any]]:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xpu-zebin-model-"))
     kernels = []
     for fn, constants, warps in _configs():
-        sig = SIGNATURES[fn]
-        names = list(sig)
-        src = ASTSource(fn, sig, {(names.index(k),): v for k, v in constants.items()})
-        compiled = triton.compile(src, target=target, options={"num_warps": warps})
+        compiled = triton.compile(source(fn, constants), target=target,
+                                  options={"num_warps": warps})  # fmt: skip
         kernels.append({
             "spirv": compiled.asm["spv"], "name": compiled.metadata.name,
             "build_flags": compiled.metadata.build_flags or "",

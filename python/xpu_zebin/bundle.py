@@ -338,7 +338,11 @@ def _usable(d: str) -> bool:
     try:
         st = os.stat(Path(d) / "manifest.json")
     except OSError:
-        _warn_once(f"{BUNDLE_ENV}: {d} holds no bundle (no manifest.json); skipped")
+        if os.path.isfile(d):
+            _warn_once(f"{BUNDLE_ENV}: {d} is a file (a bundle archive?): archives are used "
+                       "once imported (xpu-zebin bundle import); skipped")  # fmt: skip
+        else:
+            _warn_once(f"{BUNDLE_ENV}: {d} holds no bundle (no manifest.json); skipped")
         return False
     stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
     known = _checked.get(d)
