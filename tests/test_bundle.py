@@ -364,6 +364,11 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
     assert bundle.triton_cache_kernels(tmp_path / "hostile") == []  # and it returned
 
 
+def blake3_of(data: bytes) -> str:
+    """The checksum a manifest records (computed by the package's own reader)."""
+    return xpu_zebin._core.bundle_checksum(data)
+
+
 def _triton_source(block: int):
     from triton.compiler import ASTSource
 
@@ -373,7 +378,7 @@ def _triton_source(block: int):
 
 
 def test_triton_finds_a_bundles_kernels_compiled_after_import(
-    pvc, modern_ocloc, tmp_path, monkeypatch
+    pvc, modern_ocloc, system_ocloc, tmp_path, monkeypatch
 ):
     """A bundle's Triton cache entries, shipped as one archive and imported into a fresh
     Triton cache, are Triton cache hits (no stage of Triton's pipeline runs): the SPIR-V
@@ -390,6 +395,10 @@ def test_triton_finds_a_bundles_kernels_compiled_after_import(
         manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], out, [config],
                                             ocloc=modern_ocloc)  # fmt: skip
     assert sorted(t["native"] for t in manifest["triton_cache"]) == [False, True]
+    with triton_on_cpu(str(tmp_path / "farm-cache")):  # the farm's Triton cache, another ocloc
+        other = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], tmp_path / "other",
+                                         [config], ocloc=system_ocloc)  # fmt: skip
+    assert other["failures"] == [] and bundle.verify(tmp_path / "other")["bad"] == []
     load_entry, zebin_entry = sorted(manifest["entries"], key=lambda e: "make_zebin" in e["config"])
     assert bundle.pack(out, archive) == 1 + 2 + 2 * 2  # manifest, natives, Triton's files
     assert bundle.verify(archive)["bad"] == []
@@ -400,6 +409,12 @@ def test_triton_finds_a_bundles_kernels_compiled_after_import(
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0 and (installed / "model.bundle").is_dir(), r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "xpu_zebin", "bundle", "import", str(archive), "--into",
+         str(installed), "--triton-cache", str(user_cache)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr  # an installed bundle (Triton entries too) is replaced
 
     def no_compile(*_args, **_kwargs):
         raise AssertionError("a stage of Triton's pipeline ran")
@@ -445,20 +460,26 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     with caplog.at_level(logging.INFO, logger="xpu_zebin.bundle"):
         assert bundle.install_triton_entries(out, pvc) == 0
     assert "another Triton build" in caplog.text and not (tmp_path / "user-cache").exists()
-    # A native entry holding what no native entry of the bundle is (checksums made to match).
-    victim = next(t for t in data["triton_cache"] if t["native"])
-    other = next(t for t in data["triton_cache"] if not t["native"])
-    name = next(f["name"] for f in victim["files"] if f["name"].endswith(".spv"))
-    swapped = next(f for f in other["files"] if f["name"].endswith(".spv"))
-    forged = (out / "triton" / other["hash"] / swapped["name"]).read_bytes()
-    (out / "triton" / victim["hash"] / name).write_bytes(forged)
-    for f in victim["files"]:
-        if f["name"] == name:
-            f.update(size=swapped["size"], blake3=swapped["blake3"])
+    # Native code that is none of the bundle's native entries, in an entry that says it is
+    # SPIR-V (checksums made to match): Triton would load it with no trial of its own.
+    victim = next(t for t in data["triton_cache"] if not t["native"])
+    spv = next(f for f in victim["files"] if f["name"].endswith(".spv"))
+    zebin = bytearray((out / manifest["entries"][0]["file"]).read_bytes())
+    zebin[len(zebin) // 2] ^= 0xFF
+    (out / "triton" / victim["target"] / victim["hash"] / spv["name"]).write_bytes(bytes(zebin))
+    spv.update(size=len(zebin), blake3=blake3_of(bytes(zebin)))
     (out / "manifest.json").write_text(json.dumps(data))
-    assert bundle.verify(out)["bad"] == []  # consistent, yet not the bundle's build of it
-    with pytest.raises(xpu_zebin.InvalidArgumentError, match="none of the bundle's native"):
+    assert "neither SPIR-V nor" in bundle.verify(out)["bad"][0][1]
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="neither SPIR-V nor"):
         bundle.install_triton_entries(out, pvc)
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="neither SPIR-V nor"):
+        bundle.install(out, tmp_path / "into")
+    assert not (tmp_path / "user-cache").exists() and not (tmp_path / "into").exists()
+    # A third file beside the metadata and the binary: not a Triton entry of a bundle.
+    victim["files"].append(dict(spv, name="other.spv"))
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match=r"<name>\.json and <name>\.spv"):
+        bundle.info(out)
     assert len(manifest["triton_cache"]) == 4
 
 
@@ -559,5 +580,12 @@ def test_cli_precompiles_triton_kernels_named_by_spec(pvc, modern_ocloc, tmp_pat
         assert cli.main(["precompile", f"{tmp_path}/kernels.py:double", *common, "-o",
                          str(tmp_path / "c")]) == 2  # fmt: skip
         assert "needs --signature" in capsys.readouterr().err
-        assert cli.main(["precompile", f"{tmp_path}/kernels.py:nothing", *common, "-o",
-                         str(tmp_path / "c")]) == 2  # fmt: skip
+        (tmp_path / "boom.py").write_text("raise RuntimeError('no GPU here')\n")
+        for bad in ([f"{tmp_path}/kernels.py:nothing"], [f"{tmp_path}/boom.py:x"], [".foo:bar"],
+                    [f"{tmp_path}/kernels.py:double", "--signature", "x_ptr=*fp32",
+                     "--config", '{"constexprs": {"BLOCK": 64}}'],
+                    [f"{tmp_path}/kernels.py:double", "--signature", "x_ptr=*fp32,n=i32",
+                     "--config", "5"]):  # fmt: skip
+            assert cli.main(["precompile", *bad, *common, "-o", str(tmp_path / "c")]) == 2, bad
+            assert "Traceback" not in capsys.readouterr().err
+        assert not (tmp_path / "c").exists()

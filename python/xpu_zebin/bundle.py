@@ -92,6 +92,7 @@ def precompile(
     if not targets:
         raise InvalidArgumentError("precompile needs at least one target profile")
     _check_kernels(kernels)
+    _check_output(out)
     if (Path(os.fspath(out)) / "manifest.json").exists():
         info(out)  # a bundle that cannot be added to is said before anything compiles
     plan: List[Tuple[Dict[str, Any], TargetProfile, Any]] = []
@@ -129,6 +130,13 @@ def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
     :func:`precompile` takes them: yesterday's JIT cache, today's bundle. Entries that are
     not Triton XPU SPIR-V (native ones, other backends, unreadable files) are skipped."""
     return triton_cache.kernels_in(cache_dir)
+
+
+def _check_output(out: PathLike) -> None:
+    """The bundle directory can be written: said before anything compiles."""
+    path = Path(os.fspath(out))
+    if path.exists() and not path.is_dir():
+        raise InvalidArgumentError(f"{out} exists and is not a bundle directory")
 
 
 def _check_kernels(kernels: Sequence[Dict[str, Any]]) -> None:
@@ -171,6 +179,11 @@ def precompile_triton(
     configs = list(configs if configs is not None else getattr(fn, "configs", None) or [])
     if not configs:
         raise InvalidArgumentError("pass configs, or an @triton.autotune kernel that has them")
+    if not targets:
+        raise InvalidArgumentError("precompile needs at least one target profile")
+    _check_output(out)
+    for config in configs:  # a config or signature that cannot work is said before any build
+        _triton_source(jit, signature, constexprs, config)
     _warm_triton()
     lowered: List[_Lowered] = []
     failures: List[Dict[str, Any]] = []
@@ -225,6 +238,10 @@ def _triton_source(jit: Any, signature: Dict[str, str], constexprs: Optional[Dic
 
     from .triton import _split_config
 
+    if not isinstance(config, dict) and not hasattr(config, "kwargs"):
+        raise InvalidArgumentError(f"config {config!r} is neither a dict nor a triton.Config")
+    if not isinstance(signature, dict):
+        raise InvalidArgumentError("the signature is a dict of argument name to Triton type")
     constants, options = _split_config(config)
     constants = {**(constexprs or {}), **constants}
     names = list(jit.arg_names)
@@ -265,6 +282,49 @@ def _triton_entry(compiled: Any, src: Any, config: Any, target: TargetProfile,
     return entry, triton_cache.entry_files(compiled, src.name)
 
 
+def _native_triton_entry(
+    jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]], low: _Lowered,
+    opts: xpu_zebin.Options, build: Any, ocloc: Optional[str],
+) -> TritonAddition:  # fmt: skip
+    """Triton's native cache entry for one lowered config: ``triton.compile`` with
+    ``generate_native_code``, its native stage answered by the package's ``build``."""
+    import triton
+
+    from . import triton as drop_in
+
+    spirv, name, device = low.kernel["spirv"], low.kernel["name"], low.target.ocloc_device
+    src, options = _triton_source(jit, signature, constexprs, low.config)
+    prebuilt = {drop_in.farm_key(spirv, name, device, opts): (build.binary, build.build_flags)}
+    options = {**options, "generate_native_code": True}
+    with drop_in.building_for(device, ocloc, prebuilt):
+        compiled = triton.compile(src, target=low.target.gpu_target(), options=options)
+    if compiled.asm.get("spv") != build.binary:
+        raise InvalidArgumentError("Triton's native stage gave another binary than the "
+                                   "package's build")  # fmt: skip
+    return _triton_entry(compiled, src, low.config, low.target, native=True)
+
+
+@contextlib.contextmanager
+def _private_triton_cache() -> Iterator[None]:
+    """Triton's native compiles of a precompile run in a cache of their own: an entry the
+    farm's cache holds from another compiler or earlier options is never taken for this
+    build (Triton's key holds neither). With a custom ``TRITON_CACHE_MANAGER`` its cache
+    is used; the binary is then compared with the package's build."""
+    if os.environ.get("TRITON_CACHE_MANAGER"):
+        yield
+        return
+    before = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="xpu-zebin-triton.") as tmp:
+        os.environ["TRITON_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = before
+
+
 def _native(
     jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
     lowered: List[_Lowered], kwargs: Dict[str, Any],
@@ -273,7 +333,6 @@ def _native(
     config: the builds with :func:`make_zebin`'s options (all at once, as ``precompile``
     runs them), as package entries (the drop-in ``make_zebin`` finds them), and Triton's
     cache entries with them inside (Triton's native stage, answered by those builds)."""
-    import triton
     from triton.compiler.compiler import make_backend
 
     from . import triton as drop_in
@@ -293,30 +352,27 @@ def _native(
         jobs=kwargs.get("jobs"), client=kwargs.get("client"),
         progress=kwargs.get("progress", False),
     )  # fmt: skip
-    drop_in.install_backend()
     compiler = _core.compiler_identity(ocloc)
     built, entries, failures = [], [], []
-    for (low, opts), r in zip(plan, results):
-        if isinstance(r, BuildError):
-            failures.append(_failure(low.kernel["name"], f"{low.config} (native)", low.target, r))
-            continue
-        name, spirv, device = low.kernel["name"], low.kernel["spirv"], low.target.ocloc_device
-        key = _core.bundle_key(spirv, name, device, opts, low.target.id)
-        built.append(({
-            "kernel": name, "config": f"{low.config} (make_zebin)", "target": low.target.id,
-            "key": key, "build_flags": r.build_flags, "spill_bytes": r.spill_size,
-            "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
-        }, r.binary))  # fmt: skip
-        src, options = _triton_source(jit, signature, constexprs, low.config)
-        prebuilt = {drop_in.farm_key(spirv, name, device, opts): (r.binary, r.build_flags)}
-        options = {**options, "generate_native_code": True}
-        try:
-            with drop_in.building_for(device, ocloc, prebuilt):
-                compiled = triton.compile(src, target=low.target.gpu_target(), options=options)
-        except Exception as e:  # stays in its slot, as the front end's failures do
-            failures.append(_failure(name, f"{low.config} (native)", low.target, e))
-            continue
-        entries.append(_triton_entry(compiled, src, low.config, low.target, native=True))
+    with drop_in.backend_installed(), _private_triton_cache():
+        for (low, opts), r in zip(plan, results):
+            config = f"{low.config} (make_zebin)"
+            if isinstance(r, BuildError):
+                failures.append(_failure(low.kernel["name"], config, low.target, r))
+                continue
+            spirv, name = low.kernel["spirv"], low.kernel["name"]
+            key = _core.bundle_key(spirv, name, low.target.ocloc_device, opts, low.target.id)
+            built.append(({
+                "kernel": name, "config": config, "target": low.target.id, "key": key,
+                "build_flags": r.build_flags, "spill_bytes": r.spill_size,
+                "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
+            }, r.binary))  # fmt: skip
+            try:
+                entries.append(
+                    _native_triton_entry(jit, signature, constexprs, low, opts, r, ocloc)
+                )
+            except Exception as e:  # stays in its slot, as the front end's failures do
+                failures.append(_failure(name, config, low.target, e))
     return built, entries, failures
 
 
@@ -382,6 +438,7 @@ def _as_directory(bundle: PathLike) -> Iterator[Path]:
     if path.is_dir() or not path.exists():
         yield path
         return
+    path = path.resolve()  # a link the user names is followed, once, here
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-bundle.") as tmp:
         _core.bundle_unpack(os.fspath(path), os.path.join(tmp, path.name))
         yield Path(tmp) / path.name
@@ -427,19 +484,35 @@ def install(
         if report["bad"]:
             key, why = report["bad"][0]
             raise InvalidArgumentError(f"{bundle}: entry {key[:20]} is bad ({why}); not installed")
+        # Triton's entries are checked before anything is written anywhere.
+        triton_entries = _checked_triton_entries(src, target) if triton else []
         parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
-        name = Path(os.fspath(bundle)).name
-        dest = parent / (
-            name[: -len(".tar")]
-            if name.endswith(".tar") and not Path(os.fspath(bundle)).is_dir()
-            else name
-        )
+        dest = parent / _bundle_name(Path(os.fspath(bundle)))
         _copy_into(src.resolve(), parent, dest, bundle)
     if target is None:
         _try_local_entries(dest)
-    if triton:
-        install_triton_entries(dest, target)
+    for t, files in triton_entries:
+        try:
+            triton_cache.put(t, files)
+        except OSError as e:
+            raise InvalidArgumentError(
+                f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
+            ) from None
+    if triton_entries:
+        logger.info("%s: %d Triton cache entries installed", dest, len(triton_entries))
     return dest
+
+
+def _bundle_name(path: Path) -> str:
+    """What an installed bundle is called: its directory's (or archive's, less ``.tar``)
+    name; one that would be hidden (the drop-ins skip those) is refused."""
+    resolved = path.resolve()
+    name = resolved.name
+    if not resolved.is_dir() and name.endswith(".tar"):
+        name = name[: -len(".tar")]
+    if not name or name.startswith("."):
+        raise InvalidArgumentError(f"{path}: a bundle's name cannot be empty or start with '.'")
+    return name
 
 
 def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike) -> None:
@@ -464,8 +537,28 @@ def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = N
     device) into Triton's cache, with Triton's own cache manager (``TRITON_CACHE_DIR``,
     ``TRITON_CACHE_MANAGER``): Triton then finds those kernels compiled, front end and
     native build alike. Entries made by another Triton build (they would never be found)
-    are not installed, and said. A native entry goes in only if its binary is one of the
-    bundle's checked native entries for that kernel and target. Returns how many."""
+    are not installed, and said. Every entry is checked before any is written: its files'
+    checksums, a binary that is SPIR-V or one of the bundle's checked native entries for
+    that kernel and target, metadata for its own key and kernel. Returns how many."""
+    with _as_directory(bundle) as d:
+        checked = _checked_triton_entries(d, target)
+    for t, files in checked:
+        try:
+            triton_cache.put(t, files)
+        except OSError as e:
+            raise InvalidArgumentError(
+                f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
+            ) from None
+    if checked:
+        logger.info("%s: %d Triton cache entries installed", bundle, len(checked))
+    return len(checked)
+
+
+def _checked_triton_entries(
+    bundle: Path, target: Optional[TargetProfile]
+) -> List[Tuple[Dict[str, Any], Dict[str, bytes]]]:
+    """The bundle's Triton entries for ``target`` (default: this device), each checked,
+    with their files; none when Triton is absent or another build of it made them."""
     from . import targets
 
     manifest = info(bundle)
@@ -474,39 +567,25 @@ def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = N
             target = targets.local()
         except BuildError as e:
             logger.info("%s: Triton entries not installed: %s", bundle, e)
-            return 0
+            return []
     ids = (target.id, target.any_driver().id)
     mine = [t for t in manifest.get("triton_cache", []) if t["target"] in ids]
-    if not mine:
-        return 0
-    here = triton_cache.key_digest()
-    if here is None:
-        logger.info("%s: Triton is not installed here: its Triton entries are not", bundle)
-        return 0
+    here = triton_cache.key_digest() if mine else None
+    if not mine or here is None:
+        if mine:
+            logger.info("%s: Triton is not installed here: its Triton entries are not", bundle)
+        return []
     if manifest.get("triton_key") != here:
         logger.warning("%s: its Triton cache entries were made by another Triton build than "
                        "this one (%s): they would never be found; not installed", bundle,
                        _triton_version())  # fmt: skip
-        return 0
-    natives = {(e["kernel"], e["target"], e["blake3"]) for e in manifest["entries"]}
+        return []
+    checked = []
     for t in mine:
-        files = dict(_core.bundle_triton_files(os.fspath(bundle), t["hash"]))
-        if t["native"] and not any(
-            (t["kernel"], t["target"], f["blake3"]) in natives
-            for f in t["files"] if not f["name"].endswith(".json")
-        ):  # fmt: skip
-            raise InvalidArgumentError(
-                f"{bundle}: Triton entry {t['hash'][:12]} holds a binary that is none of "
-                "the bundle's native entries"
-            )
-        try:
-            triton_cache.put(t, files)
-        except OSError as e:
-            raise InvalidArgumentError(
-                f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
-            ) from None
-    logger.info("%s: %d Triton cache entries installed for %s", bundle, len(mine), target.name)
-    return len(mine)
+        files = dict(_core.bundle_triton_files(os.fspath(bundle), t["target"], t["hash"]))
+        triton_cache.check_metadata(t, files)
+        checked.append((t, files))
+    return checked
 
 
 def _replaceable(dest: Path) -> None:
@@ -515,7 +594,7 @@ def _replaceable(dest: Path) -> None:
     if (
         names is None
         or "manifest.json" not in names
-        or names - {"manifest.json", "native", ".lock"}
+        or names - {"manifest.json", "native", "triton", ".lock"}
     ):
         raise InvalidArgumentError(f"{dest} exists and is not an installed bundle: not replaced")
 

@@ -338,8 +338,8 @@ def _load_spec(arg: str) -> Any:
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(where)
-    except (ImportError, OSError, SyntaxError) as e:
-        raise _UsageError(f"{arg}: {e}") from None
+    except Exception as e:  # the user's own code, failing to import: said, not a traceback
+        raise _UsageError(f"{arg}: {type(e).__name__}: {e}") from None
     if not hasattr(module, name):
         raise _UsageError(f"{arg}: {where} has no {name}")
     return getattr(module, name)
@@ -361,20 +361,25 @@ def _triton_specs(args: argparse.Namespace) -> List[Dict[str, Any]]:
             "signature": _pairs(args.signature, "--signature", json_values=False),
         }
         if args.constexpr:
-            spec["constexprs"] = _pairs(",".join(args.constexpr), "--constexpr", json_values=True)
+            spec["constexprs"] = {}
+            for item in args.constexpr:  # one NAME=VALUE each: a value may hold commas
+                spec["constexprs"].update(_pairs(item, "--constexpr", json_values=True, one=True))
         if args.config:
             try:
                 spec["configs"] = [json.loads(c) for c in args.config]
             except ValueError as e:
                 raise _UsageError(f"--config: not JSON: {e}") from None
+            if not all(isinstance(c, dict) for c in spec["configs"]):
+                raise _UsageError("--config: each is a JSON object (constexprs, num_warps, ...)")
         specs.append(spec)
     return specs
 
 
-def _pairs(text: str, option: str, *, json_values: bool) -> Dict[str, Any]:
-    """``a=x,b=y`` as a dict; with ``json_values``, each value is JSON if it parses."""
+def _pairs(text: str, option: str, *, json_values: bool, one: bool = False) -> Dict[str, Any]:
+    """``a=x,b=y`` (``one``: a single ``a=x``) as a dict; with ``json_values``, each value
+    is JSON if it parses."""
     out: Dict[str, Any] = {}
-    for item in (i.strip() for i in text.split(",") if i.strip()):
+    for item in [text.strip()] if one else (i.strip() for i in text.split(",") if i.strip()):
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier() or not value.strip():
             raise _UsageError(f"{option}: expected NAME=VALUE, got {item!r}")
@@ -419,22 +424,36 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
         try:
             manifest = drop_in.precompile(specs, profiles, args.output, **common)
-        except (TypeError, KeyError) as e:
+        except (TypeError, KeyError, xpu_zebin.InvalidArgumentError) as e:
             raise _UsageError(f"Triton kernel specs: {e}") from None
-    return _print_manifest(args, manifest)
+    mine = {p.id for p in profiles}  # this run's failures: not those an earlier run left
+    names = {k["name"] for k in kernels} | {
+        getattr(getattr(s["kernel"], "fn", s["kernel"]), "__name__", "") for s in specs
+        if isinstance(s, dict) and "kernel" in s
+    }  # fmt: skip
+    failures = [f for f in manifest["failures"] if f["target"] in mine and f["kernel"] in names]
+    return _print_manifest(args, manifest, failures)
 
 
-def _print_manifest(args: argparse.Namespace, manifest: Dict[str, Any]) -> int:
+def _print_manifest(
+    args: argparse.Namespace, manifest: Dict[str, Any], failures: List[Dict[str, Any]]
+) -> int:
+    """The bundle's counts and this run's failures; exit 1 if this run had any."""
     if args.json:
         print(json.dumps(manifest))
     else:
         print(f"{args.output}: {len(manifest['entries'])} native entries, "
-              f"{len(manifest['failures'])} failures, "
+              f"{len(failures)} failures, "
               f"{len(manifest.get('triton_cache', []))} Triton cache entries")  # fmt: skip
-        for f in manifest["failures"]:
-            print(f"  not built: {f['kernel']} ({f['config']}) for {f['target'][:12]}: "
-                  f"{f['kind']}: {f['message']}")  # fmt: skip
-    return EXIT_OK if not manifest["failures"] else EXIT_BUILD_ERROR
+        for f in failures:
+            print(_printable(f"  not built: {f['kernel']} ({f['config']}) for "
+                             f"{f['target'][:12]}: {f['kind']}: {f['message']}"))  # fmt: skip
+    return EXIT_OK if not failures else EXIT_BUILD_ERROR
+
+
+def _printable(text: str) -> str:
+    """A bundle's strings are untrusted: no terminal control sequence reaches the screen."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
@@ -458,12 +477,15 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.triton_cache:
             os.environ["TRITON_CACHE_DIR"] = args.triton_cache
-        target = targets.load(args.target) if args.target else None
+        try:
+            target = targets.load(args.target) if args.target else None
+        except (OSError, xpu_zebin.InvalidArgumentError) as e:
+            raise _UsageError(f"--target: {e}") from None
         where = bundle.install(args.bundle, args.into, target=target, triton=not args.no_triton)
         print(f"installed: {where}")
         return EXIT_OK
     except xpu_zebin.InvalidArgumentError as e:
-        print(f"xpu-zebin: {e}", file=sys.stderr)
+        print(_printable(f"xpu-zebin: {e}"), file=sys.stderr)
         return EXIT_BUILD_ERROR
 
 
@@ -471,16 +493,19 @@ def _print_info(args: argparse.Namespace, m: Dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(m))
         return EXIT_OK
-    print(f"{args.bundle}: {m['format']}, xpu-zebin {m['package']}, Triton {m['triton']}")
+    print(
+        _printable(f"{args.bundle}: {m['format']}, xpu-zebin {m['package']}, Triton {m['triton']}")
+    )
     for tid, t in m["targets"].items():
-        print(f"  target {t.get('name')} ({t.get('ocloc_device')}, id {tid[:12]})")
+        print(_printable(f"  target {t.get('name')} ({t.get('ocloc_device')}, id {tid[:12]})"))
     for e in m["entries"]:
         where = f"{e['kernel']} [{e['config']}] for {e['target'][:12]}"
-        print(f"  {where}: '{e['build_flags']}', n_spills {e['n_spills']}, {e['size']} B")
+        print(_printable(f"  {where}: '{e['build_flags']}', n_spills {e['n_spills']}, "
+                         f"{e['size']} B"))  # fmt: skip
     for t in m.get("triton_cache", []):
         kind = "native" if t["native"] else "SPIR-V"
-        print(f"  Triton cache {t['hash'][:12]}: {t['kernel']} [{t['config']}] for "
-              f"{t['target'][:12]}, {kind}")  # fmt: skip
+        print(_printable(f"  Triton cache {t['hash'][:12]}: {t['kernel']} [{t['config']}] "
+                         f"for {t['target'][:12]}, {kind}"))  # fmt: skip
     return EXIT_OK
 
 

@@ -513,6 +513,24 @@ def install_backend(cls: Any = None) -> None:
     _installed_backend.append((cls, original_add_stages))
 
 
+@contextlib.contextmanager
+def backend_installed() -> Iterator[None]:
+    """:func:`install_backend` for the block, undone after unless it was there before."""
+    from triton.backends import backends
+
+    cls = backends["intel"].compiler
+    before = any(c is cls for c, _ in _installed_backend)
+    install_backend(cls)
+    try:
+        yield
+    finally:
+        for i, (c, original) in enumerate(_installed_backend):
+            if c is cls and not before:
+                cls.add_stages = original
+                del _installed_backend[i]
+                break
+
+
 def install(utils: Any = None, *, backend: bool = True) -> Any:
     """Route a Triton XPU driver's kernel loading (and the backend's zebin stage) through
     this package. ``utils`` defaults to ``triton.runtime.driver.active.utils``. Idempotent;

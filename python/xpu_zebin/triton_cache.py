@@ -88,7 +88,7 @@ def kernels_in(cache_dir: PathLike) -> List[Dict[str, Any]]:
     return kernels
 
 
-def _checked_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
+def check_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
     """The entry's metadata file name, once its metadata is Triton's for this entry: its
     hash (the cache key the files go under) and kernel are the entry's own."""
     meta_name = next(n for n in files if n.endswith(".json"))
@@ -110,7 +110,7 @@ def put(entry: Dict[str, Any], files: Dict[str, bytes]) -> None:
     group that makes it a hit last, as Triton writes its own)."""
     from triton.runtime.cache import get_cache_manager
 
-    meta_name = _checked_metadata(entry, files)
+    meta_name = check_metadata(entry, files)
     manager = get_cache_manager(entry["hash"])
     group = {name: manager.put(data, name) for name, data in files.items()}
     manager.put_group(meta_name, group)

@@ -138,11 +138,13 @@ pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usiz
         .map_err(|e| to_pyerr(py, e.into()))
 }
 
-/// The files of the bundle's Triton cache entry `hash`, checked: `[(name, bytes)]`.
+/// The files of the bundle's Triton cache entry `hash` for `target`, checked:
+/// `[(name, bytes)]`.
 #[pyfunction]
 pub fn bundle_triton_files<'py>(
     py: Python<'py>,
     dir: PathBuf,
+    target: &str,
     hash: &str,
 ) -> PyResult<Vec<(String, Bound<'py, PyBytes>)>> {
     let files = py
@@ -151,10 +153,10 @@ pub fn bundle_triton_files<'py>(
             let entry = manifest
                 .triton_cache
                 .iter()
-                .find(|t| t.hash == hash)
-                .ok_or_else(|| format!("no Triton entry {hash}"));
+                .find(|t| t.hash == hash && t.target == target)
+                .ok_or_else(|| format!("no Triton entry {hash} for {target}"));
             entry
-                .and_then(|t| bundle::triton_files(&dir, t))
+                .and_then(|t| bundle::triton_files(&dir, &manifest.entries, t))
                 .map_err(|why| {
                     crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why)
                 })
@@ -164,6 +166,12 @@ pub fn bundle_triton_files<'py>(
         .into_iter()
         .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
         .collect())
+}
+
+/// The blake3 a bundle's manifest records for `data` (hex).
+#[pyfunction]
+pub fn bundle_checksum(data: &[u8]) -> String {
+    blake3::hash(data).to_hex().to_string()
 }
 
 /// Write the bundle at `dir` as one archive file `out`; returns how many files it holds.

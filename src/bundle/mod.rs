@@ -284,7 +284,9 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
     }
     for (mut entry, files) in triton {
         triton::write_entry(dir, &mut entry, &files)?;
-        manifest.triton_cache.retain(|t| t.hash != entry.hash);
+        manifest
+            .triton_cache
+            .retain(|t| (&t.target, &t.hash) != (&entry.target, &entry.hash));
         manifest.triton_cache.push(entry);
     }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
@@ -303,8 +305,9 @@ pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
         let bytes = entry_bytes(src, e).map_err(|why| bad(src, why))?;
         persist(&dest.join("native"), &dest.join(&e.file), &bytes).map_err(io)?;
     }
+    let natives = manifest.entries.clone();
     for t in &mut manifest.triton_cache {
-        let files = triton_files(src, t).map_err(|why| bad(src, why))?;
+        let files = triton_files(src, &natives, t).map_err(|why| bad(src, why))?;
         triton::write_entry(dest, t, &files)?;
     }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dest, e))?;
@@ -331,7 +334,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
     }
     for t in &manifest.triton_cache {
         let name = format!("triton:{}", t.hash);
-        match triton_files(dir, t) {
+        match triton_files(dir, &manifest.entries, t) {
             Ok(_) => report.ok.push(name),
             Err(why) => report.bad.push((name, why)),
         }

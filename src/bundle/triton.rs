@@ -1,10 +1,13 @@
 //! Triton cache entries inside a bundle: for one compiled kernel, the files Triton's cache
 //! holds under its key (metadata `<name>.json`, IRs, the binary), so that an import hands
 //! them to Triton's cache manager and Triton finds the kernel compiled. Stored as
-//! `triton/<hash>/<file>`; every file is listed with its size and blake3, and read back
-//! only if it still matches.
+//! `triton/<target>/<hash>/<file>` (Triton's key does not hold the driver a profile names,
+//! so two profiles may share a hash); every file is listed with its size and blake3, and
+//! read back only if it still matches. An entry is its metadata and its binary, nothing
+//! else; a native binary must be one of the bundle's own checked native entries for that
+//! kernel and target (Triton loads it with no trial of its own).
 
-use super::{bad, is_key, persist, read_file, MAX_ENTRY_BYTES};
+use super::{bad, is_key, persist, read_file, Entry, MAX_ENTRY_BYTES};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -46,39 +49,41 @@ pub(super) fn plain_file_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
-/// Why `entry` is malformed, if it is: its hash, file names (one `.json`, its metadata),
-/// checksums.
+const SPIRV_MAGIC: &[u8] = &[0x03, 0x02, 0x23, 0x07];
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+/// Why `entry` is malformed, if it is: its hash and target, its files (exactly
+/// `<name>.json`, the metadata, and `<name>.spv`, the binary), their checksums.
 pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
-    let mut names = std::collections::HashSet::new();
-    if !is_key(&entry.hash) {
-        Some("its hash is not 64 lowercase hex digits")
-    } else if entry
-        .files
+    let names: Vec<&str> = entry.files.iter().map(|f| f.name.as_str()).collect();
+    let stem = names
         .iter()
-        .any(|f| !plain_file_name(&f.name) || !names.insert(f.name.as_str()))
-    {
-        Some("a file name is not a plain Triton cache file name, or is listed twice")
+        .find_map(|n| n.strip_suffix(".json"))
+        .unwrap_or_default();
+    let mut wanted = [format!("{stem}.json"), format!("{stem}.spv")];
+    wanted.sort();
+    let mut given: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    given.sort();
+    if !is_key(&entry.hash) || !is_key(&entry.target) {
+        Some("its hash or target is not 64 lowercase hex digits")
+    } else if names.iter().any(|n| !plain_file_name(n)) {
+        Some("a file name is not a plain Triton cache file name")
+    } else if stem.is_empty() || given != wanted {
+        Some("its files are not <name>.json and <name>.spv")
     } else if entry.files.iter().any(|f| !is_key(&f.blake3)) {
         Some("a file's blake3 is not 64 lowercase hex digits")
-    } else if entry
-        .files
-        .iter()
-        .filter(|f| f.name.ends_with(".json"))
-        .count()
-        != 1
-    {
-        Some("it has no single metadata (.json) file")
     } else {
         None
     }
 }
 
-/// `dir/triton/<hash>`, when `triton/` and it are directories of their own (a link could
+/// `dir/triton/<target>/<hash>`, when each step is a directory of its own (a link could
 /// lead reads and writes anywhere).
-fn entry_dir(dir: &Path, hash: &str) -> std::result::Result<PathBuf, String> {
+fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
     let top = dir.join("triton");
-    let here = top.join(hash);
-    for d in [&top, &here] {
+    let by_target = top.join(&entry.target);
+    let here = by_target.join(&entry.hash);
+    for d in [&top, &by_target, &here] {
         match std::fs::symlink_metadata(d) {
             Ok(m) if m.file_type().is_dir() => {}
             Ok(_) => {
@@ -93,27 +98,46 @@ fn entry_dir(dir: &Path, hash: &str) -> std::result::Result<PathBuf, String> {
     Ok(here)
 }
 
-/// The files of a Triton entry, if each is what the manifest says (size and checksum).
+/// The files of a Triton entry, if each is what the manifest says (size and checksum)
+/// and its binary is SPIR-V, or native code the bundle holds as a checked entry for the
+/// same kernel and target (`natives`: the manifest's entries).
 pub fn triton_files(
     dir: &Path,
+    natives: &[Entry],
     entry: &TritonEntry,
 ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
-    let here = entry_dir(dir, &entry.hash)?;
-    entry
-        .files
-        .iter()
-        .map(|f| {
-            let bytes = read_file(&here.join(&f.name), MAX_ENTRY_BYTES.min(f.size))
-                .map_err(|e| format!("triton/{}/{} cannot be read: {e}", entry.hash, f.name))?;
-            if bytes.len() as u64 != f.size || blake3::hash(&bytes).to_hex().as_str() != f.blake3 {
+    let here = entry_dir(dir, entry)?;
+    let name = |f: &TritonFile| {
+        format!(
+            "triton/{}/{}/{}",
+            &entry.target[..12],
+            &entry.hash[..12],
+            f.name
+        )
+    };
+    let mut files = Vec::new();
+    for f in &entry.files {
+        let bytes = read_file(&here.join(&f.name), MAX_ENTRY_BYTES.min(f.size))
+            .map_err(|e| format!("{} cannot be read: {e}", name(f)))?;
+        let sum = blake3::hash(&bytes).to_hex().to_string();
+        if bytes.len() as u64 != f.size || sum != f.blake3 {
+            return Err(format!("{} does not match its checksum", name(f)));
+        }
+        if f.name.ends_with(".spv") && !bytes.starts_with(SPIRV_MAGIC) {
+            let native = natives
+                .iter()
+                .any(|e| e.kernel == entry.kernel && e.target == entry.target && e.blake3 == sum);
+            if !bytes.starts_with(ELF_MAGIC) || !native {
                 return Err(format!(
-                    "triton/{}/{} does not match its checksum",
-                    entry.hash, f.name
+                    "{} is neither SPIR-V nor one of the bundle's native entries for {:?}",
+                    name(f),
+                    entry.kernel
                 ));
             }
-            Ok((f.name.clone(), bytes))
-        })
-        .collect()
+        }
+        files.push((f.name.clone(), bytes));
+    }
+    Ok(files)
 }
 
 /// Write a Triton entry's files under `dir/triton/<hash>/` and fill in their sizes and
@@ -124,12 +148,23 @@ pub(super) fn write_entry(
     files: &[(String, Vec<u8>)],
 ) -> Result<()> {
     let io = |e: std::io::Error| bad(dir, e);
-    for d in [dir.join("triton"), dir.join("triton").join(&entry.hash)] {
+    if !is_key(&entry.hash) || !is_key(&entry.target) {
+        return Err(bad(
+            dir,
+            "a Triton entry's hash or target is not 64 hex digits",
+        ));
+    }
+    let by_target = dir.join("triton").join(&entry.target);
+    for d in [
+        dir.join("triton"),
+        by_target.clone(),
+        by_target.join(&entry.hash),
+    ] {
         if std::fs::symlink_metadata(&d).is_err() {
             std::fs::create_dir(&d).map_err(io)?;
         }
     }
-    let here = entry_dir(dir, &entry.hash).map_err(|why| bad(dir, why))?;
+    let here = entry_dir(dir, entry).map_err(|why| bad(dir, why))?;
     entry.files = files
         .iter()
         .map(|(name, bytes)| TritonFile {
