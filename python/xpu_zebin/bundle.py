@@ -491,15 +491,7 @@ def install(
         _copy_into(src.resolve(), parent, dest, bundle)
     if target is None:
         _try_local_entries(dest)
-    for t, files in triton_entries:
-        try:
-            triton_cache.put(t, files)
-        except OSError as e:
-            raise InvalidArgumentError(
-                f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
-            ) from None
-    if triton_entries:
-        logger.info("%s: %d Triton cache entries installed", dest, len(triton_entries))
+    _put_triton_entries(dest, triton_entries)
     return dest
 
 
@@ -542,6 +534,13 @@ def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = N
     that kernel and target, metadata for its own key and kernel. Returns how many."""
     with _as_directory(bundle) as d:
         checked = _checked_triton_entries(d, target)
+    _put_triton_entries(bundle, checked)
+    return len(checked)
+
+
+def _put_triton_entries(
+    bundle: PathLike, checked: List[Tuple[Dict[str, Any], Dict[str, bytes]]]
+) -> None:
     for t, files in checked:
         try:
             triton_cache.put(t, files)
@@ -551,7 +550,6 @@ def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = N
             ) from None
     if checked:
         logger.info("%s: %d Triton cache entries installed", bundle, len(checked))
-    return len(checked)
 
 
 def _checked_triton_entries(
