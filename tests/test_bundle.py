@@ -451,15 +451,29 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
 ):
     out = tmp_path / "bundle"
     configs = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 1024)]
-    with triton_on_cpu(str(tmp_path / "farm-cache")):
-        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], out, configs,
-                                            ocloc=modern_ocloc)  # fmt: skip
+    with triton_on_cpu(str(tmp_path / "farm-cache")):  # two profiles, one Triton hash each
+        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
+                                            out, configs, ocloc=modern_ocloc)  # fmt: skip
+    assert len(bundle.info(out)["triton_cache"]) == 8 and manifest["run_failures"] == []
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
     data = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**data, "triton_key": "0" * 64}))
     with caplog.at_level(logging.INFO, logger="xpu_zebin.bundle"):
         assert bundle.install_triton_entries(out, pvc) == 0
     assert "another Triton build" in caplog.text and not (tmp_path / "user-cache").exists()
+    # Metadata that says native code where the binary is SPIR-V (checksum made to match).
+    spv_entry = next(t for t in data["triton_cache"] if not t["native"])
+    meta = next(f for f in spv_entry["files"] if f["name"].endswith(".json"))
+    meta_path = out / "triton" / spv_entry["target"] / spv_entry["hash"] / meta["name"]
+    original = meta_path.read_bytes()
+    forged_meta = json.dumps({**json.loads(original), "generate_native_code": True}).encode()
+    meta_path.write_bytes(forged_meta)
+    meta.update(size=len(forged_meta), blake3=blake3_of(forged_meta))
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="another kind of binary"):
+        bundle.install_triton_entries(out, pvc)
+    meta_path.write_bytes(original)
+    meta.update(size=len(original), blake3=blake3_of(original))
     # Native code that is none of the bundle's native entries, in an entry that says it is
     # SPIR-V (checksums made to match): Triton would load it with no trial of its own.
     victim = next(t for t in data["triton_cache"] if not t["native"])
@@ -480,7 +494,7 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(xpu_zebin.InvalidArgumentError, match=r"<name>\.json and <name>\.spv"):
         bundle.info(out)
-    assert len(manifest["triton_cache"]) == 4
+    assert len(manifest["triton_cache"]) == 8
 
 
 @pytest.mark.parametrize(
@@ -551,6 +565,8 @@ def tuned(x_ptr, n, BLOCK: tl.constexpr):
 
 KERNELS = [{"kernel": double, "signature": {"x_ptr": "*fp32", "n": "i32"},
             "configs": [{"constexprs": {"BLOCK": 64}, "num_warps": 4}]}]
+MIXED = KERNELS + [{"kernel": double, "signature": {"x_ptr": "*fp32"},
+                    "configs": [{"constexprs": {"BLOCK": 64}}]}]
 """
 
 
@@ -582,6 +598,7 @@ def test_cli_precompiles_triton_kernels_named_by_spec(pvc, modern_ocloc, tmp_pat
         assert "needs --signature" in capsys.readouterr().err
         (tmp_path / "boom.py").write_text("raise RuntimeError('no GPU here')\n")
         for bad in ([f"{tmp_path}/kernels.py:nothing"], [f"{tmp_path}/boom.py:x"], [".foo:bar"],
+                    [f"{tmp_path}/kernels.py:MIXED"],  # its second kernel: nothing is built
                     [f"{tmp_path}/kernels.py:double", "--signature", "x_ptr=*fp32",
                      "--config", '{"constexprs": {"BLOCK": 64}}'],
                     [f"{tmp_path}/kernels.py:double", "--signature", "x_ptr=*fp32,n=i32",

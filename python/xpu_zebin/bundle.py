@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -29,8 +30,8 @@ from .errors import BuildError, InvalidArgumentError
 from .targets import TargetProfile
 
 __all__ = [
-    "BUNDLE_ENV", "find", "info", "install", "install_triton_entries", "pack", "precompile",
-    "precompile_triton", "search_path", "triton_cache_kernels", "verify",
+    "BUNDLE_ENV", "check_triton_kernel", "find", "info", "install", "install_triton_entries",
+    "pack", "precompile", "precompile_triton", "search_path", "triton_cache_kernels", "verify",
 ]  # fmt: skip
 
 logger = logging.getLogger("xpu_zebin.bundle")
@@ -122,7 +123,7 @@ def precompile(
     for f in failures:
         logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
-    return manifest
+    return {**manifest, "run_failures": failures}
 
 
 def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
@@ -173,17 +174,12 @@ def precompile_triton(
     from the bundle) and, with ``native``, the one Triton writes with
     ``TRITON_XPU_GEN_NATIVE_CODE`` (native code inside, built by :func:`make_zebin`'s rules;
     its package entry serves the drop-in ``make_zebin``). ``kwargs`` are :func:`precompile`'s."""
-    from .triton import _jit_function, _warm_triton
+    from .triton import _warm_triton
 
-    jit = _jit_function(fn)
-    configs = list(configs if configs is not None else getattr(fn, "configs", None) or [])
-    if not configs:
-        raise InvalidArgumentError("pass configs, or an @triton.autotune kernel that has them")
     if not targets:
         raise InvalidArgumentError("precompile needs at least one target profile")
     _check_output(out)
-    for config in configs:  # a config or signature that cannot work is said before any build
-        _triton_source(jit, signature, constexprs, config)
+    jit, configs = check_triton_kernel(fn, signature, configs, constexprs)
     _warm_triton()
     lowered: List[_Lowered] = []
     failures: List[Dict[str, Any]] = []
@@ -196,10 +192,11 @@ def precompile_triton(
                 failures.append(_failure(jit.__name__, config, target, e))
                 continue
             entries.append(lowered[-1].entry)
+    run_failures: List[Dict[str, Any]] = []
     for target in targets:
         kernels = [low.kernel for low in lowered if low.target is target]
         if kernels:
-            precompile(kernels, [target], out, **kwargs)
+            run_failures += precompile(kernels, [target], out, **kwargs)["run_failures"]
     built: List[Built] = []
     if native and lowered:
         built, native_entries, native_failures = _native(
@@ -211,7 +208,29 @@ def precompile_triton(
         logger.warning("config %s not built for %s: %s", f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
     header = {**_header(targets), "triton_key": triton_cache.key_digest()}
-    return _core.bundle_write(os.fspath(out), header, built, failures, entries)
+    manifest = _core.bundle_write(os.fspath(out), header, built, failures, entries)
+    return {**manifest, "run_failures": failures + run_failures}
+
+
+def check_triton_kernel(
+    fn: Any, signature: Dict[str, str], configs: Optional[Sequence[Any]] = None,
+    constexprs: Optional[Dict[str, Any]] = None,
+) -> Tuple[Any, List[Any]]:  # fmt: skip
+    """A Triton kernel to precompile, checked before anything is built: its JIT function
+    and configs (given, else the autotuner's), each config's constexprs and options and
+    the signature agreeing with its parameters. An :class:`InvalidArgumentError` says why."""
+    from .triton import _jit_function
+
+    try:
+        jit = _jit_function(fn)
+    except TypeError as e:
+        raise InvalidArgumentError(str(e)) from None
+    configs = list(configs if configs is not None else getattr(fn, "configs", None) or [])
+    if not configs:
+        raise InvalidArgumentError("pass configs, or an @triton.autotune kernel that has them")
+    for config in configs:
+        _triton_source(jit, signature, constexprs, config)
+    return jit, configs
 
 
 @dataclasses.dataclass
@@ -304,17 +323,23 @@ def _native_triton_entry(
     return _triton_entry(compiled, src, low.config, low.target, native=True)
 
 
+_private_cache_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def _private_triton_cache() -> Iterator[None]:
     """Triton's native compiles of a precompile run in a cache of their own: an entry the
     farm's cache holds from another compiler or earlier options is never taken for this
-    build (Triton's key holds neither). With a custom ``TRITON_CACHE_MANAGER`` its cache
-    is used; the binary is then compared with the package's build."""
+    build (Triton's key holds neither). Triton takes its cache directory from the
+    environment only, so ``TRITON_CACHE_DIR`` names it meanwhile, for the whole process
+    (one precompile at a time; a farm process compiles nothing else meanwhile). With a
+    custom ``TRITON_CACHE_MANAGER`` its cache is used; the binary is compared with the
+    package's build either way."""
     if os.environ.get("TRITON_CACHE_MANAGER"):
         yield
         return
-    before = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="xpu-zebin-triton.") as tmp:
+    with _private_cache_lock, tempfile.TemporaryDirectory(prefix="xpu-zebin-triton.") as tmp:
+        before = os.environ.get("TRITON_CACHE_DIR")
         os.environ["TRITON_CACHE_DIR"] = tmp
         try:
             yield
@@ -490,9 +515,16 @@ def install(
         dest = parent / _bundle_name(Path(os.fspath(bundle)))
         _copy_into(src.resolve(), parent, dest, bundle)
     if target is None:
-        _try_local_entries(dest)
+        unloadable = _try_local_entries(dest)
+        triton_entries = [(t, f) for t, f in triton_entries if not _holds(f, unloadable)]
     _put_triton_entries(dest, triton_entries)
     return dest
+
+
+def _holds(files: Dict[str, bytes], binaries: set) -> bool:
+    """Does a Triton entry hold one of ``binaries`` (native entries that do not load here:
+    Triton would load it with no trial)?"""
+    return any(_core.bundle_checksum(data) in binaries for data in files.values())
 
 
 def _bundle_name(path: Path) -> str:
@@ -597,16 +629,17 @@ def _replaceable(dest: Path) -> None:
         raise InvalidArgumentError(f"{dest} exists and is not an installed bundle: not replaced")
 
 
-def _try_local_entries(bundle: Path) -> None:
+def _try_local_entries(bundle: Path) -> set:
     """Load the entries built for this machine's device in workers now, all at once, so
-    each is remembered as safe here and later loads skip the trial (and refuse nothing)."""
+    each is remembered as safe here and later loads skip the trial (and refuse nothing).
+    Returns the checksums of those that do not load here."""
     from . import targets
 
     try:
         profile = targets.local()
     except BuildError as e:
         logger.info("%s: entries not tried here (%s)", bundle, e)
-        return
+        return set()
     manifest = info(bundle)
     mine = [e for e in manifest["entries"] if e["target"] == profile.id]
     requests = [
@@ -614,11 +647,14 @@ def _try_local_entries(bundle: Path) -> None:
          "build_flags": e["build_flags"]}
         for e in mine
     ]  # fmt: skip
+    unloadable = set()
     for entry, result in zip(mine, xpu_zebin.compile_and_load_many(requests)):
         if isinstance(result, BuildError):
             logger.warning("%s: %s does not load here: %s", bundle, entry["kernel"], result)
+            unloadable.add(entry["blake3"])
         else:
             result.close()
+    return unloadable
 
 
 def find(

@@ -411,27 +411,26 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     if not kernels and not files and not specs:
         raise _UsageError("name SPIR-V (or .cl) files, Triton kernels (FILE.py:NAME), "
                           "or --from-triton-cache DIR")  # fmt: skip
+    from . import triton as drop_in
+
+    try:  # every spec and the output checked before anything is built
+        drop_in.check_precompile_kernels(specs) if specs else None
+        bundle._check_output(args.output)
+    except xpu_zebin.InvalidArgumentError as e:
+        raise _UsageError(str(e)) from None
     for path in files:
         spirv = _read_input(path, profiles[0].ocloc_device, args.ocloc)
         names = [args.kernel] if args.kernel else xpu_zebin.validate_spirv(spirv)
         kernels += [{"spirv": spirv, "name": n, "config": Path(path).name} for n in names]
     common = {"jobs": args.jobs, "progress": not args.json, "ocloc": args.ocloc}
     manifest: Dict[str, Any] = {}
+    failures: List[Dict[str, Any]] = []
     if kernels:
         manifest = bundle.precompile(kernels, profiles, args.output, **common)
+        failures += manifest["run_failures"]
     if specs:
-        from . import triton as drop_in
-
-        try:
-            manifest = drop_in.precompile(specs, profiles, args.output, **common)
-        except (TypeError, KeyError, xpu_zebin.InvalidArgumentError) as e:
-            raise _UsageError(f"Triton kernel specs: {e}") from None
-    mine = {p.id for p in profiles}  # this run's failures: not those an earlier run left
-    names = {k["name"] for k in kernels} | {
-        getattr(getattr(s["kernel"], "fn", s["kernel"]), "__name__", "") for s in specs
-        if isinstance(s, dict) and "kernel" in s
-    }  # fmt: skip
-    failures = [f for f in manifest["failures"] if f["target"] in mine and f["kernel"] in names]
+        manifest = drop_in.precompile(specs, profiles, args.output, **common)
+        failures += manifest["run_failures"]
     return _print_manifest(args, manifest, failures)
 
 
@@ -466,7 +465,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             good, bad = len(report["ok"]), len(report["bad"])
             print(json.dumps(report) if args.json else f"{args.bundle}: {good} good, {bad} bad")
             for key, why in report["bad"] if not args.json else ():
-                print(f"  bad: {key[:20]}: {why}")
+                print(_printable(f"  bad: {key[:20]}: {why}"))
             return EXIT_OK if not report["bad"] else EXIT_BUILD_ERROR
         if args.action == "info":
             return _print_info(args, bundle.info(args.bundle))

@@ -726,6 +726,27 @@ def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target:
     return result.build_flags
 
 
+def check_precompile_kernels(kernels: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The kernel specs :func:`precompile` takes, every one checked before any is built
+    (an :class:`InvalidArgumentError` says which and why)."""
+    specs = list(kernels)
+    if not specs:
+        raise InvalidArgumentError("precompile needs at least one kernel")
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or "kernel" not in spec or "signature" not in spec:
+            raise InvalidArgumentError(f"kernel {i}: expected a dict with kernel and signature")
+        unknown = set(spec) - {"kernel", "signature", "configs", "constexprs"}
+        if unknown:
+            raise InvalidArgumentError(f"kernel {i}: unknown field(s) {sorted(unknown)}")
+        try:
+            bundle.check_triton_kernel(
+                spec["kernel"], spec["signature"], spec.get("configs"), spec.get("constexprs")
+            )
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"kernel {i}: {e}") from None
+    return specs
+
+
 def precompile(
     kernels: Iterable[Dict[str, Any]],
     targets: Iterable[Any],
@@ -736,9 +757,11 @@ def precompile(
 
     ``kernels``: dicts with ``kernel`` (a ``@triton.jit`` or ``@triton.autotune`` kernel),
     ``signature`` (``{"x_ptr": "*fp32", "n": "i32"}``), and optional ``configs`` (default:
-    the autotuner's) and ``constexprs``. ``targets``: :class:`~xpu_zebin.targets.TargetProfile`
-    objects (or profile files). ``kwargs`` go to :func:`xpu_zebin.bundle.precompile_triton`
-    (``jobs``, ``client``, ``progress``, ``ocloc``, ``native``). Returns the manifest."""
+    the autotuner's) and ``constexprs``; all are checked before anything is built.
+    ``targets``: :class:`~xpu_zebin.targets.TargetProfile` objects (or profile files).
+    ``kwargs`` go to :func:`xpu_zebin.bundle.precompile_triton` (``jobs``, ``client``,
+    ``progress``, ``ocloc``, ``native``). Returns the manifest, with this call's failures
+    under ``run_failures``."""
     from . import targets as target_profiles
 
     profiles = [
@@ -747,17 +770,13 @@ def precompile(
     ]
     if not profiles:
         raise InvalidArgumentError("precompile needs at least one target profile")
+    specs = check_precompile_kernels(kernels)
     manifest: Dict[str, Any] = {}
-    for i, spec in enumerate(kernels):
-        if not isinstance(spec, dict) or "kernel" not in spec or "signature" not in spec:
-            raise InvalidArgumentError(f"kernel {i}: expected a dict with kernel and signature")
-        unknown = set(spec) - {"kernel", "signature", "configs", "constexprs"}
-        if unknown:
-            raise InvalidArgumentError(f"kernel {i}: unknown field(s) {sorted(unknown)}")
+    run_failures: List[Dict[str, Any]] = []
+    for spec in specs:
         manifest = bundle.precompile_triton(
             spec["kernel"], spec["signature"], profiles, out, spec.get("configs"),
             constexprs=spec.get("constexprs"), **kwargs,
         )  # fmt: skip
-    if not manifest:
-        raise InvalidArgumentError("precompile needs at least one kernel")
-    return manifest
+        run_failures += manifest["run_failures"]
+    return {**manifest, "run_failures": run_failures}

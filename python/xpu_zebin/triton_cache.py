@@ -102,6 +102,13 @@ def check_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
     if meta.get("name") != entry["kernel"]:
         raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata is "
                                    f"for kernel {meta.get('name')!r}")  # fmt: skip
+    # How Triton loads the binary follows its metadata (generate_native_code): it must say
+    # what the binary is, and what the manifest says.
+    binary = next(data for name, data in files.items() if not name.endswith(".json"))
+    native = binary[:4] == ELF_MAGIC
+    if bool(meta.get("generate_native_code")) != native or bool(entry.get("native")) != native:
+        raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata or manifest "
+                                   "says another kind of binary than it holds")  # fmt: skip
     return meta_name
 
 

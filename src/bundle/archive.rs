@@ -106,6 +106,9 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<super::Manifest> {
         if kind.is_gnu_longname() || kind.is_pax_global_extensions() {
             let record = read_bounded(&mut entry, MAX_NAME_RECORD_BYTES)
                 .map_err(|e| bad(archive, format!("a name record: {e}")))?;
+            if long_name.is_some() {
+                return Err(bad(archive, "a long name names no entry"));
+            }
             if kind.is_gnu_longname() {
                 long_name = Some(
                     String::from_utf8_lossy(&record)
@@ -123,8 +126,11 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<super::Manifest> {
             .trim_start_matches("./")
             .trim_end_matches('/')
             .to_string();
-        if kind.is_dir() || path.is_empty() || path == "." {
+        if kind.is_dir() {
             continue;
+        }
+        if path.is_empty() || path == "." {
+            return Err(bad(archive, format!("an entry has no name ({kind:?})")));
         }
         let Some((parts, limit)) = place(&path).filter(|_| kind == tar::EntryType::Regular) else {
             return Err(bad(
@@ -145,6 +151,9 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<super::Manifest> {
             }
         }
         persist(&here, &dest.join(&path), &bytes).map_err(|e| bad(dest, e))?;
+    }
+    if long_name.is_some() {
+        return Err(bad(archive, "a long name names no entry"));
     }
     read(dest)
 }

@@ -157,8 +157,10 @@ pub fn read(dir: &Path) -> Result<Manifest> {
     }
     let mut hashes = std::collections::HashSet::new();
     for t in &manifest.triton_cache {
-        let why = triton::malformed(t)
-            .or_else(|| (!hashes.insert(t.hash.as_str())).then_some("its hash is listed twice"));
+        let why = triton::malformed(t).or_else(|| {
+            (!hashes.insert((t.target.as_str(), t.hash.as_str())))
+                .then_some("its hash is listed twice for its target")
+        });
         if let Some(why) = why {
             return Err(bad(
                 dir,
@@ -333,7 +335,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
         }
     }
     for t in &manifest.triton_cache {
-        let name = format!("triton:{}", t.hash);
+        let name = format!("triton:{}:{}", &t.target[..12], t.hash);
         match triton_files(dir, &manifest.entries, t) {
             Ok(_) => report.ok.push(name),
             Err(why) => report.bad.push((name, why)),

@@ -127,7 +127,10 @@ pub fn triton_files(
             let native = natives
                 .iter()
                 .any(|e| e.kernel == entry.kernel && e.target == entry.target && e.blake3 == sum);
-            if !bytes.starts_with(ELF_MAGIC) || !native {
+            let holds_kernel = crate::zebin::parse(&bytes)
+                .and_then(|info| info.kernel_spill(&entry.kernel))
+                .is_ok();
+            if !bytes.starts_with(ELF_MAGIC) || !native || !holds_kernel {
                 return Err(format!(
                     "{} is neither SPIR-V nor one of the bundle's native entries for {:?}",
                     name(f),
