@@ -598,7 +598,7 @@ def _checked_triton_entries(
         except BuildError as e:
             logger.info("%s: Triton entries not installed: %s", bundle, e)
             return []
-    ids = (target.id, target.any_driver().id)
+    ids = [target.id, target.any_driver().id]
     mine = [t for t in manifest.get("triton_cache", []) if t["target"] in ids]
     here = triton_cache.key_digest() if mine else None
     if not mine or here is None:
@@ -611,8 +611,8 @@ def _checked_triton_entries(
                        _triton_version())  # fmt: skip
         return []
     checked = []
-    for t in mine:
-        files = dict(_core.bundle_triton_files(os.fspath(bundle), t["target"], t["hash"]))
+    for t, files in _core.bundle_triton_files(os.fspath(bundle), ids):
+        files = dict(files)
         triton_cache.check_metadata(t, files)
         checked.append((t, files))
     return checked

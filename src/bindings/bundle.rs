@@ -138,34 +138,42 @@ pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usiz
         .map_err(|e| to_pyerr(py, e.into()))
 }
 
-/// The files of the bundle's Triton cache entry `hash` for `target`, checked:
-/// `[(name, bytes)]`.
+/// A checked Triton entry as Python gets it: the entry dict and its files.
+type CheckedTritonEntry<'py> = (Bound<'py, PyAny>, Vec<(String, Bound<'py, PyBytes>)>);
+
+/// The bundle's Triton cache entries for the target ids `targets`, each with its files,
+/// checked, from one read of the manifest: `[(entry, [(name, bytes)])]`. The first entry
+/// that fails its checks is an error.
 #[pyfunction]
 pub fn bundle_triton_files<'py>(
     py: Python<'py>,
     dir: PathBuf,
-    target: &str,
-    hash: &str,
-) -> PyResult<Vec<(String, Bound<'py, PyBytes>)>> {
-    let files = py
+    targets: Vec<String>,
+) -> PyResult<Vec<CheckedTritonEntry<'py>>> {
+    let checked = py
         .detach(|| {
             let manifest = bundle::read(&dir)?;
-            let entry = manifest
+            manifest
                 .triton_cache
                 .iter()
-                .find(|t| t.hash == hash && t.target == target)
-                .ok_or_else(|| format!("no Triton entry {hash} for {target}"));
-            entry
-                .and_then(|t| bundle::triton_files(&dir, &manifest.entries, t))
+                .filter(|t| targets.contains(&t.target))
+                .map(|t| Ok((t.clone(), bundle::triton_files(&dir, &manifest.entries, t)?)))
+                .collect::<std::result::Result<Vec<_>, String>>()
                 .map_err(|why| {
                     crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why)
                 })
         })
         .map_err(|e| to_pyerr(py, e.into()))?;
-    Ok(files
+    checked
         .into_iter()
-        .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
-        .collect())
+        .map(|(entry, files)| {
+            let files = files
+                .into_iter()
+                .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
+                .collect();
+            Ok((pythonize::pythonize(py, &entry)?, files))
+        })
+        .collect()
 }
 
 /// The blake3 a bundle's manifest records for `data` (hex).
