@@ -11,6 +11,7 @@ pub mod bundle;
 pub mod cache;
 pub mod classify;
 pub mod cores;
+pub mod crash_watch;
 pub mod diag;
 pub mod doctor;
 pub mod engine;

@@ -990,9 +990,15 @@ pub fn shutdown() {
 
 /// End this worker's whole process group as soon as its caller's end of stdin closes:
 /// the caller exited (however it ended, SIGKILL included), so nobody waits for this build.
+/// The same when the serving thread is stuck in a compiler's crash handler
+/// (`crash_watch.rs`): the caller then sees the crash at once, not at its deadline.
 fn die_with_caller() -> std::io::Result<()> {
     // SAFETY: getppid cannot fail.
     let caller = unsafe { libc::getppid() };
+    let mut serving = crate::crash_watch::Watch::new(
+        crate::crash_watch::current_thread(),
+        crate::crash_watch::STUCK,
+    );
     std::thread::Builder::new()
         .name("xpu-zebin-caller-watch".into())
         .spawn(move || loop {
@@ -1009,7 +1015,7 @@ fn die_with_caller() -> std::io::Result<()> {
             let hung_up =
                 r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
             // SAFETY: getppid cannot fail.
-            if hung_up || unsafe { libc::getppid() } != caller {
+            if hung_up || unsafe { libc::getppid() } != caller || serving.stuck(Instant::now()) {
                 // SAFETY: kill(0) signals this process's own group (the worker and whatever
                 // it started); nothing else is touched.
                 unsafe { libc::kill(0, libc::SIGKILL) };
@@ -1075,6 +1081,7 @@ pub fn serve(
             return Ok(());
         };
         let (header, payload) = handle(header, payload);
+        crate::crash_watch::unblock_crash_signals();
         write_frame(&mut protocol, &header, &payload)?;
         served += 1;
     }
