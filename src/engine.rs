@@ -127,6 +127,26 @@ fn build_once(
     (Attempt::new(flags, seconds, &result), result)
 }
 
+/// A zebin that imports symbols it does not define cannot load: the driver's link fails
+/// on them (measured: Debian's IGC 1.x compiles calls of builtins it does not know,
+/// `intel_sub_group_2d_block_*`, into such imports and reports success).
+fn check_linked(binary: &[u8], kernel: &str, ocloc: &std::path::Path) -> Result<(), BuildError> {
+    let symbols = zebin::parse(binary)?.undefined_symbols;
+    if symbols.is_empty() {
+        return Ok(());
+    }
+    Err(BuildError::new(
+        ErrorKind::LinkFailure,
+        format!(
+            "kernel '{kernel}': {} left unresolved symbols nothing provides: {} (builtins \
+             this compiler does not know; the driver's own compiler may; allow_unresolved \
+             keeps such a build)",
+            ocloc.display(),
+            symbols.join(", ")
+        ),
+    ))
+}
+
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
     compile_inner(req, cancel, &|| true)
@@ -189,6 +209,13 @@ fn compile_inner(
         |built: Built, _| Ok(built.binary),
         Vec::clone,
     )?;
+    if !o.allow_unresolved {
+        check_linked(&binary, &kernel, &ocloc_path).map_err(|error| Failure {
+            error: error.with_log(record.log.clone()),
+            attempts: record.attempts.clone(),
+            notes: notes.clone(),
+        })?;
+    }
     Ok(Compiled {
         kernel,
         device: device.to_string(),

@@ -56,8 +56,9 @@ mod _core {
     use crate::bindings::options::PyOptions;
     #[pymodule_export]
     use crate::bindings::workers::{
-        bool_knob, broken_workers, configure_workers, doctor, join_multiprocess_batch,
-        ocloc_worker_unavailable, serve_worker, shutdown_workers,
+        bool_knob, broken_workers, compiler_refused, configure_workers, doctor,
+        join_multiprocess_batch, ocloc_worker_unavailable, remember_compiler_refused, serve_worker,
+        shutdown_workers,
     };
     #[pymodule_export]
     use crate::bindings::{default_jobs, error_kinds, Attempt, AttemptError};

@@ -38,6 +38,9 @@ pub struct Options {
     /// Level Zero: build SPIR-V (and try handed native binaries) in a worker process;
     /// `None`: `$XPU_ZEBIN_ISOLATED`, else yes.
     pub isolated: Option<bool>,
+    /// Offline: keep a zebin that imports symbols it does not define (a library meant
+    /// to be linked); otherwise that is a `link_failure` naming them.
+    pub allow_unresolved: bool,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
             spill_policy: None,
             speculative: None,
             isolated: None,
+            allow_unresolved: false,
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::spill::Spill;
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSymbol};
 use serde::{Deserialize, Serialize};
 
 /// Per-kernel facts from `.ze_info`.
@@ -32,9 +32,19 @@ pub struct ZebinInfo {
     pub kernels: Vec<KernelInfo>,
     /// Names of the ELF sections, in file order.
     pub sections: Vec<String>,
+    /// Symbols the module imports and does not define, each once, but those the driver's
+    /// linker provides itself: nothing resolves them (Debian's IGC 1.x leaves calls of
+    /// builtins it does not know, `intel_sub_group_2d_block_*`, so).
+    pub undefined_symbols: Vec<String>,
 }
 
 impl ZebinInfo {
+    /// The `.ze_info` format's major version (`"1.20"` -> 1): a driver refuses a zebin
+    /// whose major it does not know (measured: `ZE_RESULT_ERROR_INVALID_NATIVE_BINARY`).
+    pub fn version_major(&self) -> Option<u32> {
+        self.version.split('.').next()?.trim().parse().ok()
+    }
+
     pub fn kernel(&self, name: &str) -> Option<&KernelInfo> {
         self.kernels.iter().find(|k| k.name == name)
     }
@@ -169,5 +179,28 @@ pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
         version,
         kernels,
         sections,
+        undefined_symbols: undefined_symbols(&file),
     })
+}
+
+/// Symbols the driver's linker resolves itself (IGC's relocation names, vISA
+/// `RelocationInfo.h`, and the runtime's built-in globals): imports, but never missing.
+const DRIVER_SYMBOLS: [&str; 5] = [
+    "__INTEL_PATCH_CROSS_THREAD_OFFSET_OFF_R0",
+    "__INTEL_PER_THREAD_OFF",
+    "INTEL_PATCH_IMPLICIT_ARGS",
+    "__SubDeviceID",
+    "__MaxHWThreadIDPerSubDevice",
+];
+
+fn undefined_symbols(file: &object::File<'_>) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for symbol in file.symbols().filter(|s| s.is_undefined()) {
+        let name = symbol.name().unwrap_or("");
+        let provided = DRIVER_SYMBOLS.contains(&name) || name.starts_with("__INTEL_PATCH_");
+        if !name.is_empty() && !provided && !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
 }

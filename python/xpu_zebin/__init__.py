@@ -175,6 +175,7 @@ class OptionValues(TypedDict, total=False):
     spill_policy: Optional[str]
     speculative: Optional[bool]
     isolated: Optional[bool]
+    allow_unresolved: bool
 
 
 if TYPE_CHECKING:

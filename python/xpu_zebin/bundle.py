@@ -25,7 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import xpu_zebin
 from xpu_zebin import _core
 
+from . import targets as target_profiles
 from . import triton_cache
+from ._files import read_regular
 from .errors import BuildError, InvalidArgumentError
 from .targets import TargetProfile
 
@@ -36,6 +38,8 @@ __all__ = [
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
+#: A manifest is read at most this big (as the engine reads it).
+MAX_MANIFEST_BYTES = 64 << 20
 #: Bundle directories the drop-ins look in, ``os.pathsep``-separated (imported bundles too).
 BUNDLE_ENV = "XPU_ZEBIN_BUNDLE"
 
@@ -82,6 +86,7 @@ def precompile(
     client: Any = None,
     progress: Union[bool, Callable[[int], None]] = False,
     ocloc: Optional[PathLike] = None,
+    allow_compiler_mismatch: bool = False,
 ) -> Dict[str, Any]:
     """Build every kernel for every target into the bundle at ``out``; returns its manifest.
 
@@ -89,11 +94,17 @@ def precompile(
     ``build_flags`` and ``config`` (text naming the autotune config). Builds run with the
     GRF ladder and upstream's ``load_binary`` rule, at most ``jobs`` at once (or as tasks
     on the Dask ``client``). A kernel that cannot be built for a target is listed in the
-    manifest's ``failures`` (a PTSS overflow as ``scratch_overflow``), never stored."""
+    manifest's ``failures`` (a PTSS overflow as ``scratch_overflow``, symbols the compiler
+    left unresolved as ``link_failure``), never stored. A compiler whose code a target's
+    driver refuses (its profile says so) is refused before anything is built, unless
+    ``allow_compiler_mismatch`` (then a warning); for a target whose driver is this
+    host's, every entry is loaded here first, and one the driver refuses is built by the
+    driver's own compiler instead."""
     if not targets:
         raise InvalidArgumentError("precompile needs at least one target profile")
     _check_kernels(kernels)
     _check_output(out)
+    target_profiles.check_compiler(targets, ocloc, allow_mismatch=allow_compiler_mismatch)
     if (Path(os.fspath(out)) / "manifest.json").exists():
         info(out)  # a bundle that cannot be added to is said before anything compiles
     plan: List[Tuple[Dict[str, Any], TargetProfile, Any]] = []
@@ -110,13 +121,14 @@ def precompile(
     built, failures = [], []
     for (k, target, opts), r in zip(plan, results):
         where = {"kernel": k["name"], "config": k.get("config", ""), "target": target.id}
+        r, by = _as_the_driver_takes(k, target, opts, r, compiler)
         if isinstance(r, BuildError):
             failures.append({**where, "kind": r.kind, "message": r.message})
             continue
         key = _core.bundle_key(k["spirv"], k["name"], target.ocloc_device, opts, target.id)
         entry = {
             **where, "key": key, "build_flags": r.build_flags, "spill_bytes": r.spill_size,
-            "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
+            "n_spills": r.n_spills, "compiler": by, "file": "", "blake3": "", "size": 0,
         }  # fmt: skip
         built.append((entry, r.binary))
     manifest = _core.bundle_write(os.fspath(out), _header(targets), built, failures)
@@ -124,6 +136,63 @@ def precompile(
         logger.warning("%s (%s) not built for %s: %s", f["kernel"], f["config"], f["target"][:12],
                        f["message"])  # fmt: skip
     return {**manifest, "run_failures": failures}
+
+
+@dataclasses.dataclass(frozen=True)
+class _JitBuild:
+    """A build by the driver's own compiler, shaped as the offline engine's result."""
+
+    binary: bytes
+    build_flags: str
+    spill_size: int
+    n_spills: int
+
+
+def _local_driver(target: TargetProfile) -> Optional[int]:
+    """The index of this host's device that is ``target``'s (its ``ocloc`` device and
+    driver version), whose driver can say what it takes; None when there is none."""
+    try:
+        devices = xpu_zebin.devices()
+    except BuildError:
+        return None
+    for i, d in enumerate(devices):
+        if d.get("arch") == target.ocloc_device and d.get("driver") == target.driver:
+            return i
+    return None
+
+
+def _as_the_driver_takes(
+    kernel: Dict[str, Any], target: TargetProfile, opts: xpu_zebin.Options, r: Any, compiler: str
+) -> Tuple[Any, str]:
+    """(the result to store, the compiler that built it). Where the target's driver is
+    this host's, an offline build it refuses (another release's format, unresolved
+    symbols) is not shipped: the driver's own compiler builds the kernel instead."""
+    from .triton import REFUSAL_KINDS
+
+    device = _local_driver(target) if target.driver else None
+    if device is None:
+        return r, compiler
+    why = r if isinstance(r, BuildError) else None
+    if why is None:
+        try:
+            xpu_zebin.compile_and_load(
+                r.binary, kernel["name"], is_spv=False, device=device, cache=False,
+                build_flags=r.build_flags,
+            ).close()  # fmt: skip
+            return r, compiler
+        except BuildError as e:
+            why = e
+    if why.kind not in REFUSAL_KINDS:
+        return r, compiler
+    logger.warning("%s for %s: %s; built by the driver's own compiler", kernel["name"],
+                   target.name or target.ocloc_device, why)  # fmt: skip
+    try:
+        with xpu_zebin.compile_and_load(kernel["spirv"], kernel["name"], device=device,
+                                        options=opts) as own:  # fmt: skip
+            built = _JitBuild(own.native_binary, own.build_flags, own.spill_bytes, own.n_spills)
+    except BuildError as e:
+        return e, compiler
+    return built, f"level-zero driver {target.driver}"
 
 
 def triton_cache_kernels(cache_dir: PathLike) -> List[Dict[str, Any]]:
@@ -180,6 +249,9 @@ def precompile_triton(
         raise InvalidArgumentError("precompile needs at least one target profile")
     _check_output(out)
     jit, configs = check_triton_kernel(fn, signature, configs, constexprs)
+    target_profiles.check_compiler(
+        targets, kwargs.get("ocloc"), allow_mismatch=kwargs.get("allow_compiler_mismatch", False)
+    )
     _warm_triton()
     lowered: List[_Lowered] = []
     failures: List[Dict[str, Any]] = []
@@ -382,6 +454,7 @@ def _native(
     with drop_in.backend_installed(), _private_triton_cache():
         for (low, opts), r in zip(plan, results):
             config = f"{low.config} (make_zebin)"
+            r, by = _as_the_driver_takes(low.kernel, low.target, opts, r, compiler)
             if isinstance(r, BuildError):
                 failures.append(_failure(low.kernel["name"], config, low.target, r))
                 continue
@@ -390,12 +463,11 @@ def _native(
             built.append(({
                 "kernel": name, "config": config, "target": low.target.id, "key": key,
                 "build_flags": r.build_flags, "spill_bytes": r.spill_size,
-                "n_spills": r.n_spills, "compiler": compiler, "file": "", "blake3": "", "size": 0,
+                "n_spills": r.n_spills, "compiler": by, "file": "", "blake3": "", "size": 0,
             }, r.binary))  # fmt: skip
             try:
-                entries.append(
-                    _native_triton_entry(jit, signature, constexprs, low, opts, r, ocloc)
-                )
+                entry, files = _native_triton_entry(jit, signature, constexprs, low, opts, r, ocloc)
+                entries.append(({**entry, "native_key": key}, files))  # tied to its own build
             except Exception as e:  # stays in its slot, as the front end's failures do
                 failures.append(_failure(name, config, low.target, e))
     return built, entries, failures
@@ -495,11 +567,14 @@ def install(
     *,
     target: Optional[TargetProfile] = None,
     triton: bool = True,
+    replace: bool = False,
 ) -> Path:
     """Check a bundle (a directory or an archive) and copy it, entry by checked entry,
     into ``into`` (a directory of bundles; default ``bundles`` in the cache directory), as
     ``<into>/<bundle's name>``, where the drop-ins find it. An existing bundle of that name
-    is replaced in one rename; anything else there is refused, never deleted. Entries for
+    is replaced in one rename when it is this bundle again (the same manifest), or with
+    ``replace`` (another bundle of the same name); anything else there is refused, never
+    deleted. Entries for
     this device are then tried once, so later loads skip the trial. With ``triton``, its
     Triton cache entries for this device (or for ``target``: an image built on a machine
     without it) go into Triton's cache through Triton's cache manager. Returns where the
@@ -513,18 +588,23 @@ def install(
         triton_entries = _checked_triton_entries(src, target) if triton else []
         parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
         dest = parent / _bundle_name(Path(os.fspath(bundle)))
-        _copy_into(src.resolve(), parent, dest, bundle)
+        _copy_into(src.resolve(), parent, dest, bundle, replace)
     if target is None:
-        unloadable = _try_local_entries(dest)
-        triton_entries = [(t, f) for t, f in triton_entries if not _holds(f, unloadable)]
+        # Triton loads a native entry with no trial of its own: only the exact bytes that
+        # loaded here in a worker go into its cache.
+        loaded = _try_local_entries(dest)
+        triton_entries = [(t, f) for t, f in triton_entries if not t["native"] or _holds(f, loaded)]
     _put_triton_entries(dest, triton_entries)
     return dest
 
 
 def _holds(files: Dict[str, bytes], binaries: set) -> bool:
-    """Does a Triton entry hold one of ``binaries`` (native entries that do not load here:
-    Triton would load it with no trial)?"""
-    return any(_core.bundle_checksum(data) in binaries for data in files.values())
+    """Is a Triton entry's binary one of ``binaries`` (checksums of bytes that loaded)?"""
+    return any(
+        _core.bundle_checksum(data) in binaries
+        for name, data in files.items()
+        if not name.endswith(".json")
+    )
 
 
 def _bundle_name(path: Path) -> str:
@@ -539,21 +619,52 @@ def _bundle_name(path: Path) -> str:
     return name
 
 
-def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike) -> None:
+def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike, replace: bool) -> None:
+    """Copy the checked bundle ``src`` to ``dest`` through a staging directory. What is at
+    ``dest`` is first moved aside in one rename, then checked: what is deleted is exactly
+    what was checked (a directory swapped in meanwhile is put back, never deleted), and a
+    different bundle of the same name is replaced only with ``replace``."""
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists() or dest.is_symlink():
-            _replaceable(dest)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
-        try:
-            _core.bundle_copy(os.fspath(src), os.fspath(staging / "bundle"))
-            if dest.exists():
-                os.replace(dest, staging / "old")
-            os.replace(staging / "bundle", dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     except OSError as e:
         raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
+    old, keep_staging = staging / "old", False
+    try:
+        _core.bundle_copy(os.fspath(src), os.fspath(staging / "bundle"))
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(dest, old)
+        if old.exists() or old.is_symlink():
+            try:
+                _replaceable(old, dest)
+                if not replace and not _same_manifest(old, staging / "bundle"):
+                    raise InvalidArgumentError(
+                        f"{dest} holds another bundle of the same name: not replaced (import "
+                        "it under another name, or replace it: --replace)"
+                    )
+            except InvalidArgumentError:
+                try:
+                    os.rename(old, dest)  # put back as it was
+                except OSError:
+                    keep_staging = True  # never deleted: left where it was moved
+                    logger.warning("%s was changed meanwhile; what was there is in %s", dest, old)
+                raise
+        os.rename(staging / "bundle", dest)  # fails, never replaces, if dest came back
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
+    finally:
+        if not keep_staging:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _same_manifest(a: Path, b: Path) -> bool:
+    """Do two bundle directories hold the same manifest (the same bundle, imported again)?"""
+    try:
+        return read_regular(a / "manifest.json", MAX_MANIFEST_BYTES) == read_regular(
+            b / "manifest.json", MAX_MANIFEST_BYTES
+        )
+    except OSError:
+        return False
 
 
 def install_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = None) -> int:
@@ -610,17 +721,21 @@ def _checked_triton_entries(
                        "this one (%s): they would never be found; not installed", bundle,
                        _triton_version())  # fmt: skip
         return []
-    checked = []
+    by_hash: Dict[str, Tuple[Dict[str, Any], Dict[str, bytes]]] = {}
     for t, files in _core.bundle_triton_files(os.fspath(bundle), ids):
         files = dict(files)
         triton_cache.check_metadata(t, files)
-        checked.append((t, files))
-    return checked
+        # One entry per Triton key: the one for this exact driver over one for any driver.
+        if by_hash.get(t["hash"], ({"target": ""},))[0]["target"] != target.id:
+            by_hash[t["hash"]] = (t, files)
+    return list(by_hash.values())
 
 
-def _replaceable(dest: Path) -> None:
-    """Only an installed bundle is replaced: a directory holding a bundle's files only."""
-    names = {p.name for p in dest.iterdir()} if dest.is_dir() and not dest.is_symlink() else None
+def _replaceable(moved: Path, dest: Path) -> None:
+    """Only an installed bundle is replaced: a directory holding a bundle's files only
+    (``moved``: what was at ``dest``)."""
+    is_dir = moved.is_dir() and not moved.is_symlink()
+    names = {p.name for p in moved.iterdir()} if is_dir else None
     if (
         names is None
         or "manifest.json" not in names
@@ -630,9 +745,9 @@ def _replaceable(dest: Path) -> None:
 
 
 def _try_local_entries(bundle: Path) -> set:
-    """Load the entries built for this machine's device in workers now, all at once, so
-    each is remembered as safe here and later loads skip the trial (and refuse nothing).
-    Returns the checksums of those that do not load here."""
+    """Load the entries built for this machine's device (for its driver or for any) in
+    workers now, all at once, so each is remembered as safe here and later loads skip the
+    trial (and refuse nothing). Returns the checksums of the bytes that loaded."""
     from . import targets
 
     try:
@@ -641,20 +756,21 @@ def _try_local_entries(bundle: Path) -> set:
         logger.info("%s: entries not tried here (%s)", bundle, e)
         return set()
     manifest = info(bundle)
-    mine = [e for e in manifest["entries"] if e["target"] == profile.id]
+    ids = (profile.id, profile.any_driver().id)
+    mine = [e for e in manifest["entries"] if e["target"] in ids]
+    binaries = [(bundle / e["file"]).read_bytes() for e in mine]
     requests = [
-        {"binary": (bundle / e["file"]).read_bytes(), "kernel_name": e["kernel"], "is_spv": False,
-         "build_flags": e["build_flags"]}
-        for e in mine
-    ]  # fmt: skip
-    unloadable = set()
-    for entry, result in zip(mine, xpu_zebin.compile_and_load_many(requests)):
+        {"binary": b, "kernel_name": e["kernel"], "is_spv": False, "build_flags": e["build_flags"]}
+        for e, b in zip(mine, binaries)
+    ]
+    loaded = set()
+    for entry, binary, result in zip(mine, binaries, xpu_zebin.compile_and_load_many(requests)):
         if isinstance(result, BuildError):
             logger.warning("%s: %s does not load here: %s", bundle, entry["kernel"], result)
-            unloadable.add(entry["blake3"])
         else:
             result.close()
-    return unloadable
+            loaded.add(_core.bundle_checksum(binary))
+    return loaded
 
 
 def find(

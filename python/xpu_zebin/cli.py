@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -305,6 +306,12 @@ def cmd_target(args: argparse.Namespace) -> int:
     except BuildError as e:
         print(f"xpu-zebin: {e}", file=sys.stderr)
         return EXIT_BUILD_ERROR
+    try:  # what its driver accepts: a farm then refuses a compiler the driver would refuse
+        accepts = targets.probe_accepts(args.device, ocloc=args.ocloc)
+    except BuildError as e:
+        accepts = None
+        print(f"xpu-zebin: what the driver accepts is not recorded: {e}", file=sys.stderr)
+    profile = dataclasses.replace(profile, accepts=accepts)
     text = json.dumps(profile.to_json(), indent=None if args.json else 2, sort_keys=True)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -416,13 +423,15 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     try:  # every spec and the output checked before anything is built
         drop_in.check_precompile_kernels(specs) if specs else None
         bundle._check_output(args.output)
+        targets.check_compiler(profiles, args.ocloc, allow_mismatch=args.allow_compiler_mismatch)
     except xpu_zebin.InvalidArgumentError as e:
         raise _UsageError(str(e)) from None
     for path in files:
         spirv = _read_input(path, profiles[0].ocloc_device, args.ocloc)
         names = [args.kernel] if args.kernel else xpu_zebin.validate_spirv(spirv)
         kernels += [{"spirv": spirv, "name": n, "config": Path(path).name} for n in names]
-    common = {"jobs": args.jobs, "progress": not args.json, "ocloc": args.ocloc}
+    common = {"jobs": args.jobs, "progress": not args.json, "ocloc": args.ocloc,
+              "allow_compiler_mismatch": args.allow_compiler_mismatch}  # fmt: skip
     manifest: Dict[str, Any] = {}
     failures: List[Dict[str, Any]] = []
     if kernels:
@@ -480,7 +489,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             target = targets.load(args.target) if args.target else None
         except (OSError, xpu_zebin.InvalidArgumentError) as e:
             raise _UsageError(f"--target: {e}") from None
-        where = bundle.install(args.bundle, args.into, target=target, triton=not args.no_triton)
+        where = bundle.install(args.bundle, args.into, target=target, triton=not args.no_triton,
+                               replace=args.replace)  # fmt: skip
         print(f"installed: {where}")
         return EXIT_OK
     except xpu_zebin.InvalidArgumentError as e:
@@ -647,6 +657,9 @@ def _add_aot_commands(sub: Any) -> None:
     t.add_argument("--device", type=int, default=0, help="Level Zero device index")
     t.add_argument("-o", "--output", default=None, help="write the profile here")
     t.add_argument("--json", action="store_true", help="one line of JSON")
+    t.add_argument("--ocloc", default=None,
+                   help="also record whether the driver takes this ocloc's code (else "
+                        "$XPU_ZEBIN_OCLOC, PATH)")  # fmt: skip
     t.set_defaults(func=cmd_target)
 
     p = sub.add_parser(
@@ -672,6 +685,9 @@ def _add_aot_commands(sub: Any) -> None:
                         "\"num_warps\": 4}' (repeat; default: the autotuner's)")  # fmt: skip
     p.add_argument("--jobs", type=_jobs, default=None, help="parallel compilers (default: cores)")
     p.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, PATH)")
+    p.add_argument("--allow-compiler-mismatch", action="store_true",
+                   help="warn, instead of refusing, when a target's driver would refuse this "
+                        "ocloc's code (its profile says so)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_precompile)
 
@@ -688,6 +704,8 @@ def _add_aot_commands(sub: Any) -> None:
                    help="Triton's cache to import into (default: TRITON_CACHE_DIR, "
                         "~/.triton/cache)")  # fmt: skip
     b.add_argument("--no-triton", action="store_true", help="do not touch Triton's cache")
+    b.add_argument("--replace", action="store_true",
+                   help="import: replace another installed bundle of the same name")  # fmt: skip
     b.add_argument("-o", "--output", default=None, help="pack: the archive file to write")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bundle)

@@ -6,6 +6,13 @@ identity. ``xpu-zebin target --json`` writes the local device's; a profile file 
 one machine is used on another (a build farm with no GPU builds for it). Its ``id`` is a
 hash of all of that but the name: a bundle entry built for one id loads only where the
 local device has the same id.
+
+Where the device is at hand, a profile also records what its driver accepts
+(``accepts``): the ``.ze_info`` version its own compiler writes, and for each ``ocloc``
+release tried there whether the driver loaded its code. A farm then refuses a compiler
+whose output that driver would refuse (:func:`check_compiler`), instead of shipping
+entries that fail at load. It is not part of the id: it says what may be built for the
+target, not what the target is.
 """
 
 from __future__ import annotations
@@ -16,12 +23,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import xpu_zebin
 
 from ._files import read_regular
-from .errors import InvalidArgumentError, UnsupportedDeviceError
+from .errors import BuildError, InvalidArgumentError, UnsupportedDeviceError
 
 FORMAT = "xpu-zebin-target/1"
 #: Profiles are small; a bigger file is not one.
@@ -42,6 +49,10 @@ class TargetProfile:
     #: The Level Zero driver's version (``major.minor.build``); None: any driver.
     driver: Optional[str] = None
     name: str = field(default="", compare=False)
+    #: What the driver accepts, probed on the device (:func:`probe_accepts`): ``ze_info``,
+    #: the ``.ze_info`` version its own compiler writes, and ``compilers``, ``ocloc``
+    #: release -> whether the driver loaded that compiler's code. None: not probed.
+    accepts: Optional[Dict[str, Any]] = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -65,6 +76,7 @@ class TargetProfile:
             "warp_size": self.warp_size,
             "ocloc_device": self.ocloc_device,
             "driver": self.driver,
+            "accepts": self.accepts,
             "id": self.id,
         }
 
@@ -97,11 +109,125 @@ class TargetProfile:
             json.dumps(data["arch"], allow_nan=False)
         except (ValueError, TypeError, RecursionError) as e:
             raise bad(f"'arch' is not plain JSON: {e}") from None
+        accepts = data.get("accepts")
+        if accepts is not None:
+            why = _accepts_problem(accepts)
+            if why:
+                raise bad(f"'accepts' {why}")
         profile = cls(data["ocloc_device"], data["arch"], data["warp_size"], data["backend"],
-                      driver, data["name"])  # fmt: skip
+                      driver, data["name"], accepts)  # fmt: skip
         if "id" in data and data["id"] != profile.id:
             raise bad("its id does not match its contents")
         return profile
+
+
+_ZE_INFO = re.compile(r"[0-9]{1,6}\.[0-9]{1,6}")
+#: ocloc releases as ``ocloc query OCL_DRIVER_VERSION`` prints them ("22.43.24595").
+_RELEASE = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")
+
+
+def _accepts_problem(accepts: Any) -> Optional[str]:
+    """What is wrong with a profile's ``accepts`` (None: nothing)."""
+    if not isinstance(accepts, dict) or set(accepts) - {"ze_info", "compilers"}:
+        return "must be an object with ze_info and compilers"
+    ze_info = accepts.get("ze_info")
+    if ze_info is not None and not (isinstance(ze_info, str) and _ZE_INFO.fullmatch(ze_info)):
+        return "ze_info must be a .ze_info version such as '1.20'"
+    compilers = accepts.get("compilers", {})
+    if not isinstance(compilers, dict) or len(compilers) > 64:
+        return "compilers must map at most 64 ocloc releases to true or false"
+    for release, ok in compilers.items():
+        if not _RELEASE.fullmatch(release) or not isinstance(ok, bool):
+            return f"compilers: {release!r}: expected an ocloc release and true or false"
+    return None
+
+
+def compiler_release(ocloc: Optional[Any] = None) -> str:
+    """The ``ocloc`` release (``OCL_DRIVER_VERSION``, e.g. ``22.43.24595``): the last
+    part of the compiler's identity."""
+    return xpu_zebin._core.compiler_identity(ocloc).rsplit("|", 1)[-1].strip()
+
+
+def _ze_info_major(version: str) -> str:
+    return version.split(".")[0].strip()
+
+
+def _sample(ocloc: Optional[Any]) -> bytes:
+    from . import samples
+
+    return xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc", ocloc=ocloc)
+
+
+def probe_accepts(device: int = 0, ocloc: Optional[Any] = None) -> Optional[Dict[str, Any]]:
+    """What device ``device``'s driver accepts: the ``.ze_info`` version its own compiler
+    writes for a sample kernel, and whether it loads that kernel as ``ocloc`` (when one
+    is found) builds it. None when no ``ocloc`` is there to make the sample's SPIR-V."""
+    from .triton import REFUSAL_KINDS
+
+    try:
+        spirv = _sample(ocloc)
+    except BuildError:
+        return None
+    with xpu_zebin.compile_and_load(spirv, "add", device=device, cache=False) as own:
+        ze_info = xpu_zebin.zebin_info(own.native_binary)["version"]
+    accepts: Dict[str, Any] = {"ze_info": ze_info, "compilers": {}}
+    arch = xpu_zebin.devices()[device].get("arch")
+    if arch:
+        built = xpu_zebin.compile(spirv, device=arch, ocloc=ocloc, cache=False)
+        try:
+            xpu_zebin.compile_and_load(
+                built.binary, "add", is_spv=False, device=device, cache=False
+            ).close()
+            loaded = True
+        except BuildError as e:
+            if e.kind not in REFUSAL_KINDS:
+                raise
+            loaded = False
+        accepts["compilers"][compiler_release(ocloc)] = loaded
+    return accepts
+
+
+def check_compiler(
+    targets: Any, ocloc: Optional[Any] = None, *, allow_mismatch: bool = False
+) -> List[str]:
+    """Refuse (``InvalidArgumentError``) a farm compiler whose code a target's driver
+    would refuse: one its driver refused when the profile was taken, or one that writes a
+    ``.ze_info`` major other than the driver's own compiler. ``allow_mismatch`` makes each
+    a warning instead. Returns what was found, one line per target."""
+    import logging
+
+    release = compiler_release(ocloc)
+    found: List[str] = []
+    written: Dict[str, str] = {}
+    for t in targets:
+        if not t.accepts:
+            continue
+        known = t.accepts.get("compilers", {}).get(release)
+        why = None
+        if known is False:
+            why = f"its driver refused code of ocloc {release} when the profile was taken"
+        elif known is None and t.accepts.get("ze_info"):
+            if t.ocloc_device not in written:
+                sample = xpu_zebin.compile(_sample(ocloc), device=t.ocloc_device, ocloc=ocloc)
+                written[t.ocloc_device] = xpu_zebin.zebin_info(sample.binary)["version"]
+            ours, theirs = written[t.ocloc_device], t.accepts["ze_info"]
+            if _ze_info_major(ours) != _ze_info_major(theirs):
+                why = (f"ocloc {release} writes .ze_info {ours}, a format its driver does not "
+                       f"know (its own compiler writes {theirs})")  # fmt: skip
+        if why is None:
+            continue
+        build = (t.driver or "").rsplit(".", 1)[-1]
+        line = (f"target {t.name or t.ocloc_device} (driver {t.driver}): {why}; build with the "
+                f"ocloc of the driver's own release (compute-runtime build {build}: "
+                f"`ocloc query OCL_DRIVER_VERSION` ends in .{build})")  # fmt: skip
+        found.append(line)
+    if found and not allow_mismatch:
+        raise InvalidArgumentError(
+            "; ".join(found) + " (or allow the mismatch: --allow-compiler-mismatch)"
+        )
+    for line in found:
+        logging.getLogger("xpu_zebin.targets").warning("%s", line)
+    return found
 
 
 def _no_duplicates(pairs: list) -> dict:

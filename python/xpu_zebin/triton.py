@@ -198,14 +198,110 @@ def native_options(
     )
 
 
+#: Driver answers that mean "not this compiler's code": the zebin's format (its
+#: ``.ze_info`` major) is one the driver does not know, or it imports symbols nothing
+#: provides. The driver's own compiler builds such a kernel (upstream's path).
+REFUSAL_KINDS = ("unsupported_device", "link_failure")
+#: Offline failures the driver's own compiler may not have (a builtin the offline compiler
+#: does not know, a device it does not know, a crash of its release): the JIT then builds.
+JIT_MAY_BUILD_KINDS = ("link_failure", "unsupported_device", "compiler_crash", "build_failure")
+
+_said_once: set = set()
+_said_lock = threading.Lock()
+
+
+def _say_once(key: Any, message: str, *args: Any) -> None:
+    """A warning once per process for ``key`` (one line saying why, not one per kernel)."""
+    with _said_lock:
+        if key in _said_once:
+            return
+        _said_once.add(key)
+    logger.warning(message, *args)
+
+
+def _package_error(e: BaseException) -> Optional[BuildError]:
+    """The package's error behind ``e`` (itself, or what a Triton error was made from)."""
+    if isinstance(e, BuildError):
+        return e
+    cause = e.__cause__
+    return cause if isinstance(cause, BuildError) else None
+
+
+def _compiler_pair(options: xpu_zebin.Options, device: int) -> Optional[Tuple[str, str]]:
+    """(the offline compiler's identity, this device's driver version), or None when
+    either cannot be told (no compiler, no driver: nothing to remember)."""
+    try:
+        identity = xpu_zebin._core.compiler_identity(options.ocloc)
+        driver = xpu_zebin.devices()[device]["driver"]
+    except (BuildError, IndexError, KeyError, TypeError):
+        return None
+    return identity, str(driver)
+
+
+def _refused_here(pair: Optional[Tuple[str, str]]) -> bool:
+    return pair is not None and xpu_zebin._core.compiler_refused(*pair)
+
+
+def _remember_refusal(pair: Optional[Tuple[str, str]], error: BuildError) -> None:
+    """A format refusal holds for every kernel of that compiler on this driver: remember
+    it on this host. An unresolved symbol is the kernel's own: nothing to remember."""
+    if pair is not None and error.kind == "unsupported_device":
+        xpu_zebin._core.remember_compiler_refused(*pair)
+        _say_once(
+            ("refused", pair),
+            "xpu-zebin: this Level Zero driver (%s) refuses native code of %s (%s); "
+            "kernels are built by the driver's own compiler from now on, as upstream's path "
+            "does (use the compiler release that matches the driver to build offline)",
+            pair[1], pair[0].split("|")[0], error,
+        )  # fmt: skip
+
+
+def _driver_refusal(
+    name: str, native: bytes, flags: str, device: int, failure: BaseException
+) -> Optional[BuildError]:
+    """Why the driver refused ``native``, when that is what ``failure`` (the driver's
+    loader failing on it) was: a format it does not know or symbols nothing provides.
+    A Triton driver's own exception does not say, so the binary is loaded in a worker,
+    where the package's classifier names the driver's answer. None: another failure."""
+    error = _package_error(failure)
+    if error is None:
+        try:
+            xpu_zebin.compile_and_load(
+                native, name, is_spv=False, device=device, build_flags=flags, cache=False
+            ).close()
+            return None
+        except BuildError as e:
+            error = e
+    return error if error.kind in REFUSAL_KINDS else None
+
+
+def _jit_native(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Tuple[bytes, str]:
+    """The driver's own compiler builds the kernel from its SPIR-V (in a worker unless
+    isolation is off), with the GRF fallback: (native binary, chosen flags)."""
+    with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
+        return loaded.native_binary, loaded.build_flags
+
+
+class _Refused(Exception):
+    """The driver refused a build of the offline compiler (the package's error inside)."""
+
+    def __init__(self, error: BuildError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _build_native(
     name: str,
     spirv: bytes,
     options: xpu_zebin.Options,
     device: int,
+    offline: bool = True,
 ) -> Tuple[bytes, str]:
     """A native binary for SPIR-V, with the GRF fallback: (binary, chosen flags). From a
-    bundle when one holds it for this device (trial-loaded in a worker first), else built."""
+    bundle when one holds it for this device (trial-loaded in a worker first), else built
+    by ``ocloc`` (``offline`` and one is found), else by the driver's own compiler."""
     found = bundle.find(name, spirv, options, device)
     if found is not None:
         try:
@@ -213,21 +309,64 @@ def _build_native(
             return found
         except Exception as e:  # an entry that does not load here: compile instead
             logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
-    if _offline_engine_available():
+    if offline and _offline_engine_available():
         arch = _device_arch(device, options.device_arch)
         result = xpu_zebin.compile(spirv, device=arch, options=options)
         if result.cached:
             # A cache entry is untrusted input (a shared cache, a neighbour): its binary
             # loads in a worker before the driver loads it here (once per binary and host);
-            # one that does not load is rebuilt from the SPIR-V.
+            # one that does not load is rebuilt from the SPIR-V, and one the driver
+            # refuses goes back to the caller as the driver's answer.
             try:
                 _trial_load(name, result.binary, result.build_flags, device, options.device_arch)
             except Exception as e:
+                refusal = _package_error(e)
+                if refusal is not None and refusal.kind in REFUSAL_KINDS:
+                    raise _Refused(refusal) from None
                 logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
                 result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
         return result.binary, result.build_flags
-    with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
-        return loaded.native_binary, loaded.build_flags
+    return _jit_native(name, spirv, options, device)
+
+
+def _load_spirv(
+    name: str,
+    spirv: bytes,
+    options: xpu_zebin.Options,
+    device: int,
+    load: Callable[[bytes, str], Any],
+) -> Tuple[Any, str]:
+    """SPIR-V to the driver's loader: the package's native build when the driver takes it.
+    When the driver refuses it (a compiler of another release, unresolved symbols), or
+    the offline compiler fails where the driver's own may not, the driver's own compiler
+    builds it from the SPIR-V, as upstream's path does, and one line says why; a
+    (compiler, driver) pair refused once goes to the driver's compiler at once after
+    (docs/design.md §6)."""
+    pair = _compiler_pair(options, device) if _offline_engine_available() else None
+    if _refused_here(pair):
+        native, flags = _build_native(name, spirv, options, device, offline=False)
+        return load(native, flags), flags
+    try:
+        native, flags = _build_native(name, spirv, options, device)
+    except _Refused as e:  # a cached build of the offline compiler, refused by the driver
+        _remember_refusal(pair, e.error)
+        why: BuildError = e.error
+    except BuildError as e:
+        if e.kind not in JIT_MAY_BUILD_KINDS or not _offline_engine_available():
+            raise
+        why = e
+    else:
+        try:
+            return load(native, flags), flags
+        except Exception as e:
+            refusal = _driver_refusal(name, native, flags, device, e)
+            if refusal is None:
+                raise
+            _remember_refusal(pair, refusal)
+            why = refusal
+    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
+    native, flags = _jit_native(name, spirv, options, device)
+    return load(native, flags), flags
 
 
 _native_code_lock = threading.Lock()
@@ -351,11 +490,12 @@ def _wrap_load_binary(original: Callable) -> Callable:
             max_grf_mode=max_grf_mode,
         )  # fmt: skip
         try:
-            native, flags = _build_native(name, kernel, options, device)
+            result, flags = _load_spirv(
+                name, kernel, options, device, lambda native, flags: load(native, flags, False)
+            )
         except BuildError as e:
             raise _triton_error(e) from e
-        logger.debug("kernel %r: loading the native binary built with %r", name, flags)
-        result = load(native, flags, False)
+        logger.debug("kernel %r: loaded the native binary built with %r", name, flags)
         _last_build_flags = flags
         return result
 
@@ -464,9 +604,11 @@ def make_zebin(
             found = bundle.find(name, src, opts, 0, arch=arch)
         if found is not None:
             native, flags = found
-        elif _offline_engine_available() or farm is not None:
-            result = xpu_zebin.compile(src, device=arch or _device_arch(0, None), options=opts)
+        elif farm is not None:
+            result = xpu_zebin.compile(src, device=arch, options=opts)
             native, flags = result.binary, result.build_flags
+        elif _offline_engine_available():
+            native, flags = _native_the_driver_takes(name, src, opts, arch or _device_arch(0, None))
         else:  # no ocloc here: the driver's own compiler, in a worker, builds it
             native, flags = _build_native(metadata.get("name") or "", src, opts, 0)
     except BuildError as e:
@@ -474,6 +616,45 @@ def make_zebin(
     metadata["build_flags"] = flags
     metadata["binary_ext"] = "zebin"
     return native
+
+
+def _local_driver_pair(options: xpu_zebin.Options, arch: str) -> Optional[Tuple[str, str]]:
+    """The (compiler, driver) pair when this host's device 0 is of ``arch`` (the binary
+    will load here, so this driver's verdict applies), else None (a build for elsewhere)."""
+    try:
+        local = xpu_zebin.devices()[0].get("arch")
+    except (BuildError, IndexError):
+        return None
+    if not local or local.strip().lower() != arch.strip().lower():
+        return None
+    return _compiler_pair(options, 0)
+
+
+def _native_the_driver_takes(
+    name: str, spirv: bytes, options: xpu_zebin.Options, arch: str
+) -> Tuple[bytes, str]:
+    """``make_zebin``'s answer is final (Triton's cache and Inductor's launcher load it
+    with no retry), so where the kernel will load on this host, the driver must take it:
+    a build the driver refuses (another compiler release, unresolved symbols) is made by
+    the driver's own compiler instead, and a refused (compiler, driver) pair goes there at
+    once after. The check is the trial load the drop-in ``load_binary`` does anyway
+    (remembered per binary on this host), made before the binary is handed on."""
+    pair = _local_driver_pair(options, arch)
+    if _refused_here(pair):
+        return _jit_native(name, spirv, options, 0)
+    try:
+        result = xpu_zebin.compile(spirv, device=arch, options=options)
+        if pair is None:
+            return result.binary, result.build_flags
+        _trial_load(name, result.binary, result.build_flags, 0, options.device_arch)
+        return result.binary, result.build_flags
+    except Exception as e:
+        why = _package_error(e)
+        if pair is None or why is None or why.kind not in REFUSAL_KINDS:
+            raise
+        _remember_refusal(pair, why)
+    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
+    return _jit_native(name, spirv, options, 0)
 
 
 def install_backend(cls: Any = None) -> None:
@@ -720,6 +901,8 @@ def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target:
         device_arch=arch,
     )
     try:
+        if _refused_here(_local_driver_pair(opts, arch)):  # load_binary will JIT it
+            return _jit_native(kernel.metadata.name, spirv, opts, 0)[1]
         result = xpu_zebin.compile(spirv, device=arch, options=opts)
     except BuildError as e:
         raise _triton_error(e) from e

@@ -88,6 +88,32 @@ def kernels_in(cache_dir: PathLike) -> List[Dict[str, Any]]:
     return kernels
 
 
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _launch_metadata_problem(meta: Dict[str, Any]) -> Optional[str]:
+    """What Triton's launcher and loader take from the metadata as they are (the grid's
+    warps, the sub-group size, the shared memory, the flags the driver builds with), if
+    one is not a value Triton writes: None when all are."""
+    warps = meta.get("num_warps")
+    if not _whole(warps, 1, 64) or warps & (warps - 1):
+        return f"num_warps {warps!r} is not a power of two up to 64"
+    if meta.get("threads_per_warp") not in (8, 16, 32, 64) or isinstance(
+        meta.get("threads_per_warp"), bool
+    ):
+        return f"threads_per_warp {meta.get('threads_per_warp')!r} is not 8, 16, 32 or 64"
+    if not _whole(meta.get("shared"), 0, 1 << 30):
+        return f"shared {meta.get('shared')!r} is not a byte count up to 1 GiB"
+    flags = meta.get("build_flags")
+    if not isinstance(flags, str) or len(flags) > 4096 or not flags.isprintable():
+        return "build_flags is not printable text of at most 4096 characters"
+    name = meta.get("name")
+    if not isinstance(name, str) or not name.isidentifier():
+        return f"name {name!r} is not a kernel name"
+    return None
+
+
 def check_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
     """The entry's metadata file name, once its metadata is Triton's for this entry: its
     hash (the cache key the files go under) and kernel are the entry's own."""
@@ -102,6 +128,9 @@ def check_metadata(entry: Dict[str, Any], files: Dict[str, bytes]) -> str:
     if meta.get("name") != entry["kernel"]:
         raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata is "
                                    f"for kernel {meta.get('name')!r}")  # fmt: skip
+    why = _launch_metadata_problem(meta)
+    if why:
+        raise InvalidArgumentError(f"Triton entry {entry['hash'][:12]}: its metadata's {why}")
     # How Triton loads the binary follows its metadata (generate_native_code): it must say
     # what the binary is, and what the manifest says.
     binary = next(data for name, data in files.items() if not name.endswith(".json"))

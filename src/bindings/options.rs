@@ -26,7 +26,7 @@ pub struct PyOptions {
 }
 
 /// The option names, in the order `repr` and `as_dict` show them.
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 14] = [
     "build_flags",
     "grf_mode",
     "num_warps",
@@ -40,6 +40,7 @@ const NAMES: [&str; 13] = [
     "spill_policy",
     "speculative",
     "isolated",
+    "allow_unresolved",
 ];
 
 fn invalid(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
@@ -163,6 +164,7 @@ fn set(o: &mut Options, name: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
         }
         "speculative" => o.speculative = opt(name, v, flag)?,
         "isolated" => o.isolated = opt(name, v, flag)?,
+        "allow_unresolved" => o.allow_unresolved = flag(name, v)?,
         "spill_threshold" => {
             let e = BuildError::new(
                 ErrorKind::InvalidArgument,
@@ -224,6 +226,7 @@ impl PyOptions {
         d.set_item("spill_policy", &o.spill_policy)?;
         d.set_item("speculative", o.speculative)?;
         d.set_item("isolated", o.isolated)?;
+        d.set_item("allow_unresolved", o.allow_unresolved)?;
         Ok(d)
     }
 

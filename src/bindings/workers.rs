@@ -72,3 +72,16 @@ pub fn doctor<'py>(py: Python<'py>, ocloc: Option<PathBuf>) -> PyResult<Bound<'p
     let report = py.detach(|| crate::doctor::report(ocloc.as_deref()));
     Ok(pythonize::pythonize(py, &report)?)
 }
+
+/// Has this host's driver (its version) refused native code of this compiler (an `ocloc`
+/// identity) before? (`trusted.rs`)
+#[pyfunction]
+pub fn compiler_refused(compiler: &str, driver: &str) -> bool {
+    crate::trusted::compiler_refused(compiler, driver)
+}
+
+/// Remember, on this host, that the driver refuses native code of this compiler.
+#[pyfunction]
+pub fn remember_compiler_refused(compiler: &str, driver: &str) {
+    crate::trusted::remember_compiler_refused(compiler, driver)
+}

@@ -25,6 +25,10 @@ pub struct TritonEntry {
     /// Its binary is native code (Triton's `generate_native_code`), else SPIR-V.
     pub native: bool,
     pub files: Vec<TritonFile>,
+    /// A native entry's binary is the bundle's native entry of this key (built for the
+    /// same config): not any entry of the same kernel.
+    #[serde(default)]
+    pub native_key: String,
 }
 
 /// A file of a Triton cache entry.
@@ -123,16 +127,25 @@ pub fn triton_files(
         if bytes.len() as u64 != f.size || sum != f.blake3 {
             return Err(format!("{} does not match its checksum", name(f)));
         }
-        if f.name.ends_with(".spv") && !bytes.starts_with(SPIRV_MAGIC) {
-            let native = natives
-                .iter()
-                .any(|e| e.kernel == entry.kernel && e.target == entry.target && e.blake3 == sum);
+        if f.name.ends_with(".spv") && bytes.starts_with(SPIRV_MAGIC) {
+            // The same validator as any SPIR-V: Triton hands it to the driver's JIT.
+            crate::spirv::validate(&bytes)
+                .and_then(|module| module.select_kernel(Some(&entry.kernel)))
+                .map_err(|e| format!("{} is not valid SPIR-V of its kernel: {e}", name(f)))?;
+        } else if f.name.ends_with(".spv") {
+            let own = natives.iter().any(|e| {
+                e.key == entry.native_key
+                    && e.kernel == entry.kernel
+                    && e.target == entry.target
+                    && e.blake3 == sum
+            });
             let holds_kernel = crate::zebin::parse(&bytes)
                 .and_then(|info| info.kernel_spill(&entry.kernel))
                 .is_ok();
-            if !bytes.starts_with(ELF_MAGIC) || !native || !holds_kernel {
+            if !bytes.starts_with(ELF_MAGIC) || !own || !holds_kernel {
                 return Err(format!(
-                    "{} is neither SPIR-V nor one of the bundle's native entries for {:?}",
+                    "{} is neither SPIR-V nor the bundle's native entry of its own config \
+                     for {:?}",
                     name(f),
                     entry.kernel
                 ));
