@@ -19,7 +19,14 @@ import pytest
 import triton
 import triton.language as tl
 from triton.backends import backends
-from triton_helpers import TARGET, RecordingUtils, compile_triton, softmax_kernel, triton_on_cpu
+from triton_helpers import (
+    SOFTMAX_SIG,
+    TARGET,
+    RecordingUtils,
+    compile_triton,
+    softmax_kernel,
+    triton_on_cpu,
+)
 
 import xpu_zebin
 import xpu_zebin.triton as xt
@@ -92,8 +99,6 @@ def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-SOFTMAX_SIG = {"out_ptr": "*fp32", "in_ptr": "*fp32", "stride": "i32", "n_cols": "i32",
-               "BLOCK": "constexpr"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -342,8 +347,6 @@ def test_import_puts_into_tritons_cache_only_native_code_that_loaded_here(
     """A bundle for any driver, built by a compiler this driver refuses: its native Triton
     entries are tried here too, and only bytes that loaded go into Triton's cache (Triton
     loads them with no trial of its own); its SPIR-V entries go in."""
-    from triton_helpers import SOFTMAX_SIG
-
     from xpu_zebin import bundle, targets
 
     out = tmp_path / "model"
@@ -357,3 +360,41 @@ def test_import_puts_into_tritons_cache_only_native_code_that_loaded_here(
     bundle.install(out, tmp_path / "into")
     binaries = [p.read_bytes()[:4] for p in user_cache.rglob("*.spv")]
     assert binaries == [b"\x03\x02\x23\x07"]  # the SPIR-V entry only
+
+
+def test_sweeps_and_bundles_of_a_refused_compiler_still_load(refused_ocloc, tmp_path, monkeypatch):
+    """compile_configs prebuilds with the refused compiler (nothing is known yet), and a
+    bundle for any driver holds its builds: the wrapped and the standalone load_binary
+    still load every kernel, from the driver's own compiler, and after the first refusal
+    the refused compiler is not run again."""
+    from xpu_zebin import bundle, targets
+
+    configs = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 512)]
+    results = xt.compile_configs(softmax_kernel, SOFTMAX_SIG, configs, target=TARGET)
+    assert all(r.ok for r in results) and refused_ocloc.compiles == 2
+    utils = xt.install(RecordingUtils(), backend=False)
+    try:
+        for r in results:
+            loaded = utils.load_binary(r.kernel.name, r.kernel.asm["spv"], 0, "", True, 0)
+            loaded[0].close()
+            assert _major(utils.calls[-1][1]) == "1"
+    finally:
+        xt.uninstall()
+    assert refused_ocloc.compiles == 2  # the cached builds were refused: none built again
+    # A bundle for any driver, of this compiler's builds (made before the refusal was known).
+    spirv = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 512}).asm["spv"]
+    out = tmp_path / "b"
+    bundle.precompile([{"spirv": spirv, "name": "add_kernel"}], [targets.local().any_driver()],
+                      out, ocloc=str(refused_ocloc.path))  # fmt: skip
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    module, *_ = xt.load_binary("add_kernel", spirv, 0, "", True, 0)
+    assert _major(module.native_binary) == "1"
+    module.close()
+    utils = xt.install(RecordingUtils(), backend=False)
+    try:
+        loaded = utils.load_binary("add_kernel", spirv, 0, "", True, 0)
+        loaded[0].close()
+    finally:
+        xt.uninstall()
+    assert [_major(c[1]) for c in utils.calls] == ["1"]
+    assert refused_ocloc.compiles == 3  # the bundle's build only
