@@ -37,6 +37,8 @@ FALSE_VALUES = ("", "0", "false", "no", "off")
 # Triton fills its backend registry when this package is imported (triton-xpu 3.3 loads
 # each backend's compiler.py and driver.py from their files, past any import hook).
 BACKENDS = "triton.backends"
+# Triton's autotuner (imported by ``import triton`` too).
+AUTOTUNER = "triton.runtime.autotuner"
 
 
 def parse_setting(value: Optional[str]) -> Optional[bool]:
@@ -99,7 +101,22 @@ def _patch_backends(module: Any) -> None:
         _patch_utils_class(utils_cls)
 
 
-_PATCHES: Dict[str, Callable[[Any], None]] = {BACKENDS: _patch_backends}
+def _patch_autotuner(module: Any) -> None:
+    """Every ``@triton.autotune`` kernel compiles its configs at once before benchmarking."""
+    if getattr(module, "Autotuner", None) is None:
+        return
+    try:
+        import xpu_zebin.autotune
+    except Exception as e:  # a broken or half-removed install: Triton stays as it is
+        _inactive(f"cannot import xpu_zebin ({_error(e)})")
+        return
+    xpu_zebin.autotune.install(module.Autotuner)
+
+
+_PATCHES: Dict[str, Callable[[Any], None]] = {
+    BACKENDS: _patch_backends,
+    AUTOTUNER: _patch_autotuner,
+}
 
 
 def _apply(patch: Callable[[Any], None], module: Any) -> None:

@@ -48,6 +48,7 @@ from triton.backends import backends
 utils_cls = backends["intel"].driver.__init__.__globals__["XPUUtils"]
 print(json.dumps({
     "utils_patched": getattr(utils_cls.__init__, "__xpu_zebin__", False),
+    "autotuner_patched": hasattr(triton.runtime.autotuner.Autotuner.prune_configs, "__wrapped__"),
     "build_flags": k.metadata.build_flags,
     "elf": binary[:4] == b"\\x7fELF",
     "modules_at_start": before,
@@ -82,6 +83,7 @@ def test_the_variable_activates_the_drop_in(tmp_path, native_env):
     assert report["elf"] and report["build_flags"] == GRF256  # it spills at default GRF
     assert "xpu_zebin.triton" in report["modules"]
     assert report["utils_patched"]  # every XPUUtils the driver makes loads through the package
+    assert report["autotuner_patched"]  # every autotuner compiles its configs at once
     # The package's own account of the choice, shown as Triton's debug output is.
     assert f"chose '{GRF256}'" in stderr, stderr[-3000:]
 
@@ -105,6 +107,7 @@ def test_without_the_variable_triton_is_untouched(tmp_path, native_env, modern_o
     report, stderr = _run(tmp_path, env)
     assert report["modules_at_start"] == [] and report["modules"] == []  # nothing imported
     assert report["elf"] and not report["utils_patched"]  # Triton's own path built it
+    assert not report["autotuner_patched"]
     assert "xpu_zebin" not in stderr
 
 

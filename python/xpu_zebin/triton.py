@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import xpu_zebin
 
-from . import bundle
+from . import autotune, bundle
 from .errors import (
     BuildError,
     InvalidArgumentError,
@@ -311,6 +311,13 @@ def _build_native(
             logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
     if offline and _offline_engine_available():
         arch = _device_arch(device, options.device_arch)
+        prebuilt = autotune.take(farm_key(spirv, name, arch, options))
+        if prebuilt is not None:  # built for this benchmark a moment ago, all configs at once
+            if prebuilt.error is not None:
+                raise prebuilt.error
+            if prebuilt.remote:  # another machine's build: it loads in a worker first
+                _trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
+            return prebuilt.binary, prebuilt.build_flags
         result = xpu_zebin.compile(spirv, device=arch, options=options)
         if result.cached:
             # A cache entry is untrusted input (a shared cache, a neighbour): its binary
@@ -726,6 +733,7 @@ def install(utils: Any = None, *, backend: bool = True) -> Any:
         _installed_utils.append((utils, original))
     if backend:
         install_backend()
+        autotune.install()
     _debug_logging()
     return utils
 
@@ -738,6 +746,7 @@ def uninstall() -> None:
     while _installed_backend:
         cls, original_add_stages = _installed_backend.pop()
         cls.add_stages = original_add_stages
+    autotune.uninstall()
 
 
 @dataclass
