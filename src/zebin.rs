@@ -101,12 +101,23 @@ fn degenerate(message: impl Into<String>) -> BuildError {
 /// Parse a zebin and check it is usable: an ELF with `.ze_info`, `.symtab` and `.text.*`.
 /// A binary failing these checks is what IGC leaves behind when it fails silently.
 pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
-    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+    parse_data(bytes)
+}
+
+/// `parse` of a zebin in a file, reading only what the checks need (headers, section
+/// names, symbols, `.ze_info`), not its code: a large binary costs no memory. Reads stay
+/// within the file's length.
+pub fn parse_reader<R: std::io::Read + std::io::Seek>(reader: R) -> Result<ZebinInfo> {
+    parse_data(&object::ReadCache::new(reader))
+}
+
+fn parse_data<'a, R: object::ReadRef<'a>>(data: R) -> Result<ZebinInfo> {
+    if data.read_bytes_at(0, 4).ok() != Some(b"\x7fELF".as_slice()) {
         return Err(degenerate(
             "output is not an ELF zebin (legacy patch-token binary or garbage)",
         ));
     }
-    let file = object::File::parse(bytes)
+    let file = object::File::parse(data)
         .map_err(|e| degenerate(format!("output is not a readable ELF file: {e}")))?;
     let mut sections = Vec::new();
     let mut ze_info = None;

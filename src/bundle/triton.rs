@@ -79,7 +79,7 @@ pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
 
 /// `dir/triton/<target>/<hash>`, when each step is a directory of its own (a link could
 /// lead reads and writes anywhere).
-fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
+pub(super) fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
     let top = dir.join("triton");
     let by_target = top.join(&entry.target);
     let here = by_target.join(&entry.hash);
@@ -123,24 +123,43 @@ pub fn triton_files(
         if bytes.len() as u64 != f.size || sum != f.blake3 {
             return Err(format!("{} does not match its checksum", name(f)));
         }
-        if f.name.ends_with(".spv") && !bytes.starts_with(SPIRV_MAGIC) {
-            let native = natives
-                .iter()
-                .any(|e| e.kernel == entry.kernel && e.target == entry.target && e.blake3 == sum);
-            let holds_kernel = crate::zebin::parse(&bytes)
+        let holds_kernel = || {
+            crate::zebin::parse(&bytes)
                 .and_then(|info| info.kernel_spill(&entry.kernel))
-                .is_ok();
-            if !bytes.starts_with(ELF_MAGIC) || !native || !holds_kernel {
-                return Err(format!(
-                    "{} is neither SPIR-V nor one of the bundle's native entries for {:?}",
-                    name(f),
-                    entry.kernel
-                ));
-            }
+                .is_ok()
+        };
+        if f.name.ends_with(".spv") && !binary_allowed(natives, entry, &bytes, &sum, holds_kernel) {
+            return Err(not_allowed(&name(f), entry));
         }
         files.push((f.name.clone(), bytes));
     }
     Ok(files)
+}
+
+/// Whether a Triton entry's binary (its first bytes `head`, its blake3 `sum`) may be used:
+/// SPIR-V, or one of the bundle's native entries (`natives`) for the same kernel and
+/// target that holds the kernel (`holds_kernel`, asked last: it reads the binary).
+pub(super) fn binary_allowed(
+    natives: &[Entry],
+    entry: &TritonEntry,
+    head: &[u8],
+    sum: &str,
+    holds_kernel: impl FnOnce() -> bool,
+) -> bool {
+    head.starts_with(SPIRV_MAGIC)
+        || (head.starts_with(ELF_MAGIC)
+            && natives
+                .iter()
+                .any(|e| e.kernel == entry.kernel && e.target == entry.target && e.blake3 == sum)
+            && holds_kernel())
+}
+
+/// Why `binary_allowed` refused the file `name`.
+pub(super) fn not_allowed(name: &str, entry: &TritonEntry) -> String {
+    format!(
+        "{name} is neither SPIR-V nor one of the bundle's native entries for {:?}",
+        entry.kernel
+    )
 }
 
 /// Write a Triton entry's files under `dir/triton/<hash>/` and fill in their sizes and
