@@ -816,6 +816,17 @@ mod tests {
             entry_bytes: 4096,
         };
         unpack_with_limits(&archive, &dir.path().join("ok"), tight).unwrap();
+        // A member cut short (the archive ends inside it) is no file of the bundle.
+        let bytes = std::fs::read(&archive).unwrap();
+        let cut = dir.path().join("cut.tar");
+        std::fs::write(&cut, &bytes[..size(&bundle.join(MANIFEST)) as usize + 2048]).unwrap();
+        let err = unpack(&cut, &dir.path().join("c")).unwrap_err();
+        assert!(
+            err.message.contains("where its header says 4096"),
+            "{}",
+            err.message
+        );
+        assert!(!dir.path().join("c").exists());
         let fewer = |members, total_bytes, entry_bytes| Limits {
             members,
             total_bytes,
