@@ -111,12 +111,23 @@ fn degenerate(message: impl Into<String>) -> BuildError {
 /// Parse a zebin and check it is usable: an ELF with `.ze_info`, `.symtab` and `.text.*`.
 /// A binary failing these checks is what IGC leaves behind when it fails silently.
 pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
-    if bytes.len() < 4 || &bytes[..4] != b"\x7fELF" {
+    parse_data(bytes)
+}
+
+/// `parse` of a zebin in a file, reading only what the checks need (headers, section
+/// names, symbols, `.ze_info`), not its code: a large binary costs no memory. Reads stay
+/// within the file's length.
+pub fn parse_reader<R: std::io::Read + std::io::Seek>(reader: R) -> Result<ZebinInfo> {
+    parse_data(&object::ReadCache::new(reader))
+}
+
+fn parse_data<'a, R: object::ReadRef<'a>>(data: R) -> Result<ZebinInfo> {
+    if data.read_bytes_at(0, 4).ok() != Some(b"\x7fELF".as_slice()) {
         return Err(degenerate(
             "output is not an ELF zebin (legacy patch-token binary or garbage)",
         ));
     }
-    let file = object::File::parse(bytes)
+    let file = object::File::parse(data)
         .map_err(|e| degenerate(format!("output is not a readable ELF file: {e}")))?;
     let mut sections = Vec::new();
     let mut ze_info = None;
@@ -184,21 +195,37 @@ pub fn parse(bytes: &[u8]) -> Result<ZebinInfo> {
 }
 
 /// Symbols the driver's linker resolves itself (IGC's relocation names, vISA
-/// `RelocationInfo.h`, and the runtime's built-in globals): imports, but never missing.
-const DRIVER_SYMBOLS: [&str; 5] = [
-    "__INTEL_PATCH_CROSS_THREAD_OFFSET_OFF_R0",
+/// `RelocationInfo.h` and its zebin builder's runtime symbols, and the runtime's built-in
+/// globals): imports, but never missing.
+const DRIVER_SYMBOLS: [&str; 4] = [
     "__INTEL_PER_THREAD_OFF",
-    "INTEL_PATCH_IMPLICIT_ARGS",
     "__SubDeviceID",
     "__MaxHWThreadIDPerSubDevice",
+    "INTEL_PATCH_CROSS_THREAD_OFFSET_OFF_R0",
 ];
 
-fn undefined_symbols(file: &object::File<'_>) -> Vec<String> {
+fn driver_provides(name: &str) -> bool {
+    DRIVER_SYMBOLS.contains(&name) || name.starts_with("__INTEL_PATCH_")
+}
+
+/// Undefined symbols that code or data refers to (a relocation names them): the driver's
+/// linker fails on those alone, not on a symbol table entry nothing uses.
+fn undefined_symbols<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>) -> Vec<String> {
+    let used: std::collections::HashSet<object::SymbolIndex> = file
+        .sections()
+        .flat_map(|s| s.relocations().collect::<Vec<_>>())
+        .filter_map(|(_, r)| match r.target() {
+            object::RelocationTarget::Symbol(i) => Some(i),
+            _ => None,
+        })
+        .collect();
     let mut names: Vec<String> = Vec::new();
-    for symbol in file.symbols().filter(|s| s.is_undefined()) {
+    for symbol in file
+        .symbols()
+        .filter(|s| s.is_undefined() && used.contains(&s.index()))
+    {
         let name = symbol.name().unwrap_or("");
-        let provided = DRIVER_SYMBOLS.contains(&name) || name.starts_with("__INTEL_PATCH_");
-        if !name.is_empty() && !provided && !names.iter().any(|n| n == name) {
+        if !name.is_empty() && !driver_provides(name) && !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
     }

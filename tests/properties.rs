@@ -155,6 +155,13 @@ proptest! {
             zebin[i] = value;
         }
         let _ = xpu_zebin::zebin::parse(&zebin);
+        // Read from a file (a bundle's pack), it says the same.
+        let from_reader = xpu_zebin::zebin::parse_reader(std::io::Cursor::new(&zebin));
+        let kernels = |info: xpu_zebin::zebin::ZebinInfo| format!("{:?}", info.kernels);
+        prop_assert_eq!(
+            from_reader.map(kernels).ok(),
+            xpu_zebin::zebin::parse(&zebin).map(kernels).ok()
+        );
     }
 
     #[test]

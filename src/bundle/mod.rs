@@ -206,9 +206,14 @@ pub fn entry_bytes(dir: &Path, entry: &Entry) -> std::result::Result<Vec<u8>, St
 /// Write `bytes` to `path` atomically (a temp file in `dir`, renamed), readable by all: a
 /// bundle is an artifact to ship, not a private file.
 fn persist(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     std::io::Write::write_all(&mut tmp, bytes)?;
+    publish(tmp, path)
+}
+
+/// Put a written temp file at `path` (renamed: never half there), readable by all.
+fn publish(tmp: tempfile::NamedTempFile, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(0o644))?;
     tmp.persist(path).map_err(|e| e.error)?;

@@ -83,7 +83,7 @@ pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
 
 /// `dir/triton/<target>/<hash>`, when each step is a directory of its own (a link could
 /// lead reads and writes anywhere).
-fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
+pub(super) fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
     let top = dir.join("triton");
     let by_target = top.join(&entry.target);
     let here = by_target.join(&entry.hash);
@@ -127,33 +127,62 @@ pub fn triton_files(
         if bytes.len() as u64 != f.size || sum != f.blake3 {
             return Err(format!("{} does not match its checksum", name(f)));
         }
+        let holds_kernel = || {
+            crate::zebin::parse(&bytes)
+                .and_then(|info| info.kernel_spill(&entry.kernel))
+                .is_ok()
+        };
+        if f.name.ends_with(".spv") && !binary_allowed(natives, entry, &bytes, &sum, holds_kernel) {
+            return Err(not_allowed(&name(f), entry));
+        }
         if f.name.ends_with(".spv") && bytes.starts_with(SPIRV_MAGIC) {
             // The same validator as any SPIR-V: Triton hands it to the driver's JIT.
             crate::spirv::validate(&bytes)
                 .and_then(|module| module.select_kernel(Some(&entry.kernel)))
                 .map_err(|e| format!("{} is not valid SPIR-V of its kernel: {e}", name(f)))?;
-        } else if f.name.ends_with(".spv") {
-            let own = natives.iter().any(|e| {
-                e.key == entry.native_key
-                    && e.kernel == entry.kernel
-                    && e.target == entry.target
-                    && e.blake3 == sum
-            });
-            let holds_kernel = crate::zebin::parse(&bytes)
-                .and_then(|info| info.kernel_spill(&entry.kernel))
-                .is_ok();
-            if !bytes.starts_with(ELF_MAGIC) || !own || !holds_kernel {
-                return Err(format!(
-                    "{} is neither SPIR-V nor the bundle's native entry of its own config \
-                     for {:?}",
-                    name(f),
-                    entry.kernel
-                ));
-            }
         }
         files.push((f.name.clone(), bytes));
     }
     Ok(files)
+}
+
+/// Whether a Triton entry's binary (its first bytes `head`, its blake3 `sum`) may be used:
+/// SPIR-V, or one of the bundle's native entries (`natives`) for the same kernel and
+/// target that holds the kernel (`holds_kernel`, asked last: it reads the binary).
+pub(super) fn binary_allowed(
+    natives: &[Entry],
+    entry: &TritonEntry,
+    head: &[u8],
+    sum: &str,
+    holds_kernel: impl FnOnce() -> bool,
+) -> bool {
+    head.starts_with(SPIRV_MAGIC)
+        || (head.starts_with(ELF_MAGIC)
+            && natives.iter().any(|e| {
+                e.kernel == entry.kernel
+                    && e.target == entry.target
+                    && e.blake3 == sum
+                    && own_build(e, entry)
+            })
+            && holds_kernel())
+}
+
+/// Is `native` the build of `entry`'s own config: the entry's `native_key`, or (bundles
+/// written before it) the `make_zebin` build of the same config?
+fn own_build(native: &Entry, entry: &TritonEntry) -> bool {
+    if entry.native_key.is_empty() {
+        native.config == format!("{} (make_zebin)", entry.config)
+    } else {
+        native.key == entry.native_key
+    }
+}
+
+/// Why `binary_allowed` refused the file `name`.
+pub(super) fn not_allowed(name: &str, entry: &TritonEntry) -> String {
+    format!(
+        "{name} is neither SPIR-V nor the bundle's native entry of its own config for {:?}",
+        entry.kernel
+    )
 }
 
 /// Write a Triton entry's files under `dir/triton/<hash>/` and fill in their sizes and
