@@ -74,7 +74,8 @@ def test_triton_spirv_is_validated_like_any_spirv(model, pvc, system_ocloc, tmp_
     "field, value",
     [("num_warps", 3), ("num_warps", 1 << 20), ("num_warps", True), ("threads_per_warp", 7),
      ("shared", -1), ("shared", 1 << 40), ("shared", "0"), ("build_flags", "-x\x00-y"),
-     ("build_flags", 5), ("name", "../k")],
+     ("build_flags", 5), ("name", "../k"), ("threads_per_warp", 16.0),
+     ("build_flags", "-igc_opts 'ShaderDumpEnable=1,DumpToCustomDir=/tmp/x'")],
 )  # fmt: skip
 def test_triton_metadata_holds_what_triton_writes(model, pvc, field, value):
     data = json.loads((model / "manifest.json").read_text())
@@ -145,3 +146,32 @@ def test_a_directory_swapped_in_during_import_is_never_deleted(
         bundle.install(out, into)
     assert (installed / "thesis.tex").read_text() == "years of work"
     assert [p.name for p in into.iterdir()] == ["model"]
+
+
+def test_an_import_killed_between_its_renames_loses_nothing(pvc, system_ocloc, tmp_path):
+    """Killed after it moved the installed bundle aside and before it put the new one in
+    place: the next import puts the old one back first (nothing lost, nothing leaked)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    spirv = xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc", ocloc=system_ocloc)
+    out = tmp_path / "model"
+    bundle.precompile([{"spirv": spirv, "name": "add"}], [pvc], out, ocloc=system_ocloc)
+    into = tmp_path / "into"
+    installed = bundle.install(out, into)
+    before = (installed / "manifest.json").read_bytes()
+    killed = (
+        "import os, signal, sys\n"
+        "from xpu_zebin import bundle\n"
+        "bundle._same_manifest = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "bundle.install(sys.argv[1], sys.argv[2])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", killed, str(out), str(into)], timeout=300,
+                         env={**os.environ, "XPU_ZEBIN_TRITON": "0"})  # fmt: skip
+    assert run.returncode == -signal.SIGKILL and not installed.exists()  # moved aside
+    bundle.install(out, into)
+    assert (installed / "manifest.json").read_bytes() == before
+    leftovers = [p for p in into.iterdir() if p.name != "model"]
+    assert all(not (p / "old").exists() for p in leftovers)

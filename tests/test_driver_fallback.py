@@ -48,7 +48,9 @@ if rc == 0 and args[:1] == ["compile"] and "-out_dir" in args:
     for p in out.iterdir():
         if p.name.startswith("kernel"):
             data = p.read_bytes()
-            if data[:4] == b"\\x7fELF":  # a zebin (not SPIR-V from -spv_only)
+            if data[:4] == b"\\x7fELF" and {malformed}:  # one malformed kernel, same format
+                p.write_bytes(data.replace(b"execution_env", b"execution_xxx"))
+            elif data[:4] == b"\\x7fELF":  # a zebin (not SPIR-V from -spv_only)
                 p.write_bytes(re.sub(rb"(version:[ ]*')1[.]", rb"\\g<1>9.", data, count=1))
 sys.exit(rc)
 '''
@@ -58,14 +60,18 @@ RELEASE = "26.99.99999"
 
 
 class StandIn:
-    def __init__(self, directory: Path, real: str) -> None:
+    def __init__(self, directory: Path, real: str, malformed: bool = False) -> None:
         directory.mkdir()
         self.path = directory / "ocloc"
         self.count_file = directory / "compiles"
         self.count_file.write_text("")
         self.path.write_text(
             STAND_IN.format(
-                python=sys.executable, count=str(self.count_file), real=real, release=RELEASE
+                python=sys.executable,
+                count=str(self.count_file),
+                real=real,
+                release=RELEASE,
+                malformed=malformed,
             )
         )
         self.path.chmod(0o755)
@@ -132,7 +138,8 @@ def test_wrapped_load_binary_falls_back_to_the_drivers_jit(refused_ocloc, kernel
         assert not any(is_spv for _, is_spv in handed)
         assert first[2] == 128 and xt.get_last_selected_build_flags() == ""
         said = [r.getMessage() for r in caplog.records if "refuses native code" in r.getMessage()]
-        assert len(said) == 1 and "INVALID_NATIVE_BINARY" in said[0]
+        assert len(said) == 1 and "format 9.x, the driver's own 1.x" in said[0]
+        assert "INVALID_NATIVE_BINARY" in caplog.text  # the kernel's own line says why
         assert refused_ocloc.compiles == 1
         # The pair is remembered: the next kernel goes to the driver's JIT at once.
         second = utils.load_binary("softmax_kernel", kernels["softmax_kernel"], 0, "", True, 0)
@@ -181,6 +188,25 @@ def test_a_cached_refused_build_goes_to_the_jit(refused_ocloc, kernels):
     assert refused_ocloc.compiles == 1
     assert _core.compiler_refused(*xt._compiler_pair(xpu_zebin.Options(), 0))
     loaded[0].close()
+
+
+def test_one_malformed_kernel_is_not_the_compilers_fault(system_ocloc, kernels, tmp_path,
+                                                          monkeypatch):  # fmt: skip
+    """A zebin the driver refuses in the format it knows (one malformed kernel, the same
+    .ze_info major as the driver's own) is that kernel's failure: it loads from the
+    driver's compiler, and the next kernel is built offline again."""
+    stand_in = StandIn(tmp_path / "malformed", system_ocloc, malformed=True)
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(stand_in.path))
+    monkeypatch.setenv("TRITON_INTEL_DEVICE_ARCH", "pvc")
+    utils = xt.install(RecordingUtils(), backend=False)
+    try:
+        for name in ("add_kernel", "softmax_kernel"):
+            loaded = utils.load_binary(name, kernels[name], 0, "", True, 0)
+            loaded[0].close()
+    finally:
+        xt.uninstall()
+    assert stand_in.compiles == 2 and len(utils.calls) == 4  # each refused, then the JIT's
+    assert not _core.compiler_refused(*xt._compiler_pair(xpu_zebin.Options(), 0))
 
 
 def test_a_matching_compiler_is_not_remembered(system_ocloc, kernels, monkeypatch):
@@ -339,6 +365,17 @@ def test_cli_target_records_and_precompile_refuses(refused_ocloc, system_ocloc, 
     assert allowed.returncode == 0, allowed.stderr
     assert "refused code of ocloc 26.99.99999" in allowed.stderr
     assert cli(*args, "--ocloc", system_ocloc).returncode == 0
+    for bogus in ("", str(tmp_path / "nope"), str(tmp_path), "/dev/null"):
+        done = cli("target", "--ocloc", bogus, "-o", str(tmp_path / "x.json"))
+        assert done.returncode == 2 and "--ocloc" in done.stderr, (bogus, done.stderr)
+    # A profile of a device this ocloc does not know: its kernels are listed as failures,
+    # the other target's are built (nothing to check the format with is not a refusal).
+    bmg = {**json.loads(profile.read_text()), "ocloc_device": "bmg", "name": "bmg"}
+    bmg.pop("id")
+    (tmp_path / "bmg.json").write_text(json.dumps(bmg))
+    both = cli(*args[:-2], "-o", str(tmp_path / "both"), "--target", str(tmp_path / "bmg.json"),
+               "--ocloc", system_ocloc)  # fmt: skip
+    assert both.returncode == 1 and "1 native entries, 1 failures" in both.stdout, both.stderr
 
 
 def test_import_puts_into_tritons_cache_only_native_code_that_loaded_here(
@@ -398,3 +435,32 @@ def test_sweeps_and_bundles_of_a_refused_compiler_still_load(refused_ocloc, tmp_
         xt.uninstall()
     assert [_major(c[1]) for c in utils.calls] == ["1"]
     assert refused_ocloc.compiles == 3  # the bundle's build only
+
+
+def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
+    refused_ocloc, tmp_path, monkeypatch, caplog
+):
+    """A bundle (for any driver) built by a compiler this driver refuses holds make_zebin's
+    build of a kernel: make_zebin's answer, which Triton loads with no retry, is the
+    driver's own build instead."""
+    import json
+
+    from xpu_zebin import bundle, targets
+
+    out = tmp_path / "model"
+    local = targets.local()
+    config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
+    bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
+                             ocloc=str(refused_ocloc.path))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    spv_entry = next(t for t in manifest["triton_cache"] if not t["native"])
+    spirv = next((out / "triton" / spv_entry["target"] / spv_entry["hash"]).glob("*.spv"))
+    ours = next(e for e in manifest["entries"] if "make_zebin" in e["config"])
+    assert _major((out / ours["file"]).read_bytes()) == "9"
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
+    options = backends["intel"].compiler(local.gpu_target()).parse_options({"num_warps": 4})
+    meta = {"name": "softmax_kernel", "build_flags": "", "target": local.gpu_target()}
+    zebin = xt.make_zebin(spirv.read_bytes(), meta, options, "pvc")
+    assert _major(zebin) == "1" and "bundle entry did not load" in caplog.text
+    xpu_zebin.compile_and_load(zebin, "softmax_kernel", is_spv=False, cache=False).close()

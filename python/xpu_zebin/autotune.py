@@ -172,7 +172,7 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
     from . import triton as drop_in
 
     width = jobs()
-    if width <= 1 or len(configs) < 2 or not drop_in._offline_engine_available():
+    if width <= 1 or len(configs) < 2 or not drop_in._offline_usable():
         return
     args = list(nargs.values())  # positional arguments, in the kernel's order
     started = time.perf_counter()

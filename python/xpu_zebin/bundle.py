@@ -626,6 +626,7 @@ def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike, replace: b
     different bundle of the same name is replaced only with ``replace``."""
     try:
         parent.mkdir(parents=True, exist_ok=True)
+        _recover_interrupted(parent, dest)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
     except OSError as e:
         raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
@@ -655,6 +656,34 @@ def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike, replace: b
     finally:
         if not keep_staging:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+#: A staging directory this old belongs to an import that ended without clearing it.
+STALE_STAGING_SECONDS = 3600
+
+
+def _recover_interrupted(parent: Path, dest: Path) -> None:
+    """An import killed between its two renames left the installed bundle in its staging
+    directory (``.<name>.*/old``): put it back where nothing took its place. A staging
+    directory an hour old is cleared, unless what it holds was never checked as a bundle
+    (a directory that was swapped in and could not be put back: kept, never deleted)."""
+    import time
+
+    for staging in parent.iterdir():
+        if not staging.name.startswith(f".{dest.name}.") or staging.is_symlink():
+            continue
+        old = staging / "old"
+        try:
+            if old.exists() or old.is_symlink():
+                _replaceable(old, dest)
+                if not (dest.exists() or dest.is_symlink()):
+                    os.rename(old, dest)
+                    logger.warning("%s: put back from an import that was interrupted", dest)
+                    continue
+            if time.time() - staging.lstat().st_mtime > STALE_STAGING_SECONDS:
+                shutil.rmtree(staging, ignore_errors=True)
+        except (InvalidArgumentError, OSError):
+            continue  # not a bundle, or gone meanwhile: left as it is
 
 
 def _same_manifest(a: Path, b: Path) -> bool:

@@ -306,11 +306,18 @@ def cmd_target(args: argparse.Namespace) -> int:
     except BuildError as e:
         print(f"xpu-zebin: {e}", file=sys.stderr)
         return EXIT_BUILD_ERROR
+    if args.ocloc is not None:  # named: it must be usable
+        try:
+            xpu_zebin.find_ocloc(args.ocloc)
+        except BuildError as e:
+            raise _UsageError(f"--ocloc: {e}") from None
     try:  # what its driver accepts: a farm then refuses a compiler the driver would refuse
         accepts = targets.probe_accepts(args.device, ocloc=args.ocloc)
     except BuildError as e:
         accepts = None
         print(f"xpu-zebin: what the driver accepts is not recorded: {e}", file=sys.stderr)
+    if accepts is None and args.ocloc is not None:
+        raise _UsageError(f"--ocloc {args.ocloc}: it cannot build the sample kernel")
     profile = dataclasses.replace(profile, accepts=accepts)
     text = json.dumps(profile.to_json(), indent=None if args.json else 2, sort_keys=True)
     if args.output:

@@ -202,12 +202,18 @@ def native_options(
 #: ``.ze_info`` major) is one the driver does not know, or it imports symbols nothing
 #: provides. The driver's own compiler builds such a kernel (upstream's path).
 REFUSAL_KINDS = ("unsupported_device", "link_failure")
-#: Offline failures the driver's own compiler may not have (a builtin the offline compiler
-#: does not know, a device it does not know, a crash of its release): the JIT then builds.
-JIT_MAY_BUILD_KINDS = ("link_failure", "unsupported_device", "compiler_crash", "build_failure")
+#: Offline failures that are the input's own, which the driver's compiler would meet too
+#: (or the caller's): final. Every other one (a builtin or device the offline compiler
+#: does not know, its crash, a build failure, a compiler that cannot run) has the
+#: driver's own compiler build the kernel instead, as upstream's path would. A PTSS
+#: overflow stays Triton's OutOfResources, as upstream's.
+FINAL_OFFLINE_KINDS = ("scratch_overflow", "invalid_spirv", "kernel_not_found",
+                       "invalid_argument", "cancelled")  # fmt: skip
 
 _said_once: set = set()
 _said_lock = threading.Lock()
+# The offline compiler could not run in this process (toolchain_missing): not tried again.
+_offline_broken: List[str] = []
 
 
 def _say_once(key: Any, message: str, *args: Any) -> None:
@@ -242,18 +248,30 @@ def _refused_here(pair: Optional[Tuple[str, str]]) -> bool:
     return pair is not None and xpu_zebin._core.compiler_refused(*pair)
 
 
-def _remember_refusal(pair: Optional[Tuple[str, str]], error: BuildError) -> None:
-    """A format refusal holds for every kernel of that compiler on this driver: remember
-    it on this host. An unresolved symbol is the kernel's own: nothing to remember."""
-    if pair is not None and error.kind == "unsupported_device":
-        xpu_zebin._core.remember_compiler_refused(*pair)
-        _say_once(
-            ("refused", pair),
-            "xpu-zebin: this Level Zero driver (%s) refuses native code of %s (%s); "
-            "kernels are built by the driver's own compiler from now on, as upstream's path "
-            "does (use the compiler release that matches the driver to build offline)",
-            pair[1], pair[0].split("|")[0], error,
-        )  # fmt: skip
+def _ze_info_major(binary: bytes) -> Optional[str]:
+    try:
+        return str(xpu_zebin.zebin_info(binary)["version"]).split(".")[0]
+    except BuildError:
+        return None
+
+
+def _remember_refusal(pair: Optional[Tuple[str, str]], refused: bytes, own: bytes) -> None:
+    """A refusal of the offline compiler's format holds for every kernel of it on this
+    driver: remembered on this host when its ``.ze_info`` major is not the one the
+    driver's own compiler wrote for the same kernel (``own``). Anything else (one
+    malformed kernel, unresolved symbols, another device's build) is the kernel's own."""
+    ours, theirs = _ze_info_major(refused), _ze_info_major(own)
+    if pair is None or ours is None or theirs is None or ours == theirs:
+        return
+    xpu_zebin._core.remember_compiler_refused(*pair)
+    _say_once(
+        ("refused", pair),
+        "xpu-zebin: this Level Zero driver (%s) refuses native code of %s (its .ze_info "
+        "format %s.x, the driver's own %s.x); kernels are built by the driver's own compiler "
+        "from now on, as upstream's path does (use the compiler release that matches the "
+        "driver to build offline)",
+        pair[1], pair[0].split("|")[0], ours, theirs,
+    )  # fmt: skip
 
 
 def _driver_refusal(
@@ -287,21 +305,17 @@ def _jit_native(
 class _Refused(Exception):
     """The driver refused a build of the offline compiler (the package's error inside)."""
 
-    def __init__(self, error: BuildError) -> None:
+    def __init__(self, error: BuildError, binary: bytes) -> None:
         super().__init__(str(error))
         self.error = error
+        self.binary = binary
 
 
-def _build_native(
-    name: str,
-    spirv: bytes,
-    options: xpu_zebin.Options,
-    device: int,
-    offline: bool = True,
-) -> Tuple[bytes, str]:
-    """A native binary for SPIR-V, with the GRF fallback: (binary, chosen flags). From a
-    bundle when one holds it for this device (trial-loaded in a worker first), else built
-    by ``ocloc`` (``offline`` and one is found), else by the driver's own compiler."""
+def _from_bundle(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Optional[Tuple[bytes, str]]:
+    """A bundle's build of this kernel for this device that loads here (trial-loaded in a
+    worker first), or None."""
     found = bundle.find(name, spirv, options, device)
     if found is not None:
         try:
@@ -309,31 +323,41 @@ def _build_native(
             return found
         except Exception as e:  # an entry that does not load here: compile instead
             logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
-    if offline and _offline_engine_available():
-        arch = _device_arch(device, options.device_arch)
-        prebuilt = autotune.take(farm_key(spirv, name, arch, options))
-        if prebuilt is not None:  # built for this benchmark a moment ago, all configs at once
-            if prebuilt.error is not None:
-                raise prebuilt.error
-            if prebuilt.remote:  # another machine's build: it loads in a worker first
-                _trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
-            return prebuilt.binary, prebuilt.build_flags
-        result = xpu_zebin.compile(spirv, device=arch, options=options)
-        if result.cached:
-            # A cache entry is untrusted input (a shared cache, a neighbour): its binary
-            # loads in a worker before the driver loads it here (once per binary and host);
-            # one that does not load is rebuilt from the SPIR-V, and one the driver
-            # refuses goes back to the caller as the driver's answer.
-            try:
-                _trial_load(name, result.binary, result.build_flags, device, options.device_arch)
-            except Exception as e:
-                refusal = _package_error(e)
-                if refusal is not None and refusal.kind in REFUSAL_KINDS:
-                    raise _Refused(refusal) from None
-                logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
-                result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
-        return result.binary, result.build_flags
-    return _jit_native(name, spirv, options, device)
+    return None
+
+
+def _offline_usable() -> bool:
+    return not _offline_broken and _offline_engine_available()
+
+
+def _build_offline(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Tuple[bytes, str]:
+    """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags); a build
+    an autotune precompile made for this very request, when there is one."""
+    arch = _device_arch(device, options.device_arch)
+    prebuilt = autotune.take(farm_key(spirv, name, arch, options))
+    if prebuilt is not None:  # built for this benchmark a moment ago, all configs at once
+        if prebuilt.error is not None:
+            raise prebuilt.error
+        if prebuilt.remote:  # another machine's build: it loads in a worker first
+            _trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
+        return prebuilt.binary, prebuilt.build_flags
+    result = xpu_zebin.compile(spirv, device=arch, options=options)
+    if result.cached:
+        # A cache entry is untrusted input (a shared cache, a neighbour): its binary
+        # loads in a worker before the driver loads it here (once per binary and host);
+        # one that does not load is rebuilt from the SPIR-V, and one the driver refuses
+        # goes back to the caller as the driver's answer.
+        try:
+            _trial_load(name, result.binary, result.build_flags, device, options.device_arch)
+        except Exception as e:
+            refusal = _package_error(e)
+            if refusal is not None and refusal.kind in REFUSAL_KINDS:
+                raise _Refused(refusal, result.binary) from None
+            logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
+            result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
+    return result.binary, result.build_flags
 
 
 def _load_spirv(
@@ -343,24 +367,31 @@ def _load_spirv(
     device: int,
     load: Callable[[bytes, str], Any],
 ) -> Tuple[Any, str]:
-    """SPIR-V to the driver's loader: the package's native build when the driver takes it.
-    When the driver refuses it (a compiler of another release, unresolved symbols), or
-    the offline compiler fails where the driver's own may not, the driver's own compiler
-    builds it from the SPIR-V, as upstream's path does, and one line says why; a
-    (compiler, driver) pair refused once goes to the driver's compiler at once after
-    (docs/design.md §6)."""
-    pair = _compiler_pair(options, device) if _offline_engine_available() else None
-    if _refused_here(pair):
-        native, flags = _build_native(name, spirv, options, device, offline=False)
+    """SPIR-V to the driver's loader: a bundle's build, else the package's native build
+    when the driver takes it. When the driver refuses it (a compiler of another release,
+    unresolved symbols), or the offline compiler fails where the driver's own may not,
+    the driver's own compiler builds it from the SPIR-V, as upstream's path does, and one
+    line says why; a (compiler, driver) pair whose format was refused goes to the
+    driver's compiler at once after (docs/design.md §6)."""
+    found = _from_bundle(name, spirv, options, device)
+    if found is not None:
+        return load(*found), found[1]
+    offline = _offline_usable()
+    pair = _compiler_pair(options, device) if offline else None
+    refused: Optional[bytes] = None
+    if not offline or _refused_here(pair):
+        native, flags = _jit_native(name, spirv, options, device)
         return load(native, flags), flags
     try:
-        native, flags = _build_native(name, spirv, options, device)
+        native, flags = _build_offline(name, spirv, options, device)
     except _Refused as e:  # a cached build of the offline compiler, refused by the driver
-        _remember_refusal(pair, e.error)
         why: BuildError = e.error
+        refused = e.binary
     except BuildError as e:
-        if e.kind not in JIT_MAY_BUILD_KINDS or not _offline_engine_available():
+        if e.kind in FINAL_OFFLINE_KINDS:
             raise
+        if e.kind == "toolchain_missing":  # it cannot run here: not tried again
+            _offline_broken.append(str(e))
         why = e
     else:
         try:
@@ -369,10 +400,11 @@ def _load_spirv(
             refusal = _driver_refusal(name, native, flags, device, e)
             if refusal is None:
                 raise
-            _remember_refusal(pair, refusal)
-            why = refusal
+            why, refused = refusal, native
     logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
     native, flags = _jit_native(name, spirv, options, device)
+    if refused is not None:
+        _remember_refusal(pair, refused, native)
     return load(native, flags), flags
 
 
@@ -607,17 +639,12 @@ def make_zebin(
         name = opts.kernel_name or ""
         if farm is not None:
             found = farm.prebuilt.get(farm_key(src, name, farm.device, opts))
-        else:
-            found = bundle.find(name, src, opts, 0, arch=arch)
-        if found is not None:
+            if found is None:
+                result = xpu_zebin.compile(src, device=arch, options=opts)
+                found = result.binary, result.build_flags
             native, flags = found
-        elif farm is not None:
-            result = xpu_zebin.compile(src, device=arch, options=opts)
-            native, flags = result.binary, result.build_flags
-        elif _offline_engine_available():
-            native, flags = _native_the_driver_takes(name, src, opts, arch or _device_arch(0, None))
-        else:  # no ocloc here: the driver's own compiler, in a worker, builds it
-            native, flags = _build_native(metadata.get("name") or "", src, opts, 0)
+        else:
+            native, flags = _native_the_driver_takes(name, src, opts, arch)
     except BuildError as e:
         raise _triton_error(e) from e
     metadata["build_flags"] = flags
@@ -625,43 +652,63 @@ def make_zebin(
     return native
 
 
-def _local_driver_pair(options: xpu_zebin.Options, arch: str) -> Optional[Tuple[str, str]]:
-    """The (compiler, driver) pair when this host's device 0 is of ``arch`` (the binary
-    will load here, so this driver's verdict applies), else None (a build for elsewhere)."""
+def _loads_here(arch: Optional[str]) -> bool:
+    """Will a build for ``arch`` (None: this host's device) load on this host's device 0,
+    so that this driver's verdict on it applies?"""
     try:
         local = xpu_zebin.devices()[0].get("arch")
     except (BuildError, IndexError):
-        return None
-    if not local or local.strip().lower() != arch.strip().lower():
-        return None
-    return _compiler_pair(options, 0)
+        return False
+    return bool(local) and (arch is None or local.strip().lower() == arch.strip().lower())
 
 
 def _native_the_driver_takes(
-    name: str, spirv: bytes, options: xpu_zebin.Options, arch: str
+    name: str, spirv: bytes, options: xpu_zebin.Options, arch: Optional[str]
 ) -> Tuple[bytes, str]:
     """``make_zebin``'s answer is final (Triton's cache and Inductor's launcher load it
     with no retry), so where the kernel will load on this host, the driver must take it:
-    a build the driver refuses (another compiler release, unresolved symbols) is made by
-    the driver's own compiler instead, and a refused (compiler, driver) pair goes there at
-    once after. The check is the trial load the drop-in ``load_binary`` does anyway
-    (remembered per binary on this host), made before the binary is handed on."""
-    pair = _local_driver_pair(options, arch)
+    a bundle's build or an ``ocloc`` build the driver refuses (another compiler release,
+    unresolved symbols) is made by the driver's own compiler instead, and a (compiler,
+    driver) pair whose format was refused goes there at once after. The check is the
+    trial load the drop-in ``load_binary`` does anyway (remembered per binary on this
+    host), made before the binary is handed on (docs/design.md §6)."""
+    here = _loads_here(arch)
+    found = bundle.find(name, spirv, options, 0, arch=arch)
+    if found is not None:
+        try:
+            if here:
+                _trial_load(name, found[0], found[1], 0, options.device_arch)
+            return found
+        except Exception as e:  # an entry that does not load here: built instead
+            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
+    if not _offline_usable():  # no ocloc here: the driver's own compiler, in a worker
+        return _jit_native(name, spirv, options, 0)
+    pair = _compiler_pair(options, 0) if here else None
     if _refused_here(pair):
         return _jit_native(name, spirv, options, 0)
+    refused: Optional[bytes] = None
     try:
-        result = xpu_zebin.compile(spirv, device=arch, options=options)
-        if pair is None:
-            return result.binary, result.build_flags
-        _trial_load(name, result.binary, result.build_flags, 0, options.device_arch)
-        return result.binary, result.build_flags
-    except Exception as e:
-        why = _package_error(e)
-        if pair is None or why is None or why.kind not in REFUSAL_KINDS:
+        result = xpu_zebin.compile(spirv, device=arch or _device_arch(0, None), options=options)
+    except BuildError as e:  # upstream's make_zebin fails too, but where the driver may not
+        if not here or e.kind not in REFUSAL_KINDS:
             raise
-        _remember_refusal(pair, why)
+        why: BuildError = e
+    else:
+        if not here:
+            return result.binary, result.build_flags
+        try:
+            _trial_load(name, result.binary, result.build_flags, 0, options.device_arch)
+            return result.binary, result.build_flags
+        except Exception as e:
+            refusal = _package_error(e)
+            if refusal is None or refusal.kind not in REFUSAL_KINDS:
+                raise
+            why, refused = refusal, result.binary
     logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
-    return _jit_native(name, spirv, options, 0)
+    native, flags = _jit_native(name, spirv, options, 0)
+    if refused is not None:
+        _remember_refusal(pair, refused, native)
+    return native, flags
 
 
 def install_backend(cls: Any = None) -> None:
@@ -910,7 +957,8 @@ def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target:
         device_arch=arch,
     )
     try:
-        if _refused_here(_local_driver_pair(opts, arch)):  # load_binary will JIT it
+        pair = _compiler_pair(opts, 0) if _loads_here(arch) else None
+        if _refused_here(pair):  # load_binary will have the driver's compiler build it
             return _jit_native(kernel.metadata.name, spirv, opts, 0)[1]
         result = xpu_zebin.compile(spirv, device=arch, options=opts)
     except BuildError as e:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -88,6 +89,9 @@ def kernels_in(cache_dir: PathLike) -> List[Dict[str, Any]]:
     return kernels
 
 
+_BUILD_FLAG = re.compile(r"-(cl|ze)-[A-Za-z0-9][A-Za-z0-9_-]{0,80}")
+
+
 def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
@@ -99,15 +103,19 @@ def _launch_metadata_problem(meta: Dict[str, Any]) -> Optional[str]:
     warps = meta.get("num_warps")
     if not _whole(warps, 1, 64) or warps & (warps - 1):
         return f"num_warps {warps!r} is not a power of two up to 64"
-    if meta.get("threads_per_warp") not in (8, 16, 32, 64) or isinstance(
-        meta.get("threads_per_warp"), bool
-    ):
-        return f"threads_per_warp {meta.get('threads_per_warp')!r} is not 8, 16, 32 or 64"
+    lanes = meta.get("threads_per_warp")
+    if not _whole(lanes, 8, 64) or lanes not in (8, 16, 32, 64):
+        return f"threads_per_warp {lanes!r} is not 8, 16, 32 or 64"
     if not _whole(meta.get("shared"), 0, 1 << 30):
         return f"shared {meta.get('shared')!r} is not a byte count up to 1 GiB"
     flags = meta.get("build_flags")
-    if not isinstance(flags, str) or len(flags) > 4096 or not flags.isprintable():
-        return "build_flags is not printable text of at most 4096 characters"
+    if not isinstance(flags, str) or len(flags) > 4096:
+        return "build_flags is not text of at most 4096 characters"
+    # The flags this host's compiler will build the entry's SPIR-V with: OpenCL and
+    # Level Zero options only (the GRF modes, precision, large buffers), never IGC's
+    # internal ones (-igc_opts can make the compiler write files anywhere).
+    if not all(_BUILD_FLAG.fullmatch(word) for word in flags.split()):
+        return f"build_flags {flags!r} holds an option that is not an OpenCL or Level Zero one"
     name = meta.get("name")
     if not isinstance(name, str) or not name.isidentifier():
         return f"name {name!r} is not a kernel name"
