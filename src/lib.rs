@@ -61,7 +61,7 @@ mod _core {
         shutdown_workers,
     };
     #[pymodule_export]
-    use crate::bindings::{default_jobs, error_kinds, Attempt, AttemptError};
+    use crate::bindings::{cancel_running, default_jobs, error_kinds, Attempt, AttemptError};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -77,7 +78,7 @@ def jobs() -> int:
         if raw is None or not raw.strip():
             continue
         text = raw.strip()
-        if text.isdigit() and int(text) <= 1024:
+        if text.isascii() and text.isdigit() and int(text) <= 1024:
             n = int(text)
             return n if n > 0 else xpu_zebin._core.default_jobs()
         _warn_once(name, f"{name}={raw!r} is not a whole number from 0 to 1024: autotune "
@@ -144,6 +145,43 @@ def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any)
         return None
 
 
+def _front_ends(
+    tuner: Any, args: List[Any], kwargs: Dict[str, Any], configs: List[Any], width: int
+) -> List[Any]:
+    """Triton's compile of every config, ``width`` at once: where Triton's pipeline ends
+    in native code (``TRITON_XPU_GEN_NATIVE_CODE``, a zebin stage), its native stages run
+    at once (the package's ``make_zebin``, outside the GIL); its Python and MLIR stages
+    take turns. Ctrl-C cancels the compiles the threads run (only the main thread sees
+    it) before it propagates."""
+    from . import triton as drop_in
+
+    drop_in._warm_triton()
+    _create_binder(tuner.fn)
+    with ThreadPoolExecutor(max_workers=min(width, len(configs))) as pool:
+        futures = [pool.submit(_front_end, tuner, args, kwargs, c) for c in configs]
+        try:
+            wait(futures)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            xpu_zebin._core.cancel_running()
+            raise
+    return [k for k in (f.result() for f in futures) if k is not None]
+
+
+def _create_binder(fn: Any) -> None:
+    """Triton makes a kernel's argument binder lazily at its first call; made here, before
+    threads race to make it."""
+    from triton.runtime.driver import driver
+
+    while fn is not None and not hasattr(fn, "device_caches"):
+        fn = getattr(fn, "fn", None)  # under @triton.heuristics
+    try:
+        fn.device_caches[driver.active.get_current_device()]
+    except Exception:  # another Triton: its first call makes it
+        pass
+
+
 def _native_requests(kernels: List[Any]) -> List[Tuple[Any, Dict[str, Any]]]:
     """The drop-in ``load_binary``'s native build of each compiled kernel that is SPIR-V."""
     from . import triton as drop_in
@@ -176,7 +214,7 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
         return
     args = list(nargs.values())  # positional arguments, in the kernel's order
     started = time.perf_counter()
-    kernels = [k for k in (_front_end(tuner, args, kwargs, c) for c in configs) if k is not None]
+    kernels = _front_ends(tuner, args, kwargs, configs, width)
     requests = _native_requests(kernels)
     if len(requests) < 2:
         return

@@ -192,6 +192,7 @@ pub(crate) fn interruptible<T: Send>(
     work: impl FnOnce(&AtomicBool) -> T + Send,
 ) -> PyResult<T> {
     let cancel = AtomicBool::new(false);
+    let generation = CANCEL_GENERATION.load(Ordering::Relaxed);
     let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
     /// Says "done" when dropped: after the work returns or while it unwinds.
     struct Done<'a>(&'a (std::sync::Mutex<bool>, std::sync::Condvar));
@@ -219,6 +220,10 @@ pub(crate) fn interruptible<T: Send>(
             }
         };
         while !py.detach(finished) {
+            // Another thread's Ctrl-C (only the main thread sees signals): `cancel_running`.
+            if CANCEL_GENERATION.load(Ordering::Relaxed) != generation {
+                cancel.store(true, Ordering::Relaxed);
+            }
             if interrupted.is_none() {
                 if let Err(e) = py.check_signals() {
                     cancel.store(true, Ordering::Relaxed);
@@ -242,6 +247,17 @@ pub(crate) fn interruptible<T: Send>(
             .into(),
         )),
     }
+}
+
+/// Bumped by `cancel_running`: every call running when it changed is cancelled.
+static CANCEL_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Cancel every compile or load running now in this process, on any thread (their
+/// compilers killed; each raises `CancelledError`): what Ctrl-C does to the main thread's
+/// own, for work other threads run on its behalf.
+#[pyfunction]
+pub fn cancel_running() {
+    CANCEL_GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Log the engine's pending warnings (said once each) on the `xpu_zebin` logger.
