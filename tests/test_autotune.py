@@ -55,6 +55,16 @@ def cpu(tmp_path, system_ocloc, monkeypatch):
         return real_compile(spirv, **kwargs)
 
     monkeypatch.setattr(xpu_zebin, "compile", counted)
+    stand_in.taken = []
+    real_take = autotune.take
+
+    def taken(key):
+        found = real_take(key)
+        if found is not None:
+            stand_in.taken.append(key)
+        return found
+
+    monkeypatch.setattr(autotune, "take", taken)
     try:
         with triton_on_cpu(str(tmp_path / "triton-cache")):
             yield stand_in
@@ -88,7 +98,7 @@ def test_a_ptss_config_is_skipped_as_triton_skips_it(cpu, modern_ocloc, tmp_path
     assert timings[1] == [float("inf")] * 3 and all(t[0] < float("inf") for t in timings.values()
                                                     if t != timings[1])  # fmt: skip
     assert tuner.best_config.num_warps != 1
-    assert len(cpu.compiles) == 0  # every load found its build made at once, the failure too
+    assert len(cpu.taken) == 3  # every load found its build made at once, the failure too
     chosen = (tuner.best_config.num_warps, sorted(timings.items()))
     # The same kernel tuned one config at a time (fresh caches): the same answer.
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-sequential"))
@@ -96,7 +106,7 @@ def test_a_ptss_config_is_skipped_as_triton_skips_it(cpu, modern_ocloc, tmp_path
     tuner = _tune_live(cpu, "1", monkeypatch)
     timings = {c.num_warps: t for c, t in tuner.configs_timings.items()}
     assert (tuner.best_config.num_warps, sorted(timings.items())) == chosen
-    assert len(cpu.compiles) == 3  # in turn, inside the benchmark
+    assert len(cpu.taken) == 3 and len(cpu.compiles) == 6  # in turn, inside the benchmark
 
 
 def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
@@ -128,28 +138,34 @@ def _scale_tuner(stand_in: CpuDriver, seen: dict):
         triton.jit(scale_kernel)))  # fmt: skip
 
 
+def timings_of(tuner) -> dict:
+    return tuner.configs_timings
+
+
 def _tune_scale(stand_in: CpuDriver, jobs: str, monkeypatch) -> tuple:
     monkeypatch.setenv("XPU_ZEBIN_AUTOTUNE_JOBS", jobs)
     seen: dict = {}
     tuner = _scale_tuner(stand_in, seen)
     x, out = HostBuffer(), HostBuffer()
     tuner[(1,)](x, out, 4096)
-    compiles, launches = len(stand_in.compiles), len(stand_in.launched)
+    compiles, launches = len(stand_in.taken), len(stand_in.launched)
     tuner[(1,)](x, out, 4096)  # the key again: Triton's cache, nothing compiled
-    assert len(stand_in.compiles) == compiles and len(stand_in.launched) == launches + 1
+    assert len(stand_in.taken) == compiles and len(stand_in.launched) == launches + 1
+    assert len(stand_in.compiles) == len(timings_of(tuner))  # each config built once
     timings = sorted((str(c), t) for c, t in tuner.configs_timings.items())
     return str(tuner.best_config), timings, seen, x.calls, out.calls, compiles
 
 
 def test_heuristics_prune_hooks_and_keys_seen_again(cpu, tmp_path, monkeypatch):
     concurrent = _tune_scale(cpu, "0", monkeypatch)
-    assert concurrent[5] == 0  # all four pruned configs built at once, before the benchmark
+    assert concurrent[5] == 4  # all four pruned configs built at once, before the benchmark
     assert len(concurrent[1]) == 4 and concurrent[2]["pruned"] == 1
     cpu.compiles.clear()
+    cpu.taken.clear()
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-sequential"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-sequential"))
     sequential = _tune_scale(cpu, "1", monkeypatch)
-    assert sequential[5] == 4
+    assert sequential[5] == 0 and len(cpu.compiles) == 4  # in turn, inside the benchmark
     # The same choice, timings, hook calls and argument resets/restores.
     assert concurrent[:5] == sequential[:5]
 

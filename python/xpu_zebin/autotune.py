@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import xpu_zebin
@@ -63,6 +63,9 @@ class Prebuilt:
     error: Optional[BuildError] = None
     #: Built elsewhere (a Dask cluster): loaded in a worker before the driver sees it.
     remote: bool = False
+    #: How many configs' benchmarks it answers (configs that differ only in what does
+    #: not change the SPIR-V, such as num_stages here, build once).
+    uses: int = 1
 
 
 _pending: collections.OrderedDict[str, Prebuilt] = collections.OrderedDict()
@@ -117,18 +120,29 @@ def _warn_once(key: str, message: str) -> None:
 def take(key: str) -> Optional[Prebuilt]:
     """The build a precompile made for the benchmark of the request with this key
     (``xpu_zebin.triton.farm_key``: input, kernel, device, flags tried, spill rule), once
-    (then forgotten)."""
+    per config that asked for it (then forgotten)."""
     with _pending_lock:
-        return _pending.pop(key, None)
+        built = _pending.get(key)
+        if built is not None:
+            if built.uses <= 1:
+                del _pending[key]
+            else:
+                _pending[key] = replace(built, uses=built.uses - 1)
+        return built
 
 
 def _keep(key: str, built: Prebuilt) -> None:
     with _pending_lock:
         _pending[key] = built
-        while len(_pending) > MAX_PENDING or (
-            len(_pending) > 1 and sum(len(p.binary) for p in _pending.values()) > MAX_PENDING_BYTES
-        ):
-            _pending.popitem(last=False)
+        _bound_pending()
+
+
+def _bound_pending() -> None:
+    """Forget the oldest builds beyond the bounds (with the lock held)."""
+    while len(_pending) > MAX_PENDING or (
+        len(_pending) > 1 and sum(len(p.binary) for p in _pending.values()) > MAX_PENDING_BYTES
+    ):
+        _pending.popitem(last=False)
 
 
 def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any) -> Any:
@@ -145,20 +159,12 @@ def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any)
         return None
 
 
-def _front_ends(
-    tuner: Any, args: List[Any], kwargs: Dict[str, Any], configs: List[Any], width: int
-) -> List[Any]:
-    """Triton's compile of every config, ``width`` at once: where Triton's pipeline ends
-    in native code (``TRITON_XPU_GEN_NATIVE_CODE``, a zebin stage), its native stages run
-    at once (the package's ``make_zebin``, outside the GIL); its Python and MLIR stages
-    take turns. Ctrl-C cancels the compiles the threads run (only the main thread sees
-    it) before it propagates."""
-    from . import triton as drop_in
-
-    drop_in._warm_triton()
-    _create_binder(tuner.fn)
+def _in_threads(task: Any, configs: List[Any], width: int) -> List[Any]:
+    """``task(config)`` for every config, ``width`` at once, results in order. Ctrl-C
+    (which only the main thread sees) cancels the compiles the threads run before it
+    propagates, so no compiler outlives it."""
     with ThreadPoolExecutor(max_workers=min(width, len(configs))) as pool:
-        futures = [pool.submit(_front_end, tuner, args, kwargs, c) for c in configs]
+        futures = [pool.submit(task, c) for c in configs]
         try:
             wait(futures)
         except BaseException:
@@ -166,7 +172,7 @@ def _front_ends(
                 f.cancel()
             xpu_zebin._core.cancel_running()
             raise
-    return [k for k in (f.result() for f in futures) if k is not None]
+    return [f.result() for f in futures]
 
 
 def _create_binder(fn: Any) -> None:
@@ -182,54 +188,88 @@ def _create_binder(fn: Any) -> None:
         pass
 
 
-def _native_requests(kernels: List[Any]) -> List[Tuple[Any, Dict[str, Any]]]:
-    """The drop-in ``load_binary``'s native build of each compiled kernel that is SPIR-V."""
+def _native_request(kernel: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(key, request) of the drop-in ``load_binary``'s native build of a compiled kernel
+    whose binary is SPIR-V; None when Triton made native code itself (its zebin stage,
+    the package's ``make_zebin``) or the device cannot be told (the load path says so)."""
     from . import triton as drop_in
 
-    requests = []
-    for kernel in kernels:
-        spirv = kernel.asm.get("spv", b"")
-        if not isinstance(spirv, bytes) or spirv[:4] == b"\x7fELF":
-            continue  # native already (TRITON_XPU_GEN_NATIVE_CODE): built by make_zebin
+    spirv = kernel.asm.get("spv", b"")
+    if not isinstance(spirv, bytes) or spirv[:4] == b"\x7fELF":
+        return None
+    try:
         arch = drop_in._target_device_arch({"target": kernel.metadata.target})
-        try:
-            arch = arch or drop_in._device_arch(0, None)
-        except BuildError:
-            return []  # the load path will say it cannot tell the device
-        options = drop_in.native_options(
-            kernel.metadata.name, kernel.metadata.build_flags or "",
-            rule=drop_in.LOAD_BINARY_RULE, device_arch=arch,
-        )  # fmt: skip
-        requests.append((kernel, {"spirv": spirv, "device": arch, "options": options}))
-    return requests
+        arch = arch or drop_in._device_arch(0, None)
+    except BuildError:
+        return None
+    name = kernel.metadata.name
+    options = drop_in.native_options(
+        name, kernel.metadata.build_flags or "", rule=drop_in.LOAD_BINARY_RULE,
+        device_arch=arch,
+    )  # fmt: skip
+    key = drop_in.farm_key(spirv, name, arch, options)
+    return key, {"spirv": spirv, "device": arch, "options": options}
+
+
+def _build(key: str, request: Dict[str, Any], uses: Dict[str, int]) -> None:
+    """One config's native build, kept for its benchmark (its error too); a build another
+    config of this precompile already claimed is made once, for both."""
+    with _pending_lock:
+        uses[key] = uses.get(key, 0) + 1
+        if uses[key] > 1:
+            if key in _pending:  # built already: it answers one more config
+                _pending[key] = replace(_pending[key], uses=_pending[key].uses + 1)
+            return
+    try:
+        result = xpu_zebin.compile(**request)
+        built = Prebuilt(result.binary, result.build_flags)
+    except BuildError as e:
+        built = Prebuilt(error=e)
+    with _pending_lock:  # the configs that claimed it meanwhile count too
+        _pending[key] = replace(built, uses=uses[key])
+        _bound_pending()
 
 
 def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Dict) -> None:
-    """Compile every config of ``tuner`` for these arguments before its benchmark: the
-    front ends in turn (they hold the GIL), the native builds at once."""
+    """Compile every config of ``tuner`` for these arguments before its benchmark,
+    ``jobs()`` at once: each config's Triton front end, then at once its native build, so
+    one config's front end (which holds the GIL) runs while another's IGC does (outside
+    it). With a Dask cluster, the native builds run there after the front ends."""
     from . import triton as drop_in
 
     width = jobs()
     if width <= 1 or len(configs) < 2 or not drop_in._offline_usable():
         return
     args = list(nargs.values())  # positional arguments, in the kernel's order
-    started = time.perf_counter()
-    kernels = _front_ends(tuner, args, kwargs, configs, width)
-    requests = _native_requests(kernels)
-    if len(requests) < 2:
-        return
-    front_end = time.perf_counter() - started
     client = _cluster()
-    results = xpu_zebin.compile_many([r for _, r in requests], jobs=width, client=client)
-    for (kernel, r), result in zip(requests, results):
-        key = drop_in.farm_key(r["spirv"], kernel.metadata.name, r["device"], r["options"])
-        if isinstance(result, BuildError):
-            _keep(key, Prebuilt(error=result))
-        else:
-            _keep(key, Prebuilt(result.binary, result.build_flags, remote=client is not None))
-    logger.info("%s: %d configs compiled before benchmarking: Triton's front end %.2f s, "
-                "native builds at once %.2f s", getattr(tuner.base_fn, "__name__", "kernel"),
-                len(requests), front_end, time.perf_counter() - started - front_end)  # fmt: skip
+    started = time.perf_counter()
+    drop_in._warm_triton()
+    _create_binder(tuner.fn)
+
+    uses: Dict[str, int] = {}
+
+    def one(config: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
+        kernel = _front_end(tuner, args, kwargs, config)
+        native = _native_request(kernel) if kernel is not None else None
+        if native is not None and client is None:
+            _build(*native, uses)
+            return None
+        return native
+
+    claimed = [r for r in _in_threads(one, configs, width) if r is not None]
+    remote = list(dict(claimed).items())  # one build per key
+    if remote:
+        results = xpu_zebin.compile_many([r for _, r in remote], client=client)
+        for (key, _), result in zip(remote, results):
+            count = sum(1 for k, _ in claimed if k == key)
+            if isinstance(result, BuildError):
+                _keep(key, Prebuilt(error=result, uses=count))
+            else:
+                _keep(key, Prebuilt(result.binary, result.build_flags, True, count))
+    logger.info("%s: %d configs compiled before benchmarking in %.2f s%s",
+                getattr(tuner.base_fn, "__name__", "kernel"), len(configs),
+                time.perf_counter() - started, " (native builds on the Dask cluster)"
+                if remote else "")  # fmt: skip
 
 
 def install(cls: Any = None) -> None:
