@@ -610,6 +610,7 @@ impl Worker {
         unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
         match self.child.wait() {
             Ok(status) => match (status.code(), status.signal()) {
+                (Some(crate::crash_watch::STUCK_EXIT), _) => Exit::StuckInCrashHandler,
                 (Some(code), _) => Exit::Code(code),
                 (None, Some(sig)) => Exit::Signal(sig),
                 _ => Exit::Code(-1),
@@ -1015,15 +1016,32 @@ fn die_with_caller() -> std::io::Result<()> {
             let hung_up =
                 r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
             // SAFETY: getppid cannot fail.
-            if hung_up || unsafe { libc::getppid() } != caller || serving.stuck(Instant::now()) {
+            if hung_up || unsafe { libc::getppid() } != caller {
                 // SAFETY: kill(0) signals this process's own group (the worker and whatever
                 // it started); nothing else is touched.
                 unsafe { libc::kill(0, libc::SIGKILL) };
                 std::process::exit(1);
             }
+            if serving.stuck(Instant::now()) {
+                // Said with an exit status of its own, so the caller reports the crash at
+                // once instead of re-running the input (it would hang in the same handler);
+                // the caller kills the rest of the group. `_exit`: nothing that may need a
+                // lock the stuck thread holds (malloc's, stdio's).
+                // SAFETY: writes of static bytes to fd 2, then the end of the process.
+                unsafe {
+                    for said in ["\nxpu-zebin worker: ", crate::crash_watch::STUCK_SAID, "\n"] {
+                        libc::write(2, said.as_ptr().cast(), said.len());
+                    }
+                    libc::_exit(crate::crash_watch::STUCK_EXIT);
+                }
+            }
         })
         .map(|_| ())
 }
+
+/// What a worker whose compiler's crash handler caught a fault adds to the request's log.
+pub const FAULTED_SAID: &str = "the compiler's crash handler caught a fault during this \
+     request; this worker ends after answering";
 
 /// The worker's main loop: greet, then answer each request with `handle(header, payload)`
 /// until stdin closes or no request comes for the idle time. Call it once the library
@@ -1081,9 +1099,19 @@ pub fn serve(
             return Ok(());
         };
         let (header, payload) = handle(header, payload);
-        crate::crash_watch::unblock_crash_signals();
+        // A crash handler that jumped back out of a fault leaves the crash signals blocked:
+        // the compile answered, on a heap the fault may have corrupted. Answer, then end (exit
+        // 0, as an idle worker does: the caller's next request goes to a fresh one).
+        let faulted = crate::crash_watch::unblock_crash_signals();
+        if faulted {
+            eprintln!("\nxpu-zebin worker: {FAULTED_SAID}");
+        }
         write_frame(&mut protocol, &header, &payload)?;
         served += 1;
+        if faulted {
+            // SAFETY: ends the process now: no destructor or atexit handler runs on that heap.
+            unsafe { libc::_exit(0) };
+        }
     }
 }
 
@@ -1187,6 +1215,25 @@ mod tests {
                 reply,
                 Ok(Reply::Died {
                     exit: Exit::Signal(9),
+                    ..
+                })
+            ),
+            "{reply:?}"
+        );
+    }
+
+    #[test]
+    fn a_worker_its_crash_watch_ended_says_so() {
+        let (reply, _) = call_script(
+            "printf XZW3; head -c 18 >/dev/null; exit 86\n",
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(
+                reply,
+                Ok(Reply::Died {
+                    exit: Exit::StuckInCrashHandler,
                     ..
                 })
             ),
