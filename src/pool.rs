@@ -1222,6 +1222,64 @@ mod tests {
         );
     }
 
+    /// Not a test by itself: the worker side of the test below, run when this test binary
+    /// is started as a worker (`XPU_ZEBIN_TEST_WORKER`, the protocol on fd 3). It answers
+    /// each request with its pid; a `fault` request returns with SIGSEGV blocked on the
+    /// serving thread, the state libocloc's guard leaves when it jumps back out of a fault
+    /// (the real guards here abort instead: measured on both compilers).
+    #[test]
+    fn worker_main() {
+        if std::env::var_os("XPU_ZEBIN_TEST_WORKER").is_none() {
+            return;
+        }
+        // SAFETY: fd 3 is the protocol pipe the script set up; dup2 on own fds.
+        unsafe { libc::dup2(3, 1) };
+        let served = serve(|_, payload| {
+            if payload == b"fault" {
+                // SAFETY: a sigset built here, for this thread's own mask.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGSEGV);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+            }
+            (std::process::id().to_string().into_bytes(), Vec::new())
+        });
+        std::process::exit(i32::from(served.is_err()));
+    }
+
+    #[test]
+    fn a_worker_whose_crash_handler_caught_a_fault_ends_after_answering() {
+        let exe = std::env::current_exe().unwrap();
+        let (_dir, runtime, mut spec) = script_worker(&format!(
+            "exec '{}' --exact pool::tests::worker_main --nocapture --test-threads=1 3>&1 1>&2\n",
+            exe.display()
+        ));
+        spec.env = vec![("XPU_ZEBIN_TEST_WORKER".into(), "1".into())];
+        let ask = |payload: &[u8]| match call_with(
+            &runtime,
+            &spec,
+            b"{}",
+            payload,
+            &[],
+            Some(Duration::from_secs(120)),
+        ) {
+            Ok(Reply::Done {
+                header, chatter, ..
+            }) => (String::from_utf8(header).unwrap(), chatter),
+            other => panic!("{other:?}"),
+        };
+        let (first, _) = ask(b"hello");
+        let (faulted, said) = ask(b"fault");
+        assert_eq!(first, faulted, "an answering worker is kept");
+        assert!(said.contains(FAULTED_SAID), "{said}");
+        let (next, _) = ask(b"hello");
+        assert_ne!(next, faulted, "the worker that faulted served another job");
+        let (again, _) = ask(b"hello");
+        assert_eq!(next, again);
+    }
+
     #[test]
     fn a_worker_its_crash_watch_ended_says_so() {
         let (reply, _) = call_script(
