@@ -56,19 +56,57 @@ pub fn unblock_crash_signals() -> bool {
     }
 }
 
-/// A thread's blocked signals and CPU ticks (user + system), from its /proc task dir.
-fn sample(task: &str) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("{task}/status")).ok()?;
-    let blocked = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigBlk:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
-    let stat = std::fs::read_to_string(format!("{task}/stat")).ok()?;
+/// A thread's blocked signals and CPU ticks (user + system), from its /proc task dir
+/// (`status` and `stat` paths, NUL-terminated). Nothing here allocates: the watch thread
+/// must not wait on a malloc lock the stuck thread holds (measured: a watch that allocated
+/// hung on the allocator's lock of a thread stopped inside malloc).
+fn sample(status: &[u8], stat: &[u8]) -> Option<(u64, u64)> {
+    let mut buf = [0u8; 4096];
+    let text = read(status, &mut buf)?;
+    let at = find(text, b"SigBlk:")? + b"SigBlk:".len();
+    let blocked = text[at..]
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+        .take_while(|b| b.is_ascii_hexdigit())
+        .try_fold(0u64, |n, &b| {
+            let digit = (b as char).to_digit(16)?;
+            n.checked_mul(16)?.checked_add(u64::from(digit))
+        })?;
+    let text = read(stat, &mut buf)?;
     // Fields after the command name (which may hold spaces): state is the first; utime
     // and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some((blocked, ticks))
+    let after = &text[text.iter().rposition(|&b| b == b')')? + 1..];
+    let mut fields = after
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty());
+    let utime = number(fields.nth(11)?)?;
+    let stime = number(fields.next()?)?;
+    Some((blocked, utime + stime))
+}
+
+/// The start of a file (a NUL-terminated path) in `buf`, read with plain system calls.
+fn read<'a>(path: &[u8], buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    if path.last() != Some(&0) {
+        return None;
+    }
+    // SAFETY: a NUL-terminated path; read writes at most buf.len() bytes into buf.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        (n > 0).then(|| &buf[..n as usize])
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn number(digits: &[u8]) -> Option<u64> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 fn in_crash_handler(blocked: u64) -> bool {
@@ -77,73 +115,92 @@ fn in_crash_handler(blocked: u64) -> bool {
         .any(|&s| blocked & (1u64 << (s - 1)) != 0)
 }
 
-/// Samples of one thread of this process, or of every thread of another, taken from
-/// another thread.
-pub struct Watch {
-    /// A /proc task dir (one thread), or a task list (every thread of a process).
-    what: Watched,
+/// One thread's samples: since when it has sat in a handler without running, and its ticks
+/// then. True once that has lasted `stuck_after`.
+fn still(
+    since: &mut Option<(Instant, u64)>,
+    sampled: Option<(u64, u64)>,
+    now: Instant,
     stuck_after: Duration,
-    /// Per thread: since when it has sat in a handler without running, and its ticks then.
-    still: HashMap<String, (Instant, u64)>,
+) -> bool {
+    let Some((_, ticks)) = sampled.filter(|&(blocked, _)| in_crash_handler(blocked)) else {
+        *since = None; // running normally, or gone: nothing to say
+        return false;
+    };
+    match *since {
+        Some((from, at)) if at == ticks => now.duration_since(from) >= stuck_after,
+        _ => {
+            *since = Some((now, ticks));
+            false
+        }
+    }
 }
 
-enum Watched {
-    Thread(String),
-    Process(String),
+/// `<dir>/status` and `<dir>/stat`, NUL-terminated, made once.
+fn paths(dir: &str) -> (Vec<u8>, Vec<u8>) {
+    let path = |name: &str| format!("{dir}/{name}\0").into_bytes();
+    (path("status"), path("stat"))
+}
+
+/// Samples of one thread of this process, taken from another thread of it (which allocates
+/// nothing after `new`).
+pub struct Watch {
+    status: Vec<u8>,
+    stat: Vec<u8>,
+    stuck_after: Duration,
+    since: Option<(Instant, u64)>,
 }
 
 impl Watch {
-    /// A thread of this process.
     pub fn new(tid: libc::pid_t, stuck_after: Duration) -> Self {
-        Self::of(
-            Watched::Thread(format!("/proc/self/task/{tid}")),
-            stuck_after,
-        )
-    }
-
-    /// Every thread of a process (a one-shot compiler, watched by its caller).
-    pub fn process(pid: u32, stuck_after: Duration) -> Self {
-        Self::of(Watched::Process(format!("/proc/{pid}/task")), stuck_after)
-    }
-
-    fn of(what: Watched, stuck_after: Duration) -> Self {
+        let (status, stat) = paths(&format!("/proc/self/task/{tid}"));
         Watch {
-            what,
+            status,
+            stat,
             stuck_after,
-            still: HashMap::new(),
+            since: None,
         }
     }
 
-    /// Is a watched thread stuck in a crash handler, as of `now`? Call it every second or
-    /// so.
+    /// Is the thread stuck in a crash handler, as of `now`? Call it every second or so.
     pub fn stuck(&mut self, now: Instant) -> bool {
-        let tasks = match &self.what {
-            Watched::Thread(task) => vec![task.clone()],
-            Watched::Process(list) => std::fs::read_dir(list)
-                .map(|dir| {
-                    dir.filter_map(|e| e.ok())
-                        .map(|e| e.path().display().to_string())
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
-        let mut still = HashMap::new();
-        let mut stuck = false;
-        for task in tasks {
-            let Some((blocked, ticks)) = sample(&task) else {
-                continue; // gone: nothing to say
-            };
-            if !in_crash_handler(blocked) {
-                continue;
-            }
-            let since = match self.still.get(&task) {
-                Some(&(since, at)) if at == ticks => since,
-                _ => now,
-            };
-            stuck |= now.duration_since(since) >= self.stuck_after;
-            still.insert(task, (since, ticks));
+        let sampled = sample(&self.status, &self.stat);
+        still(&mut self.since, sampled, now, self.stuck_after)
+    }
+}
+
+/// Samples of every thread of another process (a one-shot compiler, watched by the caller
+/// that waits for it).
+pub struct ProcessWatch {
+    tasks: String,
+    stuck_after: Duration,
+    since: HashMap<String, Option<(Instant, u64)>>,
+}
+
+impl ProcessWatch {
+    pub fn new(pid: u32, stuck_after: Duration) -> Self {
+        ProcessWatch {
+            tasks: format!("/proc/{pid}/task"),
+            stuck_after,
+            since: HashMap::new(),
         }
-        self.still = still;
+    }
+
+    /// Is one of its threads stuck in a crash handler, as of `now`?
+    pub fn stuck(&mut self, now: Instant) -> bool {
+        let Ok(dir) = std::fs::read_dir(&self.tasks) else {
+            return false; // gone: its exit says the rest
+        };
+        let mut stuck = false;
+        let mut seen = HashMap::new();
+        for task in dir.filter_map(|e| e.ok()) {
+            let task = task.path().display().to_string();
+            let (status, stat) = paths(&task);
+            let mut since = self.since.remove(&task).flatten();
+            stuck |= still(&mut since, sample(&status, &stat), now, self.stuck_after);
+            seen.insert(task, since);
+        }
+        self.since = seen;
         stuck
     }
 }

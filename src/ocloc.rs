@@ -168,7 +168,7 @@ fn wait_for(
     let deadline = timeout.and_then(|t| started.checked_add(t));
     let exit_watch = ExitWatch::new(child.id());
     // A compiler sitting in its crash handler never ends by itself (`crash_watch.rs`).
-    let mut crash_watch = crash_watch::Watch::process(child.id(), crash_watch::STUCK);
+    let mut crash_watch = crash_watch::ProcessWatch::new(child.id(), crash_watch::STUCK);
     let mut next_sample = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
