@@ -6,6 +6,7 @@
 
 use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
+use crate::sync::Renewable;
 use crate::{crash_watch, libocloc, pool};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -15,7 +16,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Environment variable naming the ocloc to use when no explicit path is given.
@@ -73,7 +74,18 @@ pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
 
 /// (path, size, mtime) of an ocloc -> its identity string, so `query` runs once per compiler.
 type IdentityCache = Mutex<HashMap<(PathBuf, u64, i64), String>>;
-static IDENTITIES: LazyLock<IdentityCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+pub(crate) static IDENTITIES: Renewable<IdentityCache> =
+    Renewable::new(|| Mutex::new(HashMap::new()));
+
+/// Each ocloc's worker kind, or why it has none.
+type WorkerSpecs = Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>;
+pub(crate) static SPECS: Renewable<WorkerSpecs> = Renewable::new(|| Mutex::new(HashMap::new()));
+
+/// In a forked child: its locks start afresh (`sync::Renewable`).
+pub(crate) fn forget_after_fork() {
+    IDENTITIES.renew();
+    SPECS.renew();
+}
 
 /// A string that changes whenever the compiler does: its path, size, mtime and the driver
 /// version it reports (`ocloc query OCL_DRIVER_VERSION`). Part of every cache key.
@@ -82,7 +94,7 @@ pub fn identity(ocloc: &Path) -> Result<String> {
     let meta = std::fs::metadata(ocloc)
         .map_err(|e| missing(format!("cannot stat ocloc '{}': {e}", ocloc.display())))?;
     let key = (ocloc.to_path_buf(), meta.len(), meta.mtime());
-    if let Some(found) = crate::sync::lock(&IDENTITIES).get(&key) {
+    if let Some(found) = crate::sync::lock(IDENTITIES.get()).get(&key) {
         return Ok(found.clone());
     }
     let dir = tempfile::Builder::new()
@@ -121,7 +133,7 @@ pub fn identity(ocloc: &Path) -> Result<String> {
         meta.mtime(),
         version
     );
-    crate::sync::lock(&IDENTITIES).insert(key, id.clone());
+    crate::sync::lock(IDENTITIES.get()).insert(key, id.clone());
     Ok(id)
 }
 
@@ -343,9 +355,7 @@ fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
 
 /// The persistent worker kind for one ocloc, or why it has none.
 fn worker_spec(ocloc: &Path) -> std::result::Result<pool::WorkerSpec, String> {
-    static SPECS: LazyLock<Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    let mut specs = crate::sync::lock(&SPECS);
+    let mut specs = crate::sync::lock(SPECS.get());
     specs
         .entry(ocloc.to_path_buf())
         .or_insert_with(|| {
