@@ -1,7 +1,8 @@
 //! A worker stuck in a compiler's crash handler ends itself.
 //!
 //! libocloc guards each compile with its own SIGSEGV/SIGILL handler, which prints a
-//! backtrace and jumps back into the compiler. `backtrace` is not async-signal-safe: a
+//! backtrace and jumps back into the compiler (which then aborts: measured with both
+//! libocloc versions here, so such a worker dies). `backtrace` is not async-signal-safe: a
 //! fault inside `malloc` (heap corruption, where IGC crashes most) leaves the handler
 //! waiting forever on the allocator's or the loader's lock (seen here: a worker killed
 //! with SIGSEGV inside IGC's `realloc` hung in `backtrace` until the caller's deadline).
