@@ -10,8 +10,13 @@ use std::sync::LazyLock;
 pub enum Exit {
     Code(i32),
     Signal(i32),
-    TimedOut { seconds: u64 },
+    TimedOut {
+        seconds: u64,
+    },
     Cancelled,
+    /// Killed by a crash watch: it sat in its crash handler after a fault
+    /// (`crash_watch.rs`).
+    StuckInCrashHandler,
 }
 
 // Upstream's wording ("... limit for kernel K: N bytes (max permitted PTSS M bytes)") and
@@ -98,6 +103,10 @@ fn ended_early(exit: Exit) -> BuildError {
                 "the compiler crashed: killed by {} ({sig})",
                 signal_name(sig)
             ),
+        ),
+        Exit::StuckInCrashHandler => BuildError::new(
+            ErrorKind::CompilerCrash,
+            format!("the compiler crashed: {}", crate::crash_watch::STUCK_SAID),
         ),
         Exit::Code(code) => BuildError::new(
             ErrorKind::Internal,

@@ -15,16 +15,18 @@
 //! holding FIFOs, is refused with a warning, never waited on.
 
 use crate::private;
+use crate::sync::Renewable;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Where the slot files are: `XPU_ZEBIN_CORE_SLOTS_DIR`, else `cores` in the package's
 /// private directory (every process of a user on a host shares it).
 pub const SLOTS_DIR_ENV: &str = "XPU_ZEBIN_CORE_SLOTS_DIR";
 
 /// The host's slots, set up once per process; `None` when they cannot be (said once).
-static HOST: LazyLock<Option<Slots>> = LazyLock::new(|| {
+static HOST: Renewable<Option<Slots>> = Renewable::new(|| {
     let opened = slots_dir().and_then(|dir| {
         Slots::open(&dir, crate::batch::default_jobs())
             .map_err(|e| format!("{}: {e}", dir.display()))
@@ -55,7 +57,54 @@ pub fn slots_dir() -> Result<PathBuf, String> {
 
 /// One core held while alive (the lock goes with the file).
 #[derive(Debug)]
-pub struct Slot(#[allow(dead_code)] File);
+pub struct Slot(File);
+
+/// The descriptors of the slots this process holds (-1: none), so that a forked child lets
+/// go of its copies: an `flock` belongs to the open file, which the child shares, and a
+/// child that kept them would hold its parent's cores until it exits. Beyond this many
+/// held at once a slot is not tracked (the child then holds it until it exits or execs).
+static HELD: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+impl Slot {
+    fn new(file: File) -> Self {
+        let fd = file.as_raw_fd();
+        let _ = HELD.iter().find(|h| {
+            h.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        Slot(file)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let fd = self.0.as_raw_fd();
+        let _ = HELD.iter().find(|h| {
+            h.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+    }
+}
+
+/// In a forked child: the parent's slots are not the child's. Each held descriptor is
+/// pointed at /dev/null (the number stays valid for whatever still owns it), which lets go
+/// of the child's reference to the locked file; the slot files are opened again on use.
+pub(crate) fn forget_after_fork() {
+    // SAFETY: open, dup3 and close on this process's own descriptors (async-signal-safe).
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        for held in &HELD {
+            let fd = held.swap(-1, Ordering::AcqRel);
+            if fd >= 0 && null >= 0 {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+            }
+        }
+        if null >= 0 {
+            libc::close(null);
+        }
+    }
+    HOST.renew();
+}
 
 /// What taking a slot found.
 #[derive(Debug)]
@@ -69,13 +118,15 @@ pub enum Taken {
 
 /// Take a free slot of the host without waiting.
 pub fn try_take() -> Taken {
-    HOST.as_ref().map_or(Taken::Uncounted, Slots::try_take)
+    HOST.get()
+        .as_ref()
+        .map_or(Taken::Uncounted, Slots::try_take)
 }
 
 /// For diagnostics: the host's slot directory, how many slots it has and how many are held
 /// right now (by any process); `None` when slots are not counted.
 pub fn census() -> Option<(PathBuf, usize, usize)> {
-    let slots = HOST.as_ref()?;
+    let slots = HOST.get().as_ref()?;
     let held = slots
         .0
         .iter()
@@ -104,7 +155,7 @@ impl Slots {
                 return Taken::Uncounted;
             };
             if file.try_lock().is_ok() {
-                return Taken::Slot(Slot(file));
+                return Taken::Slot(Slot::new(file));
             }
         }
         Taken::Full

@@ -3,24 +3,29 @@
 //! `xpu_zebin` logger (a refused directory, a disabled feature), so a problem that does not
 //! fail the compile is still said, once, and never silently.
 
-use crate::sync::lock;
+use crate::sync::{lock, Renewable};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-static PENDING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+pub(crate) static SAID: Renewable<Mutex<HashSet<String>>> =
+    Renewable::new(|| Mutex::new(HashSet::new()));
+static PENDING: Renewable<Mutex<Vec<String>>> = Renewable::new(|| Mutex::new(Vec::new()));
+
+/// In a forked child: what the parent said or queued is not the child's to say.
+pub(crate) fn forget_after_fork() {
+    SAID.renew();
+    PENDING.renew();
+}
 
 /// Queue `message` unless a warning with this `key` was already queued by this process.
 pub fn warn_once(key: &str, message: impl Into<String>) {
-    let fresh = lock(&SAID)
-        .get_or_insert_with(HashSet::new)
-        .insert(key.to_string());
+    let fresh = lock(SAID.get()).insert(key.to_string());
     if fresh {
-        lock(&PENDING).push(message.into());
+        lock(PENDING.get()).push(message.into());
     }
 }
 
 /// The warnings queued since the last call.
 pub fn take() -> Vec<String> {
-    std::mem::take(&mut *lock(&PENDING))
+    std::mem::take(&mut *lock(PENDING.get()))
 }

@@ -6,7 +6,8 @@
 
 use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::{libocloc, pool};
+use crate::sync::Renewable;
+use crate::{crash_watch, libocloc, pool};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::fs::File;
@@ -15,7 +16,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Environment variable naming the ocloc to use when no explicit path is given.
@@ -73,7 +74,18 @@ pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
 
 /// (path, size, mtime) of an ocloc -> its identity string, so `query` runs once per compiler.
 type IdentityCache = Mutex<HashMap<(PathBuf, u64, i64), String>>;
-static IDENTITIES: LazyLock<IdentityCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+pub(crate) static IDENTITIES: Renewable<IdentityCache> =
+    Renewable::new(|| Mutex::new(HashMap::new()));
+
+/// Each ocloc's worker kind, or why it has none.
+type WorkerSpecs = Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>;
+pub(crate) static SPECS: Renewable<WorkerSpecs> = Renewable::new(|| Mutex::new(HashMap::new()));
+
+/// In a forked child: its locks start afresh (`sync::Renewable`).
+pub(crate) fn forget_after_fork() {
+    IDENTITIES.renew();
+    SPECS.renew();
+}
 
 /// A string that changes whenever the compiler does: its path, size, mtime and the driver
 /// version it reports (`ocloc query OCL_DRIVER_VERSION`). Part of every cache key.
@@ -82,7 +94,7 @@ pub fn identity(ocloc: &Path) -> Result<String> {
     let meta = std::fs::metadata(ocloc)
         .map_err(|e| missing(format!("cannot stat ocloc '{}': {e}", ocloc.display())))?;
     let key = (ocloc.to_path_buf(), meta.len(), meta.mtime());
-    if let Some(found) = crate::sync::lock(&IDENTITIES).get(&key) {
+    if let Some(found) = crate::sync::lock(IDENTITIES.get()).get(&key) {
         return Ok(found.clone());
     }
     let dir = tempfile::Builder::new()
@@ -121,7 +133,7 @@ pub fn identity(ocloc: &Path) -> Result<String> {
         meta.mtime(),
         version
     );
-    crate::sync::lock(&IDENTITIES).insert(key, id.clone());
+    crate::sync::lock(IDENTITIES.get()).insert(key, id.clone());
     Ok(id)
 }
 
@@ -167,13 +179,21 @@ fn wait_for(
 ) -> std::io::Result<Exit> {
     let deadline = timeout.and_then(|t| started.checked_add(t));
     let exit_watch = ExitWatch::new(child.id());
+    // A compiler sitting in its crash handler never ends by itself (`crash_watch.rs`).
+    let mut crash_watch = crash_watch::ProcessWatch::new(child.id(), crash_watch::STUCK);
+    let mut next_sample = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(exit_of(status));
         }
+        let now = Instant::now();
         let cancelled = cancel.iter().any(|c| c.load(Ordering::Relaxed));
-        let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
-        if cancelled || timed_out {
+        let timed_out = deadline.is_some_and(|d| now >= d);
+        let stuck = now >= next_sample && crash_watch.stuck(now);
+        if now >= next_sample {
+            next_sample = now + CRASH_SAMPLE;
+        }
+        if cancelled || timed_out || stuck {
             // SAFETY: killpg on the group created for this child, whose leader is not
             // reaped yet.
             unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
@@ -182,6 +202,8 @@ fn wait_for(
                 Exit::TimedOut {
                     seconds: timeout.unwrap_or_default().as_secs(),
                 }
+            } else if stuck {
+                Exit::StuckInCrashHandler
             } else {
                 Exit::Cancelled
             });
@@ -189,6 +211,9 @@ fn wait_for(
         exit_watch.wait(Duration::from_millis(20));
     }
 }
+
+/// How often a one-shot compiler's threads are sampled for a stuck crash handler.
+const CRASH_SAMPLE: Duration = Duration::from_millis(500);
 
 /// At most the last `max` bytes of a file, as text.
 fn read_bounded(path: &Path, max: u64) -> String {
@@ -330,9 +355,7 @@ fn descriptor(ocloc: &Path) -> std::result::Result<Descriptor, String> {
 
 /// The persistent worker kind for one ocloc, or why it has none.
 fn worker_spec(ocloc: &Path) -> std::result::Result<pool::WorkerSpec, String> {
-    static SPECS: LazyLock<Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    let mut specs = crate::sync::lock(&SPECS);
+    let mut specs = crate::sync::lock(SPECS.get());
     specs
         .entry(ocloc.to_path_buf())
         .or_insert_with(|| {
@@ -375,7 +398,11 @@ fn run_on_worker(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
     .ok()?;
     let started = Instant::now();
     let reply = pool::call(&kind, &header, spec.input, spec.cancel, spec.timeout).ok()?;
-    let seconds = started.elapsed().as_secs_f64();
+    from_reply(reply, spec.timeout, started.elapsed().as_secs_f64())
+}
+
+/// What a worker's reply says of the job; `None`: re-run it one-shot to classify it.
+fn from_reply(reply: pool::Reply, timeout: Option<Duration>, seconds: f64) -> Option<RawRun> {
     match reply {
         pool::Reply::Done {
             header,
@@ -391,12 +418,23 @@ fn run_on_worker(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
                 seconds,
             })
         }
+        // Its watch ended it in the compiler's crash handler: a crash, said now. A one-shot
+        // re-run could hang in the same handler.
+        pool::Reply::Died {
+            exit: exit @ Exit::StuckInCrashHandler,
+            chatter,
+        } => Some(RawRun {
+            exit,
+            log: chatter,
+            output: None,
+            seconds,
+        }),
         // An IGC crash (or a worker it left garbled): the one-shot re-run classifies it
         // from ocloc's own exit.
         pool::Reply::Died { .. } | pool::Reply::Garbled { .. } => None,
         pool::Reply::TimedOut { chatter, .. } => Some(RawRun {
             exit: Exit::TimedOut {
-                seconds: spec.timeout.unwrap_or_default().as_secs(),
+                seconds: timeout.unwrap_or_default().as_secs(),
             },
             log: chatter,
             output: None,
@@ -545,5 +583,71 @@ pub fn opencl_to_spirv(
         )
         .with_log(run.log)),
         (exit, _) => Err(classify_failure(exit, &run.log)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real process in the state a compiler deadlocked in its crash handler shows: crash
+    /// signals blocked and no CPU time spent (a `sleep` started with SIGSEGV blocked; the
+    /// deadlock itself cannot be caused on demand). Its caller kills it and says so well
+    /// before the deadline, where it used to wait the deadline out.
+    #[test]
+    fn a_one_shot_compiler_sitting_in_a_crash_handler_is_killed_not_waited_for() {
+        let mut command = Command::new("sleep");
+        command.arg("600");
+        // SAFETY: between fork and exec; sigemptyset/sigaddset/sigprocmask only touch the
+        // set on this stack and the mask, which exec keeps.
+        unsafe {
+            command.pre_exec(|| {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGSEGV);
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                Ok(())
+            })
+        };
+        let child = spawn_in_own_group(&mut command).unwrap();
+        let started = Instant::now();
+        let limit = Duration::from_secs(120);
+        let exit = wait_for(child, started, Some(limit), &[]).unwrap();
+        assert_eq!(exit, Exit::StuckInCrashHandler);
+        assert!(started.elapsed() < limit / 2, "{:?}", started.elapsed());
+        let e = classify_failure(exit, "");
+        assert_eq!(e.kind, ErrorKind::CompilerCrash);
+        assert!(e.message.contains("crash handler"), "{}", e.message);
+    }
+
+    /// The same `sleep` with nothing blocked is just slow: waited for until its deadline.
+    #[test]
+    fn a_one_shot_compiler_that_is_only_slow_is_waited_for() {
+        let child = spawn_in_own_group(Command::new("sleep").arg("600")).unwrap();
+        let limit = crash_watch::STUCK * 2;
+        let exit = wait_for(child, Instant::now(), Some(limit), &[]).unwrap();
+        assert_eq!(
+            exit,
+            Exit::TimedOut {
+                seconds: limit.as_secs()
+            }
+        );
+    }
+
+    /// A worker its watch ended in the compiler's crash handler is a crash, said at once:
+    /// no one-shot re-run (which could hang in the same handler). Other deaths are re-run.
+    #[test]
+    fn a_worker_ended_in_a_crash_handler_is_a_crash_without_a_re_run() {
+        let died = |exit| pool::Reply::Died {
+            exit,
+            chatter: "IGC said this".into(),
+        };
+        let run = from_reply(died(Exit::StuckInCrashHandler), None, 1.0).unwrap();
+        assert_eq!(run.exit, Exit::StuckInCrashHandler);
+        assert_eq!(run.log, "IGC said this");
+        let e = classify_failure(run.exit, &run.log);
+        assert_eq!(e.kind, ErrorKind::CompilerCrash);
+        assert_eq!(e.log, "IGC said this");
+        assert!(from_reply(died(Exit::Signal(libc::SIGSEGV)), None, 1.0).is_none());
     }
 }

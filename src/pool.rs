@@ -23,7 +23,7 @@
 
 use crate::classify::Exit;
 use crate::cores::{Slot, Taken};
-use crate::sync::lock;
+use crate::sync::{lock, Renewable};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
@@ -34,7 +34,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Set to `0` to use no persistent ocloc workers (one ocloc process per compile).
@@ -134,13 +134,15 @@ pub fn busy() -> usize {
 
 /// Woken whenever a compiler of this process starts or ends (and when a waiter's own
 /// condition changes). Compilers of other processes are seen at the next poll.
-static BUSY_CHANGED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+type Changed = (Mutex<()>, Condvar);
+static BUSY_CHANGED: Renewable<Changed> = Renewable::new(|| (Mutex::new(()), Condvar::new()));
 const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
 /// Wake everyone waiting in [`wait_for_idle_core`].
 pub fn notify_busy_changed() {
-    let _lock = lock(&BUSY_CHANGED.0);
-    BUSY_CHANGED.1.notify_all();
+    let changed = BUSY_CHANGED.get();
+    let _lock = lock(&changed.0);
+    changed.1.notify_all();
 }
 
 /// How long a speculative build waits before taking an idle core, in a process that runs
@@ -172,14 +174,15 @@ pub fn wait_for_idle_core(
         Duration::ZERO
     };
     let settled = Instant::now() + settle;
-    let mut guard = lock(&BUSY_CHANGED.0);
+    let changed = BUSY_CHANGED.get();
+    let mut guard = lock(&changed.0);
     loop {
         if give_up() {
             return None;
         }
         let now = Instant::now();
         if now < settled {
-            guard = wait_timeout(guard, settled - now);
+            guard = wait_timeout(changed, guard, settled - now);
             continue;
         }
         if busy() < cores && may() {
@@ -190,16 +193,23 @@ pub fn wait_for_idle_core(
             };
             if let Some(slot) = slot {
                 BUSY.fetch_add(1, Ordering::Relaxed); // under the lock: no twin takes it too
-                return Some(BusyGuard { slot });
+                return Some(BusyGuard {
+                    slot,
+                    pid: std::process::id(),
+                });
             }
         }
         // Woken on every change here; the timeout is when other processes are seen.
-        guard = wait_timeout(guard, POLL_OTHER_PROCESSES);
+        guard = wait_timeout(changed, guard, POLL_OTHER_PROCESSES);
     }
 }
 
-fn wait_timeout(guard: MutexGuard<'_, ()>, timeout: Duration) -> MutexGuard<'_, ()> {
-    match BUSY_CHANGED.1.wait_timeout(guard, timeout) {
+fn wait_timeout<'a>(
+    changed: &'a Changed,
+    guard: MutexGuard<'a, ()>,
+    timeout: Duration,
+) -> MutexGuard<'a, ()> {
+    match changed.1.wait_timeout(guard, timeout) {
         Ok((guard, _)) => guard,
         Err(poisoned) => poisoned.into_inner().0,
     }
@@ -208,6 +218,8 @@ fn wait_timeout(guard: MutexGuard<'_, ()>, timeout: Duration) -> MutexGuard<'_, 
 /// Counts one running compiler (and holds its host core slot, if one was free) while alive.
 pub struct BusyGuard {
     slot: Option<Slot>,
+    /// The process it counts in: a forked child's copy counts for nothing.
+    pid: u32,
 }
 
 impl BusyGuard {
@@ -218,7 +230,10 @@ impl BusyGuard {
         };
         BUSY.fetch_add(1, Ordering::Relaxed);
         notify_busy_changed();
-        BusyGuard { slot }
+        BusyGuard {
+            slot,
+            pid: std::process::id(),
+        }
     }
 }
 
@@ -231,8 +246,10 @@ impl Default for BusyGuard {
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         drop(self.slot.take()); // free before waking anyone who would take it
-        BUSY.fetch_sub(1, Ordering::Relaxed);
-        notify_busy_changed();
+        if self.pid == std::process::id() {
+            BUSY.fetch_sub(1, Ordering::Relaxed);
+            notify_busy_changed();
+        }
     }
 }
 
@@ -610,6 +627,7 @@ impl Worker {
         unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
         match self.child.wait() {
             Ok(status) => match (status.code(), status.signal()) {
+                (Some(crate::crash_watch::STUCK_EXIT), _) => Exit::StuckInCrashHandler,
                 (Some(code), _) => Exit::Code(code),
                 (None, Some(sig)) => Exit::Signal(sig),
                 _ => Exit::Code(-1),
@@ -760,11 +778,24 @@ impl Broken {
     }
 }
 
-static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(|| Mutex::new(Pool::default()));
+static POOL: Renewable<Mutex<Pool>> = Renewable::new(|| Mutex::new(Pool::default()));
+
+/// In a forked child: the parent's workers, its running compilers and its locks are not
+/// the child's (`sync::Renewable`). The child closes its copies of the idle workers' pipes
+/// (the workers stay the parent's) when the pool was not locked at the fork; else its state
+/// may be mid-change and is left alone.
+pub(crate) fn forget_after_fork() {
+    if let Some(Ok(mut pool)) = POOL.made().map(Mutex::try_lock) {
+        drop(std::mem::take(&mut pool.idle)); // no kill, no wait: just this process's fds
+    }
+    POOL.renew();
+    BUSY_CHANGED.renew();
+    BUSY.store(0, Ordering::Relaxed);
+}
 
 /// A live idle worker of this kind, if any (idle workers may have ended themselves).
 fn take_idle(key: &str) -> Option<Worker> {
-    let mut pool = lock(&POOL);
+    let mut pool = lock(POOL.get());
     let idle = pool.idle.get_mut(key)?;
     while let Some(mut w) = idle.pop() {
         if w.alive() {
@@ -780,7 +811,7 @@ pub fn unavailable(key: &str) -> Option<String> {
     if PYTHON.get().is_none() {
         return Some("workers are started through Python; the package was not imported".into());
     }
-    lock(&POOL)
+    lock(POOL.get())
         .broken
         .get(key)
         .filter(|b| b.still())
@@ -825,7 +856,7 @@ fn spawn_with_retries(
 /// the ocloc engine warns once per compiler (it goes on one process per compile), a Level
 /// Zero build raises `toolchain_missing` naming why.
 fn mark_broken(spec: &WorkerSpec, why: &str) {
-    let mut pool = lock(&POOL);
+    let mut pool = lock(POOL.get());
     let failures = pool.broken.get(&spec.key).map_or(0, |b| b.failures);
     let broken = Broken {
         why: why.to_string(),
@@ -855,7 +886,7 @@ pub fn call(
 fn job_done(spec: &WorkerSpec, mut worker: Worker) {
     worker.jobs += 1;
     let keep = !idle_exit().is_zero() && worker.jobs < JOBS_PER_WORKER;
-    let mut pool = lock(&POOL);
+    let mut pool = lock(POOL.get());
     let idle = pool.idle.entry(spec.key.clone()).or_default();
     if keep && idle.len() < MAX_IDLE_PER_KIND {
         idle.push(worker);
@@ -873,7 +904,7 @@ fn call_with(
     cancel: &[&AtomicBool],
     timeout: Option<Duration>,
 ) -> Result<Reply, String> {
-    if let Some(why) = lock(&POOL).broken.get(&spec.key).filter(|b| b.still()) {
+    if let Some(why) = lock(POOL.get()).broken.get(&spec.key).filter(|b| b.still()) {
         return Err(why.why.clone());
     }
     check_sizes(header, payload)?;
@@ -894,7 +925,7 @@ fn call_with(
             Some(w) => (w, true),
             None => match spawn_with_retries(python, spec, cancel, deadline) {
                 Ok(w) => {
-                    lock(&POOL).broken.remove(&spec.key);
+                    lock(POOL.get()).broken.remove(&spec.key);
                     (w, false)
                 }
                 Err(Unstarted::Cancelled) => return Ok(Reply::Cancelled),
@@ -965,7 +996,7 @@ fn call_with(
 
 /// Why workers are off, for each kind that has them off now (for diagnostics).
 pub fn broken() -> Vec<(String, String)> {
-    lock(&POOL)
+    lock(POOL.get())
         .broken
         .iter()
         .filter(|(_, b)| b.still())
@@ -976,7 +1007,7 @@ pub fn broken() -> Vec<(String, String)> {
 /// Stop every idle worker and forget which kinds could not start (tests, benchmarks, or
 /// before fork): the next request starts afresh.
 pub fn shutdown() {
-    let mut pool = lock(&POOL);
+    let mut pool = lock(POOL.get());
     pool.broken.clear();
     let idle: Vec<Worker> = pool.idle.drain().flat_map(|(_, w)| w).collect();
     drop(pool);
@@ -1015,15 +1046,32 @@ fn die_with_caller() -> std::io::Result<()> {
             let hung_up =
                 r > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
             // SAFETY: getppid cannot fail.
-            if hung_up || unsafe { libc::getppid() } != caller || serving.stuck(Instant::now()) {
+            if hung_up || unsafe { libc::getppid() } != caller {
                 // SAFETY: kill(0) signals this process's own group (the worker and whatever
                 // it started); nothing else is touched.
                 unsafe { libc::kill(0, libc::SIGKILL) };
                 std::process::exit(1);
             }
+            if serving.stuck(Instant::now()) {
+                // Said with an exit status of its own, so the caller reports the crash at
+                // once instead of re-running the input (it would hang in the same handler);
+                // the caller kills the rest of the group. `_exit`: nothing that may need a
+                // lock the stuck thread holds (malloc's, stdio's).
+                // SAFETY: writes of static bytes to fd 2, then the end of the process.
+                unsafe {
+                    for said in ["\nxpu-zebin worker: ", crate::crash_watch::STUCK_SAID, "\n"] {
+                        libc::write(2, said.as_ptr().cast(), said.len());
+                    }
+                    libc::_exit(crate::crash_watch::STUCK_EXIT);
+                }
+            }
         })
         .map(|_| ())
 }
+
+/// What a worker whose compiler's crash handler caught a fault adds to the request's log.
+pub const FAULTED_SAID: &str = "the compiler's crash handler caught a fault during this \
+     request; this worker ends after answering";
 
 /// The worker's main loop: greet, then answer each request with `handle(header, payload)`
 /// until stdin closes or no request comes for the idle time. Call it once the library
@@ -1081,9 +1129,19 @@ pub fn serve(
             return Ok(());
         };
         let (header, payload) = handle(header, payload);
-        crate::crash_watch::unblock_crash_signals();
+        // A crash handler that jumped back out of a fault leaves the crash signals blocked:
+        // the compile answered, on a heap the fault may have corrupted. Answer, then end (exit
+        // 0, as an idle worker does: the caller's next request goes to a fresh one).
+        let faulted = crate::crash_watch::unblock_crash_signals();
+        if faulted {
+            eprintln!("\nxpu-zebin worker: {FAULTED_SAID}");
+        }
         write_frame(&mut protocol, &header, &payload)?;
         served += 1;
+        if faulted {
+            // SAFETY: ends the process now: no destructor or atexit handler runs on that heap.
+            unsafe { libc::_exit(0) };
+        }
     }
 }
 
@@ -1187,6 +1245,220 @@ mod tests {
                 reply,
                 Ok(Reply::Died {
                     exit: Exit::Signal(9),
+                    ..
+                })
+            ),
+            "{reply:?}"
+        );
+    }
+
+    /// Not a test by itself: the worker side of the tests below, run when this test binary
+    /// is started as a worker (`XPU_ZEBIN_TEST_WORKER`, the protocol on fd 3).
+    /// `libocloc:PATH`: a real libocloc worker (the real compiler, hosted by this binary
+    /// instead of Python). `pids`: it answers each request with its pid; a `fault` request
+    /// returns with SIGSEGV blocked on the serving thread, the state libocloc's guard leaves
+    /// when it jumps back out of a fault (the real guards here abort instead: measured on
+    /// both compilers).
+    #[test]
+    fn worker_main() {
+        let Some(role) = std::env::var_os("XPU_ZEBIN_TEST_WORKER") else {
+            return;
+        };
+        // SAFETY: fd 3 is the protocol pipe the script set up; dup2 on own fds.
+        unsafe { libc::dup2(3, 1) };
+        if let Some(lib) = role.to_string_lossy().strip_prefix("libocloc:") {
+            let served = crate::libocloc::serve(std::path::Path::new(lib));
+            std::process::exit(i32::from(served.is_err()));
+        }
+        let served = serve(|_, payload| {
+            if payload == b"fault" {
+                // SAFETY: a sigset built here, for this thread's own mask.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGSEGV);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+            }
+            (std::process::id().to_string().into_bytes(), Vec::new())
+        });
+        std::process::exit(i32::from(served.is_err()));
+    }
+
+    #[test]
+    fn a_worker_whose_crash_handler_caught_a_fault_ends_after_answering() {
+        let exe = std::env::current_exe().unwrap();
+        let (_dir, runtime, mut spec) = script_worker(&format!(
+            "exec '{}' --exact pool::tests::worker_main --nocapture --test-threads=1 3>&1 1>&2\n",
+            exe.display()
+        ));
+        spec.env = vec![("XPU_ZEBIN_TEST_WORKER".into(), "pids".into())];
+        let ask = |payload: &[u8]| match call_with(
+            &runtime,
+            &spec,
+            b"{}",
+            payload,
+            &[],
+            Some(Duration::from_secs(120)),
+        ) {
+            Ok(Reply::Done {
+                header, chatter, ..
+            }) => (String::from_utf8(header).unwrap(), chatter),
+            other => panic!("{other:?}"),
+        };
+        let (first, _) = ask(b"hello");
+        let (faulted, said) = ask(b"fault");
+        assert_eq!(first, faulted, "an answering worker is kept");
+        assert!(said.contains(FAULTED_SAID), "{said}");
+        let (next, _) = ask(b"hello");
+        assert_ne!(next, faulted, "the worker that faulted served another job");
+        let (again, _) = ask(b"hello");
+        assert_eq!(next, again);
+    }
+
+    /// This test binary as a real libocloc worker (see `worker_main`).
+    fn libocloc_worker(dir: &std::path::Path) -> PythonRuntime {
+        let script = dir.join("worker");
+        let exe = std::env::current_exe().unwrap();
+        let body = format!(
+            "#!/bin/sh\nXPU_ZEBIN_TEST_WORKER=\"libocloc:$4\" exec '{}' --exact \
+             pool::tests::worker_main --nocapture --test-threads=1 3>&1 1>&2\n",
+            exe.display()
+        );
+        std::fs::write(&script, body).unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(&script, mode).unwrap();
+        PythonRuntime {
+            executable: script,
+            pythonpath: String::new(),
+        }
+    }
+
+    /// A thread holding every lock a compile takes (and a busy slot) until told to let go.
+    fn hold_every_lock() -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _busy = BusyGuard::new();
+            let _locks = (
+                lock(POOL.get()),
+                lock(&BUSY_CHANGED.get().0),
+                lock(crate::ocloc::IDENTITIES.get()),
+                lock(crate::ocloc::SPECS.get()),
+                lock(crate::diag::SAID.get()),
+            );
+            held_tx.send(()).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(300));
+        });
+        held_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        (holder, release_tx)
+    }
+
+    /// The exit status of a child process, killed if it has not ended within `limit`.
+    fn exit_within(child: libc::pid_t, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        let mut status = 0;
+        // SAFETY: waitpid/kill on our own unreaped child, with a status out-parameter.
+        unsafe {
+            while libc::waitpid(child, &mut status, libc::WNOHANG) == 0 {
+                if Instant::now() > deadline {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, &mut status, 0);
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status))
+    }
+
+    /// A child forked while another thread holds every lock a compile takes (the pool's,
+    /// the busy count's, the compiler identities' and worker kinds', the warnings') compiles
+    /// with the real compiler on a worker of its own: nothing of the parent's (held locks,
+    /// busy count, idle workers) is the child's. The parent's idle worker stays its own.
+    #[test]
+    fn a_child_forked_while_the_locks_are_held_compiles_on_workers_of_its_own() {
+        let ocloc = crate::ocloc::discover(None).expect("the real ocloc (apt: intel-opencl-icd)");
+        let dir = tempfile::tempdir().unwrap();
+        configure(libocloc_worker(dir.path()));
+        let key = format!("ocloc:{}", ocloc.display());
+        let idle = || -> Vec<u32> {
+            let pool = lock(POOL.get());
+            pool.idle
+                .get(&key)
+                .map_or(vec![], |w| w.iter().map(|w| w.child.id()).collect())
+        };
+        let source = "kernel void add(global float *a) { a[get_global_id(0)] += 1.0f; }";
+        let no = AtomicBool::new(false);
+        let spirv = crate::ocloc::opencl_to_spirv(&ocloc, source, "pvc", "", &no).unwrap();
+        let compiled = || {
+            let spec = crate::ocloc::JobSpec {
+                input: &spirv,
+                input_name: "kernel.spv",
+                args: ["-spirv_input", "-device", "pvc"]
+                    .map(String::from)
+                    .to_vec(),
+                timeout: Some(Duration::from_secs(120)),
+                cancel: &[],
+            };
+            let run = crate::ocloc::run(&ocloc, &spec);
+            matches!(
+                run,
+                Ok(crate::ocloc::RawRun {
+                    exit: Exit::Code(0),
+                    output: Some(_),
+                    ..
+                })
+            )
+        };
+        assert!(compiled());
+        let parents = idle();
+        assert_eq!(parents.len(), 1, "the compile left its worker idle");
+
+        let (holder, release) = hold_every_lock();
+        assert_eq!(busy(), 1);
+        // SAFETY: the child runs only the checks and the compile below, then _exits.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // The exit status names the first check that failed.
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                [
+                    busy() == 0,
+                    idle().is_empty(),
+                    compiled(),
+                    idle().len() == 1,
+                ]
+                .iter()
+                .position(|ok| !ok)
+                .map_or(0, |i| i as i32 + 2)
+            }));
+            // SAFETY: ends the child without running the test harness's exit.
+            unsafe { libc::_exit(failed.unwrap_or(1)) };
+        }
+        assert!(child > 0);
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let exit = exit_within(child, Duration::from_secs(120));
+        // Exit 2: busy count inherited, 3: idle workers inherited, 4: compile failed,
+        // 5: its worker not kept; None: it hung (killed at the deadline).
+        assert_eq!(exit, Some(0), "the forked child failed");
+        assert_eq!(idle(), parents, "the child took the parent's idle worker");
+        assert!(compiled());
+        assert_eq!(idle(), parents);
+    }
+
+    #[test]
+    fn a_worker_its_crash_watch_ended_says_so() {
+        let (reply, _) = call_script(
+            "printf XZW3; head -c 18 >/dev/null; exit 86\n",
+            b"",
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(
+                reply,
+                Ok(Reply::Died {
+                    exit: Exit::StuckInCrashHandler,
                     ..
                 })
             ),

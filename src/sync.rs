@@ -1,7 +1,80 @@
 //! Locks that survive a panic: a thread that panicked while holding one (a bug, caught and
 //! reported as an error) must not turn every later call into a second panic.
 
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+/// A process-wide value (locks and what they guard) that a forked child starts afresh: a
+/// lock another thread held at the fork stays held forever in the child, where that thread
+/// does not exist (Python's `os.fork`, a `multiprocessing` fork). Made on first use; after
+/// a fork the child's copy of the old value is left alone (it may be mid-change), never
+/// dropped.
+pub struct Renewable<T: 'static> {
+    current: AtomicPtr<T>,
+    make: fn() -> T,
+}
+
+impl<T: Send + Sync> Renewable<T> {
+    pub const fn new(make: fn() -> T) -> Self {
+        Renewable {
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            make,
+        }
+    }
+
+    pub fn get(&self) -> &'static T {
+        if let Some(now) = self.made() {
+            return now;
+        }
+        renew_in_forked_children();
+        let fresh = Box::into_raw(Box::new((self.make)()));
+        let null = std::ptr::null_mut();
+        match self
+            .current
+            .compare_exchange(null, fresh, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // SAFETY: from Box::into_raw, never freed.
+            Ok(_) => unsafe { &*fresh },
+            Err(other) => {
+                // SAFETY: `fresh` was never shared; `other` is from Box::into_raw, never freed.
+                unsafe {
+                    drop(Box::from_raw(fresh));
+                    &*other
+                }
+            }
+        }
+    }
+
+    /// The value, if it was made.
+    pub fn made(&self) -> Option<&'static T> {
+        let now = self.current.load(Ordering::Acquire);
+        // SAFETY: set only from Box::into_raw in `get`, and never freed.
+        (!now.is_null()).then(|| unsafe { &*now })
+    }
+
+    /// In a forked child: the next use makes a fresh value.
+    pub fn renew(&self) {
+        self.current.store(std::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// Register, once, what a forked child runs before anything else: every module that owns
+/// process-wide state forgets its parent's.
+fn renew_in_forked_children() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a handler that lives as long as the process.
+        unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+    }
+}
+
+/// Runs in a forked child, on its only thread, before `fork` returns there.
+extern "C" fn in_forked_child() {
+    crate::pool::forget_after_fork();
+    crate::cores::forget_after_fork();
+    crate::ocloc::forget_after_fork();
+    crate::diag::forget_after_fork();
+}
 
 /// Lock `m`, taking it over if a panicking thread left it poisoned: every structure kept
 /// behind these locks stays valid between statements (maps of workers, queues of notes).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +191,66 @@ def test_a_worker_that_could_not_start_is_tried_again_later(
     assert compiles()
     assert key not in [k for k, _ in _core.broken_workers()]
     assert len(_workers(marker)) == 1
+
+
+def _stop_in_crash_handler_state(tid: int) -> None:
+    """Stop thread ``tid`` (ptrace, until it dies) with SIGSEGV added to its blocked signals:
+    what a thread deadlocked in the compiler's crash handler shows (crash signals blocked, no
+    CPU time spent). A real deadlock there cannot be caused on demand."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    seize, interrupt, setsigmask = 0x4206, 0x4207, 0x420B
+    assert libc.ptrace(seize, tid, None, None) == 0, os.strerror(ctypes.get_errno())
+    assert libc.ptrace(interrupt, tid, None, None) == 0, os.strerror(ctypes.get_errno())
+    os.waitpid(tid, 0x40000000)  # __WALL: the stop, taken here so nobody else sees it
+    mask = ctypes.c_uint64(1 << (signal.SIGSEGV - 1))
+    assert libc.ptrace(setsigmask, tid, ctypes.c_void_p(8), ctypes.byref(mask)) == 0
+
+
+def test_a_worker_stuck_in_a_crash_handler_is_a_crash_at_once(ocloc, ptss_spirv, marker):
+    """Its watch ends it, and the caller says compiler_crash with its log: no one-shot
+    re-run of the input (which could hang in the same handler until the deadline)."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["ok"] = xpu_zebin.compile(
+                ptss_spirv,
+                device="pvc",
+                ocloc=ocloc,
+                build_flags="-cl-intel-256-GRF-per-thread",
+                cache=False,
+                speculative=False,
+            )
+        except Exception as e:
+            result["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        # The worker is compiling once IGC is mapped (its main thread serves requests).
+        victim = next((p for p in _workers(marker) if _compiling(p)), None)
+        time.sleep(0.05)
+    assert victim is not None, "no worker started compiling"
+    _stop_in_crash_handler_state(victim)
+    started = time.monotonic()
+    one_shots = set()
+    while thread.is_alive() and time.monotonic() < started + 300:
+        one_shots |= {pid for pid, cmd in marker.processes() if "_worker" not in cmd}
+        time.sleep(0.05)
+    thread.join(1)
+    err = result.get("error")
+    assert isinstance(err, xpu_zebin.CompilerCrashError), result
+    assert "crash handler" in err.message and "crash handler" in err.log, err
+    assert one_shots == set(), "the input was compiled again one-shot"
+    assert time.monotonic() - started < 60
+
+
+def _compiling(pid: int) -> bool:
+    try:
+        return "libigc" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False

@@ -295,6 +295,7 @@ pub fn isolated(
             let how = match exit {
                 Exit::Signal(sig) => format!("killed by {} ({sig})", signal_name(sig)),
                 Exit::Code(code) => format!("the driver ended its process with exit status {code}"),
+                Exit::StuckInCrashHandler => crate::crash_watch::STUCK_SAID.into(),
                 _ => "it ended".into(),
             };
             let what = if is_spv {
