@@ -121,7 +121,9 @@ def run(name: str, env: dict, quick: bool, work: Path) -> dict:
         TRITON_INTEL_DEVICE_ARCH="pvc",
     )
     child_env.update(env)
-    script = here / "child.py"  # Triton reads a kernel's source: a file, not -c
+    # Triton reads a kernel's source from its file, and its IRs name that file: one file
+    # for every run.
+    script = work / "child.py"
     script.write_text(CHILD)
     out = subprocess.run(
         [sys.executable, str(script), str(TESTS), str(here / "triton-cache"),
@@ -132,7 +134,9 @@ def run(name: str, env: dict, quick: bool, work: Path) -> dict:
         raise SystemExit(f"{name}: {out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["triton_cache"] = _cache_digest(here / "triton-cache")
-    print(f"{name}: {result['seconds']:.2f} s, chose {result['best']}", file=sys.stderr)
+    result["triton_cache_files"] = sum(1 for p in (here / "triton-cache").rglob("*") if p.is_file())
+    print(f"{name}: {result['seconds']:.2f} s, chose {result['best']}, Triton's cache "
+          f"{result['triton_cache_files']} files {result['triton_cache'][:12]}", file=sys.stderr)
     return result
 
 
@@ -181,7 +185,8 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.close()
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("XPU_ZEBIN_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
     for key, value in report.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     if args.json:
