@@ -135,8 +135,11 @@ def run(name: str, env: dict, quick: bool, work: Path) -> dict:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["triton_cache"] = _cache_digest(here / "triton-cache")
     result["triton_cache_files"] = sum(1 for p in (here / "triton-cache").rglob("*") if p.is_file())
-    print(f"{name}: {result['seconds']:.2f} s, chose {result['best']}, Triton's cache "
-          f"{result['triton_cache_files']} files {result['triton_cache'][:12]}", file=sys.stderr)
+    print(
+        f"{name}: {result['seconds']:.2f} s, chose {result['best']}, Triton's cache "
+        f"{result['triton_cache_files']} files {result['triton_cache'][:12]}",
+        file=sys.stderr,
+    )
     return result
 
 
