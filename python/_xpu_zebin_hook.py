@@ -83,16 +83,24 @@ def _patch_utils_class(cls: Any) -> None:
     cls.__init__ = __init__
 
 
+def _package(name: str) -> Optional[Any]:
+    """``xpu_zebin.<name>``, or None (said once) for a broken or half-removed install:
+    Triton then stays as it is."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"xpu_zebin.{name}")
+    except Exception as e:
+        _inactive(f"cannot import xpu_zebin ({_error(e)})")
+        return None
+
+
 def _patch_backends(module: Any) -> None:
     intel = getattr(module, "backends", {}).get("intel")
-    if intel is None:
+    drop_in = _package("triton") if intel is not None else None
+    if drop_in is None:
         return
-    try:
-        import xpu_zebin.triton
-    except Exception as e:  # a broken or half-removed install: Triton stays as it is
-        _inactive(f"cannot import xpu_zebin ({_error(e)})")
-        return
-    xpu_zebin.triton.install_backend(intel.compiler)
+    drop_in.install_backend(intel.compiler)
     # The driver builds its utils lazily from the XPUUtils class of its own module.
     utils_cls = vars(sys.modules.get(intel.driver.__module__) or object).get("XPUUtils")
     if utils_cls is None:
@@ -103,14 +111,9 @@ def _patch_backends(module: Any) -> None:
 
 def _patch_autotuner(module: Any) -> None:
     """Every ``@triton.autotune`` kernel compiles its configs at once before benchmarking."""
-    if getattr(module, "Autotuner", None) is None:
-        return
-    try:
-        import xpu_zebin.autotune
-    except Exception as e:  # a broken or half-removed install: Triton stays as it is
-        _inactive(f"cannot import xpu_zebin ({_error(e)})")
-        return
-    xpu_zebin.autotune.install(module.Autotuner)
+    autotune = _package("autotune") if getattr(module, "Autotuner", None) else None
+    if autotune is not None:
+        autotune.install(module.Autotuner)
 
 
 _PATCHES: Dict[str, Callable[[Any], None]] = {

@@ -65,12 +65,14 @@ def cpu(tmp_path, system_ocloc, monkeypatch):
         return found
 
     monkeypatch.setattr(autotune, "take", taken)
+    autotune._pending.clear()
     try:
         with triton_on_cpu(str(tmp_path / "triton-cache")):
             yield stand_in
     finally:
         xt.uninstall()
         driver.reset_active()
+    assert not autotune._pending  # every build made for a benchmark was taken or dropped
 
 
 def _live_tuner(stand_in: CpuDriver):
@@ -100,6 +102,7 @@ def test_a_ptss_config_is_skipped_as_triton_skips_it(cpu, modern_ocloc, tmp_path
     assert tuner.best_config.num_warps != 1
     assert len(cpu.taken) == 3  # every load found its build made at once, the failure too
     chosen = (tuner.best_config.num_warps, sorted(timings.items()))
+    loaded = sorted((n, flags) for n, _, flags, _, _ in cpu.utils.calls)
     # The same kernel tuned one config at a time (fresh caches): the same answer.
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-sequential"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-sequential"))
@@ -107,6 +110,8 @@ def test_a_ptss_config_is_skipped_as_triton_skips_it(cpu, modern_ocloc, tmp_path
     timings = {c.num_warps: t for c, t in tuner.configs_timings.items()}
     assert (tuner.best_config.num_warps, sorted(timings.items())) == chosen
     assert len(cpu.taken) == 3 and len(cpu.compiles) == 6  # in turn, inside the benchmark
+    again = sorted((n, flags) for n, _, flags, _, _ in cpu.utils.calls[len(loaded) :])
+    assert again == loaded  # the same kernels loaded, with the same GRF flags
 
 
 def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
@@ -152,6 +157,11 @@ def _tune_scale(stand_in: CpuDriver, jobs: str, monkeypatch) -> tuple:
     tuner[(1,)](x, out, 4096)  # the key again: Triton's cache, nothing compiled
     assert len(stand_in.taken) == compiles and len(stand_in.launched) == launches + 1
     assert len(stand_in.compiles) == len(timings_of(tuner))  # each config built once
+    builds = len(stand_in.compiles)
+    tuner[(1,)](x, out, 8192)  # a new key, the same kernels: they are Triton's already
+    tuner.nargs = {"x_ptr": x, "out_ptr": out, "n": 4096}
+    assert len(tuner.prune_configs({})) == 4  # asked from outside its run: nothing built
+    assert len(stand_in.compiles) == builds and not autotune._pending
     timings = sorted((str(c), t) for c, t in tuner.configs_timings.items())
     return str(tuner.best_config), timings, seen, x.calls, out.calls, compiles
 
@@ -159,7 +169,7 @@ def _tune_scale(stand_in: CpuDriver, jobs: str, monkeypatch) -> tuple:
 def test_heuristics_prune_hooks_and_keys_seen_again(cpu, tmp_path, monkeypatch):
     concurrent = _tune_scale(cpu, "0", monkeypatch)
     assert concurrent[5] == 4  # all four pruned configs built at once, before the benchmark
-    assert len(concurrent[1]) == 4 and concurrent[2]["pruned"] == 1
+    assert len(concurrent[1]) == 4 and concurrent[2]["pruned"] == 3  # keys 4096, 8192, asked
     cpu.compiles.clear()
     cpu.taken.clear()
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-sequential"))

@@ -20,9 +20,11 @@ import triton
 import triton.language as tl
 from triton.backends import backends
 from triton_helpers import (
+    ADD_SIG,
     SOFTMAX_SIG,
     TARGET,
     RecordingUtils,
+    add_kernel,
     compile_triton,
     softmax_kernel,
     triton_on_cpu,
@@ -94,17 +96,6 @@ def on_cpu(tmp_path_factory):
     with triton_on_cpu(str(tmp_path_factory.mktemp("triton-cache"))):
         yield
     xt.uninstall()
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
-             mask=mask)  # fmt: skip
-
-
-ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,16 @@ from __future__ import annotations
 import os
 
 import pytest
-import triton
-import triton.language as tl
 from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.errors import OutOfResources
 from triton_helpers import (
+    ADD_SIG,
     MM_SIG,
     TARGET,
     RecordingUtils,
     RecordingUtils33,
+    add_kernel,
     compile_triton,
     matmul_kernel,
     triton_on_cpu,
@@ -32,18 +32,6 @@ def on_cpu(tmp_path_factory):
     with triton_on_cpu(str(tmp_path_factory.mktemp("triton-cache"))):
         yield
     xt.uninstall()
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    y = tl.load(y_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, x + y, mask=mask)
-
-
-ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
 
 
 @pytest.fixture(scope="module")

@@ -48,9 +48,12 @@ SCHEDULER_ENV = "XPU_ZEBIN_AUTOTUNE_SCHEDULER"
 #: Builds waiting for their benchmark are bounded in number and bytes; beyond, the oldest
 #: is forgotten (its benchmark compiles it again: slower, never wrong).
 MAX_PENDING = 256
+#: Front ends at once at most (each holds its kernel's IR); the native builds they start
+#: take the host's core slots like any compile.
+MAX_THREADS = 8
 MAX_PENDING_BYTES = 256 << 20
 
-_installed: List[Tuple[type, Any]] = []
+_installed: List[Tuple[type, Dict[str, Any]]] = []
 _client: Any = None
 
 
@@ -61,8 +64,9 @@ class Prebuilt:
     binary: bytes = b""
     build_flags: str = ""
     error: Optional[BuildError] = None
-    #: Built elsewhere (a Dask cluster): loaded in a worker before the driver sees it.
-    remote: bool = False
+    #: Built elsewhere (a Dask cluster) or read from the cache (which others may write):
+    #: loaded in a worker before the driver sees it.
+    untrusted: bool = False
     #: How many configs' benchmarks it answers (configs that differ only in what does
     #: not change the SPIR-V, such as num_stages here, build once).
     uses: int = 1
@@ -83,7 +87,11 @@ def jobs() -> int:
         text = raw.strip()
         if text.isascii() and text.isdigit() and int(text) <= 1024:
             n = int(text)
-            return n if n > 0 else xpu_zebin._core.default_jobs()
+            if n > 0:
+                return n
+            cores = xpu_zebin._core.default_jobs()
+            # Ours: as many as cores; upstream's PRs: at most 4, half the cores.
+            return cores if name == JOBS_ENV else max(1, min(4, cores // 2))
         _warn_once(name, f"{name}={raw!r} is not a whole number from 0 to 1024: autotune "
                    "configs are compiled one by one, as Triton does")  # fmt: skip
         return 1
@@ -97,15 +105,27 @@ def use_client(client: Any) -> None:
     _client = client
 
 
+_unreachable: Dict[str, str] = {}
+
+
 def _cluster() -> Any:
+    """The Dask client to build on: :func:`use_client`'s, else one to the scheduler
+    ``XPU_ZEBIN_AUTOTUNE_SCHEDULER`` names; a scheduler that cannot be reached is said
+    once and the builds run here (never a wait per key)."""
     if _client is not None:
         return _client
     address = os.environ.get(SCHEDULER_ENV, "").strip()
-    if not address:
+    if not address or address in _unreachable:
         return None
-    from distributed import Client
+    try:
+        from distributed import Client
 
-    return use_client(Client(address)) or _client
+        return use_client(Client(address, timeout=10)) or _client
+    except Exception as e:  # no Dask, or no scheduler there: build here
+        _unreachable[address] = str(e)
+        _warn_once(SCHEDULER_ENV, f"{SCHEDULER_ENV}={address!r}: {e}; autotune configs "
+                   "are built on this machine")  # fmt: skip
+        return None
 
 
 _warned: set = set()
@@ -153,21 +173,40 @@ def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any)
         # The call's own arguments (Triton passes grid and warmup among them), the config's
         # meta-parameters, and no launch.
         current = {"grid": None, **kwargs, **config.all_kwargs(), "warmup": True}
-        return tuner.fn.run(*args, **current)
+        return tuner.fn.run(*(_as_argument(a) for a in args), **current)
     except Exception as e:  # the benchmark raises it again, in Triton's own handling
         logger.debug("config %s: front end failed (%s); its benchmark will say", config, e)
         return None
 
 
-def _in_threads(task: Any, configs: List[Any], width: int) -> List[Any]:
+def _as_argument(arg: Any) -> Any:
+    """What ``JITFunction.warmup`` makes of an argument (a ``torch.dtype`` stands for a
+    tensor of it)."""
+    try:
+        from triton.runtime.jit import MockTensor
+    except ImportError:
+        return arg
+    return MockTensor.wrap_dtype(arg)
+
+
+def _precompilable(config: Any, kwargs: Dict[str, Any]) -> bool:
+    """Can a config be compiled before its benchmark as the benchmark will? Not one with a
+    ``pre_hook`` (it may change what is compiled, e.g. a descriptor's block shape), nor
+    one whose meta-parameters the call also passes (Triton refuses that at once)."""
+    return config.pre_hook is None and not (kwargs.keys() & config.kwargs.keys())
+
+
+def _in_threads(task: Any, configs: List[Any], width: int, stop: threading.Event) -> List[Any]:
     """``task(config)`` for every config, ``width`` at once, results in order. Ctrl-C
-    (which only the main thread sees) cancels the compiles the threads run before it
-    propagates, so no compiler outlives it."""
-    with ThreadPoolExecutor(max_workers=min(width, len(configs))) as pool:
+    (which only the main thread sees) stops the tasks that have not started a compile and
+    cancels the compiles running (``cancel_running``: every one in the process, as Ctrl-C
+    would) before it propagates, so no compiler outlives it."""
+    with ThreadPoolExecutor(max_workers=min(width, len(configs), MAX_THREADS)) as pool:
         futures = [pool.submit(task, c) for c in configs]
         try:
             wait(futures)
         except BaseException:
+            stop.set()
             for f in futures:
                 f.cancel()
             xpu_zebin._core.cancel_running()
@@ -207,8 +246,15 @@ def _native_request(kernel: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
         name, kernel.metadata.build_flags or "", rule=drop_in.LOAD_BINARY_RULE,
         device_arch=arch,
     )  # fmt: skip
-    key = drop_in.farm_key(spirv, name, arch, options)
-    return key, {"spirv": spirv, "device": arch, "options": options}
+    return request_key(spirv, name, arch, options), {"spirv": spirv, "device": arch,
+                                                     "options": options}  # fmt: skip
+
+
+def request_key(spirv: bytes, name: str, device: str, options: Any) -> str:
+    """What identifies a native build for a benchmark: the bundle key scheme (input,
+    kernel, flags tried, spill rule) for this device and this compiler."""
+    identity = xpu_zebin._core.compiler_identity(options.ocloc)
+    return xpu_zebin._core.bundle_key(spirv, name, device, options, f"{device}|{identity}")
 
 
 def _build(key: str, request: Dict[str, Any], uses: Dict[str, int]) -> None:
@@ -222,83 +268,141 @@ def _build(key: str, request: Dict[str, Any], uses: Dict[str, int]) -> None:
             return
     try:
         result = xpu_zebin.compile(**request)
-        built = Prebuilt(result.binary, result.build_flags)
+        built = Prebuilt(result.binary, result.build_flags, untrusted=result.cached)
     except BuildError as e:
+        if e.kind == "cancelled":  # not the input's answer: its benchmark builds it
+            with _pending_lock:
+                uses.pop(key, None)
+            return
         built = Prebuilt(error=e)
     with _pending_lock:  # the configs that claimed it meanwhile count too
         _pending[key] = replace(built, uses=uses[key])
         _bound_pending()
 
 
-def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Dict) -> None:
+def _current_device() -> Tuple[Any, Any]:
+    """(the driver, the caller's device): upstream's driver keeps the device per thread
+    (PyTorch's current XPU device), so worker threads are put on the caller's."""
+    from triton.runtime.driver import driver
+
+    active = driver.active
+    return active, active.get_current_device()
+
+
+def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Dict) -> List[str]:
     """Compile every config of ``tuner`` for these arguments before its benchmark,
     ``jobs()`` at once: each config's Triton front end, then at once its native build, so
     one config's front end (which holds the GIL) runs while another's IGC does (outside
-    it). With a Dask cluster, the native builds run there after the front ends."""
+    it). With a Dask cluster, the native builds run there after the front ends. Returns
+    the keys of the builds it left for the benchmark."""
     from . import triton as drop_in
 
     width = jobs()
-    if width <= 1 or len(configs) < 2 or not drop_in._offline_usable():
-        return
+    configs = [c for c in configs if _precompilable(c, kwargs)]
+    if width <= 1 or len(configs) < 2 or not nargs or not drop_in._offline_usable():
+        return []
     args = list(nargs.values())  # positional arguments, in the kernel's order
     client = _cluster()
     started = time.perf_counter()
     drop_in._warm_triton()
     _create_binder(tuner.fn)
-
+    active, device = _current_device()
+    stop = threading.Event()
     uses: Dict[str, int] = {}
 
     def one(config: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
+        if stop.is_set():
+            return None
+        setter = getattr(active, "set_current_device", None)
+        if callable(setter) and active.get_current_device() != device:
+            setter(device)
         kernel = _front_end(tuner, args, kwargs, config)
-        native = _native_request(kernel) if kernel is not None else None
+        if kernel is None or getattr(kernel, "module", None) is not None or stop.is_set():
+            return None  # failed, or loaded already (a key whose kernels Triton has)
+        native = _native_request(kernel)
         if native is not None and client is None:
             _build(*native, uses)
             return None
         return native
 
-    claimed = [r for r in _in_threads(one, configs, width) if r is not None]
+    claimed = [r for r in _in_threads(one, configs, width, stop) if r is not None]
     remote = list(dict(claimed).items())  # one build per key
     if remote:
         results = xpu_zebin.compile_many([r for _, r in remote], client=client)
         for (key, _), result in zip(remote, results):
             count = sum(1 for k, _ in claimed if k == key)
+            uses[key] = count
             if isinstance(result, BuildError):
                 _keep(key, Prebuilt(error=result, uses=count))
             else:
-                _keep(key, Prebuilt(result.binary, result.build_flags, True, count))
+                _keep(key, Prebuilt(result.binary, result.build_flags, untrusted=True, uses=count))
     logger.info("%s: %d configs compiled before benchmarking in %.2f s%s",
                 getattr(tuner.base_fn, "__name__", "kernel"), len(configs),
                 time.perf_counter() - started, " (native builds on the Dask cluster)"
                 if remote else "")  # fmt: skip
+    return list(uses)
+
+
+def _forget(keys: List[str]) -> None:
+    """Builds a precompile left that no benchmark took (a bundle answered, the driver's
+    compiler built it): dropped when the autotuner's call ends."""
+    with _pending_lock:
+        for key in keys:
+            _pending.pop(key, None)
+
+
+_tuning = threading.local()
 
 
 def install(cls: Any = None) -> None:
     """Compile an ``Autotuner``'s pruned configs at once before it benchmarks them
-    (``cls``: Triton's ``Autotuner``). Idempotent; :func:`uninstall` undoes it."""
+    (``cls``: Triton's ``Autotuner``). Only inside its own ``run`` (on a key it has not
+    seen) and ``warmup``: other callers of ``prune_configs`` (a subclass, a tool asking
+    which configs there are) get Triton's answer and nothing compiled. Not with
+    ``cache_results`` (Triton's disk cache may answer without benchmarking). Idempotent;
+    :func:`uninstall` undoes it."""
     if cls is None:
         from triton.runtime.autotuner import Autotuner as cls
     if any(c is cls for c, _ in _installed):
         return
-    original = cls.prune_configs
+    originals = {name: getattr(cls, name) for name in ("prune_configs", "run", "warmup")}
 
     def prune_configs(self: Any, kwargs: Dict, *rest: Any) -> List[Any]:
-        pruned = original(self, kwargs, *rest)
+        pruned = originals["prune_configs"](self, kwargs, *rest)
         nargs = rest[0] if rest else getattr(self, "nargs", None)
-        if isinstance(nargs, dict):
+        calls = getattr(_tuning, "calls", None)
+        if calls and calls[-1] is self and isinstance(nargs, dict):
+            if getattr(self, "cache_results", False):
+                return pruned
             try:
-                precompile(self, list(pruned), kwargs, nargs)
+                _tuning.left = precompile(self, list(pruned), kwargs, nargs)
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # never worse: Triton compiles them itself, one by one
                 logger.warning("autotune configs not compiled at once: %s", e)
         return pruned
 
-    prune_configs.__wrapped__ = original  # type: ignore[attr-defined]
+    def entered(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            calls = _tuning.__dict__.setdefault("calls", [])
+            calls.append(self)
+            try:
+                return originals[name](self, *args, **kwargs)
+            finally:
+                calls.pop()
+                _forget(_tuning.__dict__.pop("left", []))
+
+        method.__wrapped__ = originals[name]  # type: ignore[attr-defined]
+        return method
+
+    prune_configs.__wrapped__ = originals["prune_configs"]  # type: ignore[attr-defined]
     cls.prune_configs = prune_configs
-    _installed.append((cls, original))
+    cls.run, cls.warmup = entered("run"), entered("warmup")
+    _installed.append((cls, originals))
 
 
 def uninstall() -> None:
     while _installed:
-        cls, original = _installed.pop()
-        cls.prune_configs = original
+        cls, originals = _installed.pop()
+        for name, original in originals.items():
+            setattr(cls, name, original)

@@ -336,13 +336,16 @@ def _build_offline(
     """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags); a build
     an autotune precompile made for this very request, when there is one."""
     arch = _device_arch(device, options.device_arch)
-    prebuilt = autotune.take(farm_key(spirv, name, arch, options))
-    if prebuilt is not None:  # built for this benchmark a moment ago, all configs at once
-        if prebuilt.error is not None:
-            raise prebuilt.error
-        if prebuilt.remote:  # another machine's build: it loads in a worker first
-            _trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
-        return prebuilt.binary, prebuilt.build_flags
+    prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
+    if prebuilt is not None and prebuilt.error is not None:
+        raise prebuilt.error  # built for this benchmark a moment ago: its answer
+    if prebuilt is not None:
+        try:
+            if prebuilt.untrusted:  # another machine's, or the cache's: tried first
+                _trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
+            return prebuilt.binary, prebuilt.build_flags
+        except Exception as e:  # built here instead, as if it had not been made
+            logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
     result = xpu_zebin.compile(spirv, device=arch, options=options)
     if result.cached:
         # A cache entry is untrusted input (a shared cache, a neighbour): its binary
