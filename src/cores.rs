@@ -26,23 +26,26 @@ use std::sync::atomic::{AtomicI32, Ordering};
 pub const SLOTS_DIR_ENV: &str = "XPU_ZEBIN_CORE_SLOTS_DIR";
 
 /// The host's slots, set up once per process; `None` when they cannot be (said once).
-static HOST: Renewable<Option<Slots>> = Renewable::new(|| {
-    let opened = slots_dir().and_then(|dir| {
-        Slots::open(&dir, crate::batch::default_jobs())
-            .map_err(|e| format!("{}: {e}", dir.display()))
-    });
-    opened
-        .map_err(|why| {
-            crate::diag::warn_once(
-                "core-slots",
-                format!(
-                    "host-wide core slots are off ({why}); speculation counts only this \
+static HOST: Renewable<Option<Slots>> = Renewable::new(
+    || {
+        let opened = slots_dir().and_then(|dir| {
+            Slots::open(&dir, crate::batch::default_jobs())
+                .map_err(|e| format!("{}: {e}", dir.display()))
+        });
+        opened
+            .map_err(|why| {
+                crate::diag::warn_once(
+                    "core-slots",
+                    format!(
+                        "host-wide core slots are off ({why}); speculation counts only this \
                      process's compilers"
-                ),
-            )
-        })
-        .ok()
-});
+                    ),
+                )
+            })
+            .ok()
+    },
+    forget_after_fork,
+);
 
 /// The directory holding the slot files, made and checked as private.
 pub fn slots_dir() -> Result<PathBuf, String> {

@@ -8,8 +8,9 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub(crate) static SAID: Renewable<Mutex<HashSet<String>>> =
-    Renewable::new(|| Mutex::new(HashSet::new()));
-static PENDING: Renewable<Mutex<Vec<String>>> = Renewable::new(|| Mutex::new(Vec::new()));
+    Renewable::new(|| Mutex::new(HashSet::new()), forget_after_fork);
+static PENDING: Renewable<Mutex<Vec<String>>> =
+    Renewable::new(|| Mutex::new(Vec::new()), forget_after_fork);
 
 /// In a forked child: what the parent said or queued is not the child's to say.
 pub(crate) fn forget_after_fork() {

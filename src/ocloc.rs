@@ -75,11 +75,12 @@ pub fn discover(explicit: Option<&Path>) -> Result<PathBuf> {
 /// (path, size, mtime) of an ocloc -> its identity string, so `query` runs once per compiler.
 type IdentityCache = Mutex<HashMap<(PathBuf, u64, i64), String>>;
 pub(crate) static IDENTITIES: Renewable<IdentityCache> =
-    Renewable::new(|| Mutex::new(HashMap::new()));
+    Renewable::new(|| Mutex::new(HashMap::new()), forget_after_fork);
 
 /// Each ocloc's worker kind, or why it has none.
 type WorkerSpecs = Mutex<HashMap<PathBuf, std::result::Result<pool::WorkerSpec, String>>>;
-pub(crate) static SPECS: Renewable<WorkerSpecs> = Renewable::new(|| Mutex::new(HashMap::new()));
+pub(crate) static SPECS: Renewable<WorkerSpecs> =
+    Renewable::new(|| Mutex::new(HashMap::new()), forget_after_fork);
 
 /// In a forked child: its locks start afresh (`sync::Renewable`).
 pub(crate) fn forget_after_fork() {

@@ -135,7 +135,8 @@ pub fn busy() -> usize {
 /// Woken whenever a compiler of this process starts or ends (and when a waiter's own
 /// condition changes). Compilers of other processes are seen at the next poll.
 type Changed = (Mutex<()>, Condvar);
-static BUSY_CHANGED: Renewable<Changed> = Renewable::new(|| (Mutex::new(()), Condvar::new()));
+static BUSY_CHANGED: Renewable<Changed> =
+    Renewable::new(|| (Mutex::new(()), Condvar::new()), forget_after_fork);
 const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
 /// Wake everyone waiting in [`wait_for_idle_core`].
@@ -778,7 +779,8 @@ impl Broken {
     }
 }
 
-static POOL: Renewable<Mutex<Pool>> = Renewable::new(|| Mutex::new(Pool::default()));
+static POOL: Renewable<Mutex<Pool>> =
+    Renewable::new(|| Mutex::new(Pool::default()), forget_after_fork);
 
 /// In a forked child: the parent's workers, its running compilers and its locks are not
 /// the child's (`sync::Renewable`). The child closes its copies of the idle workers' pipes

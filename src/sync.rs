@@ -1,7 +1,7 @@
 //! Locks that survive a panic: a thread that panicked while holding one (a bug, caught and
 //! reported as an error) must not turn every later call into a second panic.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// A process-wide value (locks and what they guard) that a forked child starts afresh: a
@@ -12,13 +12,17 @@ use std::sync::{Mutex, MutexGuard};
 pub struct Renewable<T: 'static> {
     current: AtomicPtr<T>,
     make: fn() -> T,
+    /// What the owning module runs in a forked child (it renews its values and lets go of
+    /// what it held): registered when the value is first made.
+    forget: fn(),
 }
 
 impl<T: Send + Sync> Renewable<T> {
-    pub const fn new(make: fn() -> T) -> Self {
+    pub const fn new(make: fn() -> T, forget: fn()) -> Self {
         Renewable {
             current: AtomicPtr::new(std::ptr::null_mut()),
             make,
+            forget,
         }
     }
 
@@ -26,7 +30,7 @@ impl<T: Send + Sync> Renewable<T> {
         if let Some(now) = self.made() {
             return now;
         }
-        renew_in_forked_children();
+        renew_in_forked_children(self.forget);
         let fresh = Box::into_raw(Box::new((self.make)()));
         let null = std::ptr::null_mut();
         match self
@@ -58,10 +62,23 @@ impl<T: Send + Sync> Renewable<T> {
     }
 }
 
-/// Register, once, what a forked child runs before anything else: every module that owns
-/// process-wide state forgets its parent's.
-fn renew_in_forked_children() {
+/// The modules' forget functions a forked child runs, as addresses (0: free): a fixed
+/// table, so the child reads it without a lock or an allocation.
+static FORGET: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+
+/// Register, once, what a forked child runs before anything else, and `forget` among it:
+/// every module that owns process-wide state forgets its parent's. The modules register
+/// themselves (this one names none of them).
+fn renew_in_forked_children(forget: fn()) {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
+    let address = forget as usize;
+    for slot in &FORGET {
+        match slot.compare_exchange(0, address, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(held) if held == address => break,
+            Err(_) => continue,
+        }
+    }
     if !REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registers a handler that lives as long as the process.
         unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
@@ -70,10 +87,14 @@ fn renew_in_forked_children() {
 
 /// Runs in a forked child, on its only thread, before `fork` returns there.
 extern "C" fn in_forked_child() {
-    crate::pool::forget_after_fork();
-    crate::cores::forget_after_fork();
-    crate::ocloc::forget_after_fork();
-    crate::diag::forget_after_fork();
+    for slot in &FORGET {
+        let address = slot.load(Ordering::Acquire);
+        if address != 0 {
+            // SAFETY: only `fn()` addresses are stored (`renew_in_forked_children`).
+            let forget: fn() = unsafe { std::mem::transmute::<usize, fn()>(address) };
+            forget();
+        }
+    }
 }
 
 /// Lock `m`, taking it over if a panicking thread left it poisoned: every structure kept

@@ -240,7 +240,12 @@ def test_ctrl_c_while_configs_compile_leaves_no_compiler(modern_ocloc, tmp_path,
     )  # fmt: skip
     assert child.stdout.readline().strip() == "tuning"
     deadline = time.monotonic() + 120  # Triton's front end first, then the compilers
-    while not any("ocloc" in cmd or "_worker" in cmd for _, cmd in marker.processes()):
+
+    def compiling() -> bool:  # a compile running: a compiler worker or an ocloc compile
+        return any("_worker ocloc" in cmd or ("ocloc" in cmd and " compile " in cmd)
+                   for _, cmd in marker.processes())  # fmt: skip
+
+    while not compiling():
         assert child.poll() is None, child.communicate()
         assert time.monotonic() < deadline, "the child should have started compilers"
         time.sleep(0.05)
