@@ -178,6 +178,23 @@ def test_heuristics_prune_hooks_and_keys_seen_again(cpu, tmp_path, monkeypatch):
     assert sequential[5] == 0 and len(cpu.compiles) == 4  # in turn, inside the benchmark
     # The same choice, timings, hook calls and argument resets/restores.
     assert concurrent[:5] == sequential[:5]
+    # Each config benchmarked as soon as it is built (the option): the same again.
+    monkeypatch.setenv("XPU_ZEBIN_AUTOTUNE_PIPELINE", "1")
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-pipelined"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-pipelined"))
+    monkeypatch.setenv("TRITON_XPU_GEN_NATIVE_CODE", "")
+    cpu.compiles.clear()
+    early: list = []
+    real_early_bench = autotune._early_bench
+
+    def counted_early_bench(tuner, args, kwargs):
+        bench = real_early_bench(tuner, args, kwargs)
+        return lambda config: (early.append(config), bench(config))
+
+    monkeypatch.setattr(autotune, "_early_bench", counted_early_bench)
+    pipelined = _tune_scale(cpu, "2", monkeypatch)
+    assert pipelined[:5] == sequential[:5] and len(early) == 8  # two new keys, 4 configs
+    assert not autotune._timed  # every early timing was taken by Triton's own loop
 
 
 def test_silly_job_counts_compile_one_by_one(monkeypatch, caplog):

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -196,14 +196,24 @@ def _precompilable(config: Any, kwargs: Dict[str, Any]) -> bool:
     return config.pre_hook is None and not (kwargs.keys() & config.kwargs.keys())
 
 
-def _in_threads(task: Any, configs: List[Any], width: int, stop: threading.Event) -> List[Any]:
-    """``task(config)`` for every config, ``width`` at once, results in order. Ctrl-C
+def _in_threads(
+    task: Any,
+    configs: List[Any],
+    width: int,
+    stop: threading.Event,
+    done: Optional[Any] = None,
+) -> List[Any]:
+    """``task(config)`` for every config, ``width`` at once, results in order;
+    ``done(config)`` on this thread as each finishes (the pipelined benchmark). Ctrl-C
     (which only the main thread sees) stops the tasks that have not started a compile and
     cancels the compiles running (``cancel_running``: every one in the process, as Ctrl-C
     would) before it propagates, so no compiler outlives it."""
     with ThreadPoolExecutor(max_workers=min(width, len(configs), MAX_THREADS)) as pool:
-        futures = [pool.submit(task, c) for c in configs]
+        futures = {pool.submit(task, c): c for c in configs}
         try:
+            for finished in as_completed(futures) if done else ():
+                if finished.exception() is None:
+                    done(futures[finished])
             wait(futures)
         except BaseException:
             stop.set()
@@ -325,7 +335,8 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
             return None
         return native
 
-    claimed = [r for r in _in_threads(one, configs, width, stop) if r is not None]
+    bench = _early_bench(tuner, args, kwargs) if client is None and pipelined() else None
+    claimed = [r for r in _in_threads(one, configs, width, stop, bench) if r is not None]
     remote = list(dict(claimed).items())  # one build per key
     if remote:
         results = xpu_zebin.compile_many([r for _, r in remote], client=client)
@@ -341,6 +352,29 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
                 time.perf_counter() - started, " (native builds on the Dask cluster)"
                 if remote else "")  # fmt: skip
     return list(uses)
+
+
+PIPELINE_ENV = "XPU_ZEBIN_AUTOTUNE_PIPELINE"
+#: Timings measured as soon as a config was built, for the autotuner's own loop to take.
+_timed: Dict[Tuple[int, int], Any] = {}
+
+
+def pipelined() -> bool:
+    """``XPU_ZEBIN_AUTOTUNE_PIPELINE=1``: each config is benchmarked as soon as it is
+    built, on the caller's thread, while others still build (off by default, as in
+    upstream's PR: the benchmark then shares the host with the compilers)."""
+    return xpu_zebin._core.bool_knob(PIPELINE_ENV, False)
+
+
+def _early_bench(tuner: Any, args: List[Any], kwargs: Dict[str, Any]) -> Any:
+    """Benchmark one built config now, with Triton's own ``_bench``; the autotuner's loop
+    then takes the timing instead of measuring again (the same configs, order of choice
+    and timings)."""
+
+    def bench(config: Any) -> None:
+        _timed[(id(tuner), id(config))] = tuner._bench(*args, config=config, **kwargs)
+
+    return bench
 
 
 def _forget(keys: List[str]) -> None:
@@ -365,7 +399,7 @@ def install(cls: Any = None) -> None:
         from triton.runtime.autotuner import Autotuner as cls
     if any(c is cls for c, _ in _installed):
         return
-    originals = {name: getattr(cls, name) for name in ("prune_configs", "run", "warmup")}
+    originals = {name: getattr(cls, name) for name in ("prune_configs", "run", "warmup", "_bench")}
 
     def prune_configs(self: Any, kwargs: Dict, *rest: Any) -> List[Any]:
         pruned = originals["prune_configs"](self, kwargs, *rest)
@@ -391,12 +425,20 @@ def install(cls: Any = None) -> None:
             finally:
                 calls.pop()
                 _forget(_tuning.__dict__.pop("left", []))
+                for key in [k for k in _timed if k[0] == id(self)]:
+                    del _timed[key]
 
         method.__wrapped__ = originals[name]  # type: ignore[attr-defined]
         return method
 
+    def _bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
+        timed = _timed.pop((id(self), id(config)), None)  # measured as soon as it was built
+        return timed if timed is not None else originals["_bench"](self, *args, config=config,
+                                                                   **meta)  # fmt: skip
+
     prune_configs.__wrapped__ = originals["prune_configs"]  # type: ignore[attr-defined]
-    cls.prune_configs = prune_configs
+    _bench.__wrapped__ = originals["_bench"]  # type: ignore[attr-defined]
+    cls.prune_configs, cls._bench = prune_configs, _bench
     cls.run, cls.warmup = entered("run"), entered("warmup")
     _installed.append((cls, originals))
 
