@@ -58,8 +58,14 @@ def _warn(message: str, *args: Any) -> None:
     logging.getLogger("xpu_zebin").warning(message, *args)
 
 
+_said: set = set()
+
+
 def _inactive(why: str) -> None:
-    _warn("xpu-zebin's Triton drop-in is not active: %s; Triton runs without it", why)
+    """One warning per reason (each of Triton's patched modules meets the same one)."""
+    if why not in _said:
+        _said.add(why)
+        _warn("xpu-zebin's Triton drop-in is not active: %s; Triton runs without it", why)
 
 
 def _error(e: BaseException) -> str:
