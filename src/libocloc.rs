@@ -2,7 +2,7 @@
 //!
 //! Measured (docs/design.md §4 and here): a one-shot ocloc process spends most of a small
 //! kernel's compile loading IGC; `oclocInvoke` in a live process does the same compile 2-3x
-//! faster after its first call. The process is a pool worker (`src/pool.rs`), so IGC dying
+//! faster after its first call. The process is a pool worker (`src/pool/`), so IGC dying
 //! takes down only the worker.
 
 use serde::{Deserialize, Serialize};

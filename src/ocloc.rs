@@ -1,5 +1,5 @@
 //! How one ocloc attempt is built: discovery, compiler identity, and one compile job on a
-//! persistent libocloc worker (`src/pool.rs`) or in a one-shot ocloc process.
+//! persistent libocloc worker (`src/pool/`) or in a one-shot ocloc process.
 //!
 //! A job runs with argv only (never a shell), in a private temp dir removed afterwards, in
 //! its own process group so a timeout or Ctrl-C kills ocloc and anything it started.

@@ -2,7 +2,7 @@
 
 ``python -m xpu_zebin._worker ocloc LIBOCLOC`` loads Intel's libocloc once and compiles;
 ``python -m xpu_zebin._worker ze`` opens the Level Zero driver and builds SPIR-V modules.
-Either serves requests on stdin/stdout until stdin closes; see ``src/pool.rs``. Anything
+Either serves requests on stdin/stdout until stdin closes; see ``src/pool/``. Anything
 that crashes the compiler ends this process, never the caller.
 """
 
