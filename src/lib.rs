@@ -7,6 +7,7 @@
 pub mod batch;
 #[cfg(feature = "python")]
 mod bindings;
+pub mod bounded;
 pub mod bundle;
 pub mod cache;
 pub mod classify;

@@ -118,7 +118,7 @@ pub fn identity(ocloc: &Path) -> Result<String> {
         .map_err(|e| missing(format!("cannot run ocloc '{}': {e}", ocloc.display())))?;
     let exit = wait_for(child, Instant::now(), Some(QUERY_TIMEOUT), &[])
         .map_err(|e| missing(format!("cannot wait for ocloc query: {e}")))?;
-    let said = read_bounded(&log_path, MAX_LOG_BYTES);
+    let said = crate::bounded::tail(&log_path, MAX_LOG_BYTES);
     let version = std::fs::read(dir.path().join("OCL_DRIVER_VERSION"))
         .map(|v| String::from_utf8_lossy(&v[..v.len().min(4096)]).into_owned())
         .unwrap_or_else(|_| said.clone());
@@ -215,19 +215,6 @@ fn wait_for(
 
 /// How often a one-shot compiler's threads are sampled for a stuck crash handler.
 const CRASH_SAMPLE: Duration = Duration::from_millis(500);
-
-/// At most the last `max` bytes of a file, as text.
-fn read_bounded(path: &Path, max: u64) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut file) = File::open(path) else {
-        return String::new();
-    };
-    let len = file.metadata().map_or(0, |m| m.len());
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(max)));
-    let mut bytes = Vec::new();
-    let _ = file.take(max).read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
-}
 
 fn exit_of(status: std::process::ExitStatus) -> Exit {
     match (status.code(), status.signal()) {
@@ -522,7 +509,7 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     let exit = wait_for(child, started, spec.timeout, spec.cancel)
         .map_err(|e| io("cannot wait for ocloc", e))?;
     let seconds = started.elapsed().as_secs_f64();
-    let log = read_bounded(&log_path, MAX_LOG_BYTES);
+    let log = crate::bounded::tail(&log_path, MAX_LOG_BYTES);
     // ocloc names its output differently across versions ("kernel", "kernel.bin", "kernel.spv").
     let output = std::fs::read_dir(&out_dir)
         .ok()
@@ -532,13 +519,7 @@ pub fn run_process(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
                     .is_some_and(|n| n.to_string_lossy().starts_with("kernel"))
             })
         })
-        .and_then(|p| {
-            use std::io::Read;
-            let file = File::open(p).ok()?;
-            let mut bytes = Vec::new();
-            file.take(MAX_OUTPUT_BYTES).read_to_end(&mut bytes).ok()?;
-            Some(bytes)
-        });
+        .and_then(|p| crate::bounded::read(File::open(p).ok()?, MAX_OUTPUT_BYTES).ok());
     Ok(RawRun {
         exit,
         log,

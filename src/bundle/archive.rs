@@ -352,7 +352,7 @@ impl Unpacker<'_> {
             }
             let kind = entry.header().entry_type();
             if kind.is_gnu_longname() || kind.is_pax_global_extensions() {
-                let record = read_bounded(&mut entry, MAX_NAME_RECORD_BYTES)
+                let record = crate::bounded::read(&mut entry, MAX_NAME_RECORD_BYTES)
                     .map_err(|e| bad(archive, format!("a name record: {e}")))?;
                 if long_name.is_some() {
                     return Err(bad(archive, "a long name names no entry"));
@@ -459,16 +459,6 @@ fn copy_exact(reader: &mut impl Read, dir: &Path, path: &Path, size: u64) -> std
         return Err(std::io::Error::other(why));
     }
     publish(tmp, path)
-}
-
-/// At most `limit` bytes of `reader`; more is an error.
-fn read_bounded(reader: &mut impl Read, limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    reader.take(limit + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(std::io::Error::other(format!("larger than {limit} bytes")));
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]

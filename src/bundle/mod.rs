@@ -13,7 +13,6 @@ use crate::options::Options;
 use crate::spill::Path as SpillPath;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "xpu-zebin-bundle/1";
@@ -116,13 +115,7 @@ pub fn key(
 
 /// Read a file of the bundle: a regular file (no link followed), at most `limit` bytes.
 fn read_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    let file = crate::private::open_file(path, false, false)?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(std::io::Error::other(format!("larger than {limit} bytes")));
-    }
-    Ok(bytes)
+    crate::bounded::read(crate::private::open_file(path, false, false)?, limit)
 }
 
 /// The bundle's manifest, checked: its format, every entry's key, checksum and file name
