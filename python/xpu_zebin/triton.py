@@ -363,6 +363,25 @@ def _build_offline(
     return result.binary, result.build_flags
 
 
+def _instead(
+    name: str,
+    spirv: bytes,
+    options: xpu_zebin.Options,
+    device: int,
+    why: BuildError,
+    pair: Optional[Tuple[str, str]],
+    refused: Optional[bytes],
+) -> Tuple[bytes, str]:
+    """The driver's own build of a kernel the offline path could not give it (``why``,
+    said once per kernel); a ``refused`` offline build is weighed against it to tell
+    whether the compiler's format is what the driver refuses (``_remember_refusal``)."""
+    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
+    native, flags = _jit_native(name, spirv, options, device)
+    if refused is not None:
+        _remember_refusal(pair, refused, native)
+    return native, flags
+
+
 def _load_spirv(
     name: str,
     spirv: bytes,
@@ -404,10 +423,7 @@ def _load_spirv(
             if refusal is None:
                 raise
             why, refused = refusal, native
-    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
-    native, flags = _jit_native(name, spirv, options, device)
-    if refused is not None:
-        _remember_refusal(pair, refused, native)
+    native, flags = _instead(name, spirv, options, device, why, pair, refused)
     return load(native, flags), flags
 
 
@@ -707,11 +723,7 @@ def _native_the_driver_takes(
             if refusal is None or refusal.kind not in REFUSAL_KINDS:
                 raise
             why, refused = refusal, result.binary
-    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
-    native, flags = _jit_native(name, spirv, options, 0)
-    if refused is not None:
-        _remember_refusal(pair, refused, native)
-    return native, flags
+    return _instead(name, spirv, options, 0, why, pair, refused)
 
 
 def install_backend(cls: Any = None) -> None:
