@@ -117,7 +117,7 @@ def _patch_backends(module: Any) -> None:
 
 def _patch_autotuner(module: Any) -> None:
     """Every ``@triton.autotune`` kernel compiles its configs at once before benchmarking."""
-    autotune = _package("autotune") if getattr(module, "Autotuner", None) else None
+    autotune = _package("triton.autotune") if getattr(module, "Autotuner", None) else None
     if autotune is not None:
         autotune.install(module.Autotuner)
 

@@ -141,7 +141,7 @@ def test_a_directory_swapped_in_during_import_is_never_deleted(
         installed.mkdir()
         (installed / "thesis.tex").write_text("years of work")
 
-    monkeypatch.setattr(bundle._core, "bundle_copy", copy_then_swap)
+    monkeypatch.setattr(xpu_zebin._core, "bundle_copy", copy_then_swap)
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not an installed bundle"):
         bundle.install(out, into)
     assert (installed / "thesis.tex").read_text() == "years of work"
@@ -164,9 +164,9 @@ def test_an_import_killed_between_its_renames_loses_nothing(pvc, system_ocloc, t
     before = (installed / "manifest.json").read_bytes()
     killed = (
         "import os, signal, sys\n"
-        "from xpu_zebin import bundle\n"
-        "bundle._same_manifest = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "bundle.install(sys.argv[1], sys.argv[2])\n"
+        "from xpu_zebin.bundle import importing\n"
+        "importing._same_manifest = lambda a, b: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "importing.import_bundle(sys.argv[1], sys.argv[2])\n"
     )
     run = subprocess.run([sys.executable, "-c", killed, str(out), str(into)], timeout=300,
                          env={**os.environ, "XPU_ZEBIN_TRITON": "0"})  # fmt: skip

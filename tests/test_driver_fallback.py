@@ -33,6 +33,7 @@ from triton_helpers import (
 import xpu_zebin
 import xpu_zebin.triton as xt
 from xpu_zebin import _core
+from xpu_zebin.triton.fallback import compiler_pair
 
 STAND_IN = '''#!{python}
 """The real ocloc of another release: it says so when asked, and a compile's zebin gets
@@ -141,7 +142,7 @@ def test_wrapped_load_binary_falls_back_to_the_drivers_jit(refused_ocloc, kernel
     finally:
         xt.uninstall()
     # Per host, not per process: another process knows it without compiling.
-    pair = xt._compiler_pair(xpu_zebin.Options(), 0)
+    pair = compiler_pair(xpu_zebin.Options(), 0)
     assert pair is not None and _core.compiler_refused(*pair)
     code = "import sys, xpu_zebin._core as c; sys.exit(3 - 3 * c.compiler_refused(*sys.argv[1:]))"
     assert subprocess.run([sys.executable, "-c", code, *pair]).returncode == 0
@@ -177,7 +178,7 @@ def test_a_cached_refused_build_goes_to_the_jit(refused_ocloc, kernels):
         xt.uninstall()
     assert [_major(c[1]) for c in utils.calls] == ["1"]
     assert refused_ocloc.compiles == 1
-    assert _core.compiler_refused(*xt._compiler_pair(xpu_zebin.Options(), 0))
+    assert _core.compiler_refused(*compiler_pair(xpu_zebin.Options(), 0))
     loaded[0].close()
 
 
@@ -197,7 +198,7 @@ def test_one_malformed_kernel_is_not_the_compilers_fault(system_ocloc, kernels, 
     finally:
         xt.uninstall()
     assert stand_in.compiles == 2 and len(utils.calls) == 4  # each refused, then the JIT's
-    assert not _core.compiler_refused(*xt._compiler_pair(xpu_zebin.Options(), 0))
+    assert not _core.compiler_refused(*compiler_pair(xpu_zebin.Options(), 0))
 
 
 def test_a_matching_compiler_is_not_remembered(system_ocloc, kernels, monkeypatch):
@@ -209,7 +210,7 @@ def test_a_matching_compiler_is_not_remembered(system_ocloc, kernels, monkeypatc
         xt.uninstall()
     assert len(utils.calls) == 1
     loaded[0].close()
-    pair = xt._compiler_pair(xpu_zebin.Options(), 0)
+    pair = compiler_pair(xpu_zebin.Options(), 0)
     assert pair is not None and not _core.compiler_refused(*pair)
 
 

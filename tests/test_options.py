@@ -9,8 +9,7 @@ import stat
 import pytest
 
 import xpu_zebin
-import xpu_zebin.triton as xt
-from xpu_zebin import Options, samples
+from xpu_zebin import Options, build_options, samples
 
 G256 = "-cl-intel-256-GRF-per-thread"
 
@@ -67,21 +66,22 @@ def test_conflicting_kernel_names_are_refused(add_spirv):
     ],
 )  # fmt: skip
 def test_load_binary_seventh_argument_in_both_meanings(value, expected):
-    assert xt._seventh_argument(value) == expected
+    assert build_options.seventh_argument(value) == expected
 
 
 @pytest.mark.parametrize("value", [True, 256.0, b"512", "256.0", "../x"])
 def test_load_binary_seventh_argument_that_is_neither_is_refused(value):
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="7th argument"):
-        xt._seventh_argument(value)
+        build_options.seventh_argument(value)
 
 
 @pytest.mark.parametrize("setting", ["", "upstream", " UPSTREAM "])
 def test_drop_ins_keep_their_paths_rule_under_the_default_policy(setting, monkeypatch):
     monkeypatch.setenv("XPU_ZEBIN_SPILL_POLICY", setting)
-    assert xt._spill_policy(xt.LOAD_BINARY_RULE) == "upstream:load_binary"
+    assert build_options.spill_policy(build_options.LOAD_BINARY_RULE) == "upstream:load_binary"
     monkeypatch.setenv("XPU_ZEBIN_SPILL_POLICY", "any")
-    assert xt._spill_policy(xt.LOAD_BINARY_RULE) is None  # the engine applies the variable
+    # the engine applies the variable
+    assert build_options.spill_policy(build_options.LOAD_BINARY_RULE) is None
 
 
 def test_spill_policy_knob_is_checked_before_anything_runs(add_spirv, monkeypatch):

@@ -62,3 +62,96 @@ def test_no_python_function_over_80_lines():
                 if lines > 80:
                     long.append(f"{path.name}:{node.name} ({lines} lines)")
     assert long == []
+
+
+def _python_imports() -> dict:
+    """Each module of the package and the package modules it imports (at its top or in a
+    function): ``from . import x`` depends on ``x``, not on the package it is in."""
+    import ast
+
+    root = ROOT / "python"
+
+    def name_of(path: pathlib.Path) -> str:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(p): p for p in root.glob("xpu_zebin/**/*.py")}
+
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    deps: dict = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        used = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                used.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:  # a submodule by name, else the module itself
+                    used.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else known(base))
+        # A module's own packages are imported with it: not a dependency of its own.
+        deps[name] = {d for d in used if d and d != name and not name.startswith(d + ".")}
+    return deps
+
+
+def test_no_python_import_circle():
+    """No two modules of the package import each other, directly or through others, not
+    even inside a function (a lazy import hides a circle; it does not remove it)."""
+    deps = _python_imports()
+    assert "xpu_zebin.triton.dropin" in deps and "xpu_zebin.bundle.lookup" in deps
+
+    def reaches(start: str, goal: str, seen: set) -> bool:
+        for d in deps.get(start, ()):
+            if d == goal or (d not in seen and (seen.add(d) or reaches(d, goal, seen))):
+                return True
+        return False
+
+    assert sorted(m for m in deps if reaches(m, m, set())) == []
+
+
+def test_bundles_know_nothing_of_triton_and_modules_stay_small():
+    """``xpu_zebin.bundle`` imports nothing of ``xpu_zebin.triton`` (its deprecated names
+    are looked up by name, for one release); no Python module over ~450 lines and no Rust
+    file over ~600: signals of mixed concerns."""
+    deps = _python_imports()
+    bundle = {d for m, ds in deps.items() if m.startswith("xpu_zebin.bundle") for d in ds}
+    assert [d for d in bundle if d.startswith("xpu_zebin.triton")] == []
+    long = [
+        f"{p.relative_to(ROOT)} ({n})"
+        for pattern, limit in (("python/**/*.py", 450), ("src/**/*.rs", 600))
+        for p in ROOT.glob(pattern)
+        if (n := len(p.read_text().splitlines())) > limit and p.name != "tests.rs"
+    ]
+    assert long == []
+
+
+def test_renamed_names_still_answer_with_a_deprecation_warning():
+    import warnings
+
+    import xpu_zebin.triton as xt
+    from xpu_zebin import bundle
+
+    moved = {
+        "install": xt.import_bundle,
+        "install_triton_entries": xt.import_triton_entries,
+        "triton_cache_kernels": xt.kernels_in_cache,
+        "precompile_triton": xt.precompile_kernel,
+        "check_triton_kernel": xt.check_kernel,
+        "triton_cache": xt.cache_entries,
+    }
+    for old, new in moved.items():
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            assert getattr(bundle, old) is new
+        assert [w.category for w in said] == [DeprecationWarning], old
+    import xpu_zebin.autotune
+    import xpu_zebin.triton_cache
+
+    assert xpu_zebin.autotune is xt.autotune and xpu_zebin.triton_cache is xt.cache_entries

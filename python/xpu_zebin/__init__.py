@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Typed
 
 from . import _core
 from ._core import Attempt, AttemptError, CompileResult, LoadedKernel, Options
+from ._tasks import batch_task
 from .errors import (
     BuildError,
     CancelledError,
@@ -415,22 +416,10 @@ def _with_progress(total: int, progress: Union[bool, Callable[[int], None]], run
             bar.close()
 
 
-def _batch_task(req: dict, caller: int) -> Union[CompileResult, BuildError]:
-    """One request of a batch run by an executor or by Dask, its failure in its slot. In a
-    process other than the caller's (a process pool's, a Dask worker's), processes start
-    tasks at the same moment: its speculative builds let the others' take their cores."""
-    if os.getpid() != caller:
-        _core.join_multiprocess_batch()
-    try:
-        return _core.compile(**req)  # a key this version does not know is a TypeError
-    except BuildError as e:
-        return e
-
-
 def _run_on_executor(
     executor: Executor, reqs: List[dict], callback: Optional[Callable[[int], None]]
 ) -> List[Union[CompileResult, BuildError]]:
-    futures = [executor.submit(_batch_task, r, os.getpid()) for r in reqs]
+    futures = [executor.submit(batch_task, r, os.getpid()) for r in reqs]
     for i, f in enumerate(futures):
         f.add_done_callback(lambda _f, i=i: callback(i) if callback else None)
     return [f.result() for f in futures]

@@ -16,8 +16,8 @@ import os
 import traceback
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
-from . import _batch_task
 from ._core import CompileResult
+from ._tasks import batch_task
 from .errors import BuildError, CancelledError, CompilerCrashError, InvalidArgumentError
 
 __all__ = ["cluster_client", "compile_many"]
@@ -36,7 +36,7 @@ def compile_many(
     # builds start at once and the short ones fill in, instead of one trailing at the end.
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i]["spirv"]))
     # pure=False: two identical requests are two compiles (each reports its own timing).
-    task = functools.partial(_batch_task, caller=os.getpid())
+    task = functools.partial(batch_task, caller=os.getpid())
     futures = client.map(task, [requests[i] for i in order], pure=False)
     index = {f.key: i for i, f in zip(order, futures)}
     for done in as_completed(futures):

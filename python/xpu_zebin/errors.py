@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+#: Driver answers to a native binary that mean "not this compiler's code": its format (the
+#: zebin's ``.ze_info`` major) is one the driver does not know, or it imports symbols
+#: nothing provides. The driver's own compiler builds such a kernel (upstream's path).
+REFUSAL_KINDS = ("unsupported_device", "link_failure")
+
 
 class BuildError(Exception):
     """A compile or load failed; ``kind`` says why and ``log`` holds the compiler's output."""

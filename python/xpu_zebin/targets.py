@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 import xpu_zebin
 
 from ._files import read_regular
-from .errors import BuildError, InvalidArgumentError, UnsupportedDeviceError
+from .errors import REFUSAL_KINDS, BuildError, InvalidArgumentError, UnsupportedDeviceError
 
 FORMAT = "xpu-zebin-target/1"
 #: Profiles are small; a bigger file is not one.
@@ -162,8 +162,6 @@ def probe_accepts(device: int = 0, ocloc: Optional[Any] = None) -> Optional[Dict
     """What device ``device``'s driver accepts: the ``.ze_info`` version its own compiler
     writes for a sample kernel, and whether it loads that kernel as ``ocloc`` (when one
     is found) builds it. None when no ``ocloc`` is there to make the sample's SPIR-V."""
-    from .triton import REFUSAL_KINDS
-
     try:
         spirv = _sample(ocloc)
     except BuildError:

@@ -1,0 +1,120 @@
+"""Finding a kernel's native build in the bundles this process uses (``$XPU_ZEBIN_BUNDLE``,
+then every imported one) for the local device; the engine checks each entry
+(``src/bundle/lookup.rs``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import xpu_zebin
+from xpu_zebin import _core
+
+from .. import targets
+from ..errors import BuildError
+from .format import info, triton_version
+
+logger = logging.getLogger("xpu_zebin.bundle")
+
+#: Bundle directories the drop-ins look in, ``os.pathsep``-separated (imported bundles too).
+BUNDLE_ENV = "XPU_ZEBIN_BUNDLE"
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
+
+
+# Bundles already looked at: path -> (stat stamp, usable).
+_checked: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
+
+
+def _usable(d: str) -> bool:
+    """A bundle made from another Triton version's SPIR-V is refused by name, once."""
+    try:
+        st = os.stat(Path(d) / "manifest.json")
+    except OSError:
+        if os.path.isfile(d):
+            _warn_once(f"{BUNDLE_ENV}: {d} is a file (a bundle archive?): archives are used "
+                       "once imported (xpu-zebin bundle import); skipped")  # fmt: skip
+        else:
+            _warn_once(f"{BUNDLE_ENV}: {d} holds no bundle (no manifest.json); skipped")
+        return False
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _checked.get(d)
+    if known and known[0] == stamp:
+        return known[1]
+    ok = True
+    try:
+        built_with, here = info(d).get("triton"), triton_version()
+        if built_with and here and built_with != here:
+            _warn_once(f"bundle {d} was built from Triton {built_with}'s SPIR-V; this is "
+                       f"Triton {here}: not used")  # fmt: skip
+            ok = False
+    except BuildError as e:
+        _warn_once(f"bundle not used: {e}")
+        ok = False
+    _checked[d] = (stamp, ok)
+    return ok
+
+
+def search_path() -> List[str]:
+    """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one. A
+    directory that holds no usable bundle is said once, at WARNING, and skipped."""
+    dirs = [d for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep) if d.strip()]
+    try:
+        imported = Path(_core.bundles_dir())
+        if imported.is_dir():
+            dirs += sorted(str(p) for p in imported.iterdir() if not p.name.startswith("."))
+    except (BuildError, OSError):
+        pass
+    return [d for d in dirs if _usable(d)]
+
+
+def find(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int,
+    arch: Optional[str] = None,
+) -> Optional[Tuple[bytes, str]]:  # fmt: skip
+    """The native binary and build flags a bundle holds for this kernel on the local
+    device (built for its driver, or for any driver), or None: then the caller compiles.
+    ``arch``: the device the caller builds for, when it may not be the local one (a
+    ``make_zebin`` for another target finds nothing here). Says why at DEBUG
+    (``TRITON_DEBUG=1``); a refused entry or bundle at WARNING."""
+    dirs = search_path()
+    if not dirs:
+        return None
+
+    try:
+        profile = targets.local(device)
+    except BuildError as e:
+        logger.debug("kernel %r: compiled, no bundle lookup (%s)", name, e)
+        return None
+    if arch and arch != profile.ocloc_device:
+        logger.debug("kernel %r: compiled: built for %s, not this device", name, arch)
+        return None
+    others: List[str] = []
+    for target in (profile, profile.any_driver()):
+        key = _core.bundle_key(spirv, name, target.ocloc_device, options, target.id)
+        status, what, native, skipped = _core.bundle_lookup(dirs, key, name, target.id)
+        for why in skipped:
+            _warn_once(f"bundle not used: {why}")
+        if status == "native":
+            logger.debug("kernel %r: from the bundle (%s, %r)", name, profile.name,
+                         what["build_flags"])  # fmt: skip
+            return native, what["build_flags"]
+        if status == "refused":
+            logger.warning("kernel %r: bundle entry refused (%s); compiling", name, what)
+            return None
+        others += [t for t in what if t not in others]
+    others = [t for t in others if t not in (profile.id, profile.any_driver().id)]
+    if others:
+        logger.debug("kernel %r: compiled: the bundle has it for other targets only (%s)",
+                     name, ", ".join(t[:12] for t in others))  # fmt: skip
+    else:
+        logger.debug("kernel %r: compiled: not in the bundle", name)
+    return None

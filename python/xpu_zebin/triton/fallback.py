@@ -1,0 +1,296 @@
+"""Native code the driver takes (docs/design.md §6): a bundle's build, else the offline
+compiler's, else, when the driver refuses that (a compiler of another release, unresolved
+symbols) or the offline compiler fails where the driver's own may not, the driver's own
+compiler builds the kernel from its SPIR-V in a worker, as upstream's path does; a
+(compiler, driver) pair whose format was refused goes to the driver's compiler at once
+after, on this host."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Optional, Tuple
+
+import xpu_zebin
+
+from .. import bundle
+from ..errors import REFUSAL_KINDS, BuildError, NoDeviceError
+from . import autotune
+from .errors import package_error, triton_error
+from .host import loads_here, ocloc_arch, offline_failed, offline_usable
+
+logger = logging.getLogger("xpu_zebin.triton")
+
+#: Offline failures that are the input's own, which the driver's compiler would meet too
+#: (or the caller's): final. Every other one (a builtin or device the offline compiler
+#: does not know, its crash, a build failure, a compiler that cannot run) has the
+#: driver's own compiler build the kernel instead, as upstream's path would. A PTSS
+#: overflow stays Triton's OutOfResources, as upstream's.
+FINAL_OFFLINE_KINDS = ("scratch_overflow", "invalid_spirv", "kernel_not_found",
+                       "invalid_argument", "cancelled")  # fmt: skip
+
+_said_once: set = set()
+_said_lock = threading.Lock()
+
+
+def _say_once(key: Any, message: str, *args: Any) -> None:
+    """A warning once per process for ``key`` (one line saying why, not one per kernel)."""
+    with _said_lock:
+        if key in _said_once:
+            return
+        _said_once.add(key)
+    logger.warning(message, *args)
+
+
+def compiler_pair(options: xpu_zebin.Options, device: int) -> Optional[Tuple[str, str]]:
+    """(the offline compiler's identity, this device's driver version), or None when
+    either cannot be told (no compiler, no driver: nothing to remember)."""
+    try:
+        identity = xpu_zebin._core.compiler_identity(options.ocloc)
+        driver = xpu_zebin.devices()[device]["driver"]
+    except (BuildError, IndexError, KeyError, TypeError):
+        return None
+    return identity, str(driver)
+
+
+def refused_here(pair: Optional[Tuple[str, str]]) -> bool:
+    return pair is not None and xpu_zebin._core.compiler_refused(*pair)
+
+
+def _ze_info_major(binary: bytes) -> Optional[str]:
+    try:
+        return str(xpu_zebin.zebin_info(binary)["version"]).split(".")[0]
+    except BuildError:
+        return None
+
+
+def _remember_refusal(pair: Optional[Tuple[str, str]], refused: bytes, own: bytes) -> None:
+    """A refusal of the offline compiler's format holds for every kernel of it on this
+    driver: remembered on this host when its ``.ze_info`` major is not the one the
+    driver's own compiler wrote for the same kernel (``own``). Anything else (one
+    malformed kernel, unresolved symbols, another device's build) is the kernel's own."""
+    ours, theirs = _ze_info_major(refused), _ze_info_major(own)
+    if pair is None or ours is None or theirs is None or ours == theirs:
+        return
+    xpu_zebin._core.remember_compiler_refused(*pair)
+    _say_once(
+        ("refused", pair),
+        "xpu-zebin: this Level Zero driver (%s) refuses native code of %s (its .ze_info "
+        "format %s.x, the driver's own %s.x); kernels are built by the driver's own compiler "
+        "from now on, as upstream's path does (use the compiler release that matches the "
+        "driver to build offline)",
+        pair[1], pair[0].split("|")[0], ours, theirs,
+    )  # fmt: skip
+
+
+def _driver_refusal(
+    name: str, native: bytes, flags: str, device: int, failure: BaseException
+) -> Optional[BuildError]:
+    """Why the driver refused ``native``, when that is what ``failure`` (the driver's
+    loader failing on it) was: a format it does not know or symbols nothing provides.
+    A Triton driver's own exception does not say, so the binary is loaded in a worker,
+    where the package's classifier names the driver's answer. None: another failure."""
+    error = package_error(failure)
+    if error is None:
+        try:
+            xpu_zebin.compile_and_load(
+                native, name, is_spv=False, device=device, build_flags=flags, cache=False
+            ).close()
+            return None
+        except BuildError as e:
+            error = e
+    return error if error.kind in REFUSAL_KINDS else None
+
+
+def jit_native(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Tuple[bytes, str]:
+    """The driver's own compiler builds the kernel from its SPIR-V (in a worker unless
+    isolation is off), with the GRF fallback: (native binary, chosen flags)."""
+    with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
+        return loaded.native_binary, loaded.build_flags
+
+
+class _Refused(Exception):
+    """The driver refused a build of the offline compiler (the package's error inside)."""
+
+    def __init__(self, error: BuildError, binary: bytes) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.binary = binary
+
+
+def trial_load(
+    name: str, native: bytes, build_flags: str, device: int, device_arch: Optional[str]
+) -> None:
+    """A native binary Triton hands over (from its cache, say) loads in a worker process
+    before the driver loads it here: the driver's loader dies on a malformed one. Once per
+    binary, kernel, flags and device on this host; skipped without isolation."""
+    if not xpu_zebin._isolated_default():
+        return
+    try:
+        xpu_zebin.compile_and_load(
+            native, name, is_spv=False, device=device, build_flags=build_flags,
+            device_arch=device_arch,
+        ).close()  # fmt: skip
+    except NoDeviceError as e:  # the package sees no device at all: the driver decides
+        logger.warning("kernel %r: native binary not tried in a worker (%s)", name, e)
+    except BuildError as e:  # a worker that cannot start included: never load it untried
+        raise triton_error(e) from e
+
+
+def _from_bundle(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Optional[Tuple[bytes, str]]:
+    """A bundle's build of this kernel for this device that loads here (trial-loaded in a
+    worker first), or None."""
+    found = bundle.find(name, spirv, options, device)
+    if found is not None:
+        try:
+            trial_load(name, found[0], found[1], device, options.device_arch)
+            return found
+        except Exception as e:  # an entry that does not load here: compile instead
+            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
+    return None
+
+
+def _build_offline(
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+) -> Tuple[bytes, str]:
+    """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags); a build
+    an autotune precompile made for this very request, when there is one."""
+    arch = ocloc_arch(device, options.device_arch)
+    prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
+    if prebuilt is not None and prebuilt.error is not None:
+        raise prebuilt.error  # built for this benchmark a moment ago: its answer
+    if prebuilt is not None:
+        try:
+            if prebuilt.untrusted:  # another machine's, or the cache's: tried first
+                trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
+            return prebuilt.binary, prebuilt.build_flags
+        except Exception as e:  # built here instead, as if it had not been made
+            logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
+    result = xpu_zebin.compile(spirv, device=arch, options=options)
+    if result.cached:
+        # A cache entry is untrusted input (a shared cache, a neighbour): its binary
+        # loads in a worker before the driver loads it here (once per binary and host);
+        # one that does not load is rebuilt from the SPIR-V, and one the driver refuses
+        # goes back to the caller as the driver's answer.
+        try:
+            trial_load(name, result.binary, result.build_flags, device, options.device_arch)
+        except Exception as e:
+            refusal = package_error(e)
+            if refusal is not None and refusal.kind in REFUSAL_KINDS:
+                raise _Refused(refusal, result.binary) from None
+            logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
+            result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
+    return result.binary, result.build_flags
+
+
+def _instead(
+    name: str,
+    spirv: bytes,
+    options: xpu_zebin.Options,
+    device: int,
+    why: BuildError,
+    pair: Optional[Tuple[str, str]],
+    refused: Optional[bytes],
+) -> Tuple[bytes, str]:
+    """The driver's own build of a kernel the offline path could not give it (``why``,
+    said once per kernel); a ``refused`` offline build is weighed against it to tell
+    whether the compiler's format is what the driver refuses (``_remember_refusal``)."""
+    logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
+    native, flags = jit_native(name, spirv, options, device)
+    if refused is not None:
+        _remember_refusal(pair, refused, native)
+    return native, flags
+
+
+def load_spirv(
+    name: str,
+    spirv: bytes,
+    options: xpu_zebin.Options,
+    device: int,
+    load: Callable[[bytes, str], Any],
+) -> Tuple[Any, str]:
+    """SPIR-V to the driver's loader: a bundle's build, else the package's native build
+    when the driver takes it. When the driver refuses it (a compiler of another release,
+    unresolved symbols), or the offline compiler fails where the driver's own may not,
+    the driver's own compiler builds it from the SPIR-V, as upstream's path does, and one
+    line says why; a (compiler, driver) pair whose format was refused goes to the
+    driver's compiler at once after (docs/design.md §6)."""
+    found = _from_bundle(name, spirv, options, device)
+    if found is not None:
+        return load(*found), found[1]
+    offline = offline_usable()
+    pair = compiler_pair(options, device) if offline else None
+    refused: Optional[bytes] = None
+    if not offline or refused_here(pair):
+        native, flags = jit_native(name, spirv, options, device)
+        return load(native, flags), flags
+    try:
+        native, flags = _build_offline(name, spirv, options, device)
+    except _Refused as e:  # a cached build of the offline compiler, refused by the driver
+        why: BuildError = e.error
+        refused = e.binary
+    except BuildError as e:
+        if e.kind in FINAL_OFFLINE_KINDS:
+            raise
+        if e.kind == "toolchain_missing":  # it cannot run here: not tried again
+            offline_failed(str(e))
+        why = e
+    else:
+        try:
+            return load(native, flags), flags
+        except Exception as e:
+            refusal = _driver_refusal(name, native, flags, device, e)
+            if refusal is None:
+                raise
+            why, refused = refusal, native
+    native, flags = _instead(name, spirv, options, device, why, pair, refused)
+    return load(native, flags), flags
+
+
+def native_the_driver_takes(
+    name: str, spirv: bytes, options: xpu_zebin.Options, arch: Optional[str]
+) -> Tuple[bytes, str]:
+    """``make_zebin``'s answer is final (Triton's cache and Inductor's launcher load it
+    with no retry), so where the kernel will load on this host, the driver must take it:
+    a bundle's build or an ``ocloc`` build the driver refuses (another compiler release,
+    unresolved symbols) is made by the driver's own compiler instead, and a (compiler,
+    driver) pair whose format was refused goes there at once after. The check is the
+    trial load the drop-in ``load_binary`` does anyway (remembered per binary on this
+    host), made before the binary is handed on (docs/design.md §6)."""
+    here = loads_here(arch)
+    found = bundle.find(name, spirv, options, 0, arch=arch)
+    if found is not None:
+        try:
+            if here:
+                trial_load(name, found[0], found[1], 0, options.device_arch)
+            return found
+        except Exception as e:  # an entry that does not load here: built instead
+            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
+    if not offline_usable():  # no ocloc here: the driver's own compiler, in a worker
+        return jit_native(name, spirv, options, 0)
+    pair = compiler_pair(options, 0) if here else None
+    if refused_here(pair):
+        return jit_native(name, spirv, options, 0)
+    refused: Optional[bytes] = None
+    try:
+        result = xpu_zebin.compile(spirv, device=arch or ocloc_arch(0, None), options=options)
+    except BuildError as e:  # upstream's make_zebin fails too, but where the driver may not
+        if not here or e.kind not in REFUSAL_KINDS:
+            raise
+        why: BuildError = e
+    else:
+        if not here:
+            return result.binary, result.build_flags
+        try:
+            trial_load(name, result.binary, result.build_flags, 0, options.device_arch)
+            return result.binary, result.build_flags
+        except Exception as e:
+            refusal = package_error(e)
+            if refusal is None or refusal.kind not in REFUSAL_KINDS:
+                raise
+            why, refused = refusal, result.binary
+    return _instead(name, spirv, options, 0, why, pair, refused)
