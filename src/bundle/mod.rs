@@ -2,10 +2,11 @@
 //! manifest, so that a machine of that profile loads them with no compile at all.
 //!
 //! A bundle is a directory: `manifest.json`, `native/<key>.zebin`, and Triton cache
-//! entries under `triton/<hash>/` (`triton.rs`); or one archive file of them (`archive.rs`). Everything in it is
-//! untrusted input: the manifest is read bounded and checked (format, keys, file names), an
-//! entry's bytes must match its checksum and parse as a zebin holding its kernel, and the
-//! caller still trial-loads a native binary in a worker before its driver sees it.
+//! entries under `triton/<hash>/` (`triton.rs`); or one archive file of them (`archive/`).
+//! Everything in it is untrusted input: the manifest is read bounded and checked (format,
+//! keys, file names), an entry's bytes must match its checksum and parse as a zebin holding
+//! its kernel, and the caller still trial-loads a native binary in a worker before its
+//! driver sees it. Looking kernels up in bundles is `lookup.rs`.
 
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::key::{KeyInputs, Purpose};
