@@ -184,8 +184,15 @@ def bundle_write(
 def bundle_read(dir: Union[str, os.PathLike[str]]) -> Dict[str, Any]: ...
 def bundle_verify(dir: Union[str, os.PathLike[str]]) -> Dict[str, Any]: ...
 def bundle_lookup(
-    dirs: Sequence[Union[str, os.PathLike[str]]], key: str, kernel: str, target: str
+    dirs: Sequence[Union[str, os.PathLike[str]]],
+    key: str,
+    kernel: str,
+    target: str,
+    triton: Optional[str] = None,
 ) -> Tuple[str, Any, Optional[bytes], List[str]]: ...
+def bundle_usable(
+    dir: Union[str, os.PathLike[str]], triton: Optional[str] = None
+) -> Optional[str]: ...
 def bundle_copy(src: Union[str, os.PathLike[str]], dest: Union[str, os.PathLike[str]]) -> int: ...
 def bundle_triton_files(
     dir: Union[str, os.PathLike[str]], targets: Sequence[str]

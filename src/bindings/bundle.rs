@@ -102,17 +102,20 @@ pub fn bundle_verify<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, 
 
 /// Look `key` up in `dirs` for `kernel` on `target`: `(status, what, bytes, skipped)`,
 /// status `"native"` (what: the entry), `"missing"` (what: other targets that have the
-/// kernel) or `"refused"` (what: why); `skipped` says which bundles could not be read.
+/// kernel) or `"refused"` (what: why); `skipped` says which bundles could not be read or
+/// were made from another Triton's SPIR-V than `triton` (the caller's Triton version).
 #[pyfunction]
+#[pyo3(signature = (dirs, key, kernel, target, triton=None))]
 pub fn bundle_lookup<'py>(
     py: Python<'py>,
     dirs: Vec<PathBuf>,
     key: &str,
     kernel: &str,
     target: &str,
+    triton: Option<&str>,
 ) -> PyResult<LookupAnswer<'py>> {
     let bundle::Lookup { found, skipped } =
-        py.detach(|| bundle::lookup(&dirs, key, kernel, target));
+        py.detach(|| bundle::lookup(&dirs, key, kernel, target, triton));
     Ok(match found {
         Found::Native(entry, bytes) => (
             "native",
@@ -128,6 +131,16 @@ pub fn bundle_lookup<'py>(
         ),
         Found::Refused(why) => ("refused", why.into_pyobject(py)?.into_any(), None, skipped),
     })
+}
+
+/// Why the bundle at `dir` cannot be used here, or None when it can: a file (an archive,
+/// used once imported), no manifest, a manifest that cannot be read, or one made from
+/// another Triton's SPIR-V than `triton` (the caller's Triton version). From the index
+/// `bundle_lookup` reads: a manifest is read once per change.
+#[pyfunction]
+#[pyo3(signature = (dir, triton=None))]
+pub fn bundle_usable(py: Python<'_>, dir: PathBuf, triton: Option<&str>) -> Option<String> {
+    py.detach(|| bundle::unusable(&dir, triton))
 }
 
 /// Copy a bundle, entry by checked entry, into the new directory `dest`; returns how

@@ -348,5 +348,5 @@ mod lookup;
 mod triton;
 
 pub use archive::{pack, unpack};
-pub use lookup::{lookup, Found, Lookup};
+pub use lookup::{lookup, unusable, Found, Lookup};
 pub use triton::{triton_files, TritonEntry, TritonFile};
