@@ -59,8 +59,8 @@ fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
 pub enum Found {
     /// The entry and its checked bytes.
     Native(Box<Entry>, Vec<u8>),
-    /// Not in any bundle; `other_targets` names targets that have this kernel.
-    Missing { other_targets: Vec<String> },
+    /// Not in any bundle; `other_target_ids` names the targets that have this kernel.
+    Missing { other_target_ids: Vec<String> },
     /// In a bundle, but not usable: its bytes are not what its manifest says, or it is
     /// for another kernel or target than its key claims.
     Refused(String),
@@ -110,17 +110,18 @@ pub fn unusable(dir: &Path, triton: Option<&str>) -> Option<String> {
 }
 
 /// Look `key` up in `dirs` (the first bundle with a good entry answers) for `kernel` on
-/// `target`; a bundle that cannot be read, or that was made from another Triton's SPIR-V
-/// than `triton` (this process's, when it has one), is skipped, and said in `skipped`; an
-/// entry that fails its checks is refused only when no other bundle has a good one.
+/// the target profile `target_id`; a bundle that cannot be read, or that was made from
+/// another Triton's SPIR-V than `triton` (this process's, when it has one), is skipped, and
+/// said in `skipped`; an entry that fails its checks is refused only when no other bundle
+/// has a good one.
 pub fn lookup(
     dirs: &[PathBuf],
     key: &str,
     kernel: &str,
-    target: &str,
+    target_id: &str,
     triton: Option<&str>,
 ) -> Lookup {
-    let mut other_targets = Vec::new();
+    let mut other_target_ids = Vec::new();
     let mut skipped = Vec::new();
     let mut refused = None;
     for dir in dirs {
@@ -143,13 +144,13 @@ pub fn lookup(
             continue;
         }
         if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
-            if entry.kernel != kernel || entry.target != target {
+            if entry.kernel != kernel || entry.target_id != target_id {
                 refused.get_or_insert(format!(
                     "{}: entry {} is for kernel {:?} on target {}, not {kernel:?} here",
                     dir.display(),
                     &entry.key[..12],
                     entry.kernel,
-                    entry.target.get(..12).unwrap_or(&entry.target)
+                    entry.target_id.get(..12).unwrap_or(&entry.target_id)
                 ));
                 continue;
             }
@@ -166,14 +167,14 @@ pub fn lookup(
             }
         }
         for e in manifest.entries.iter().filter(|e| e.kernel == kernel) {
-            if !other_targets.contains(&e.target) {
-                other_targets.push(e.target.clone());
+            if !other_target_ids.contains(&e.target_id) {
+                other_target_ids.push(e.target_id.clone());
             }
         }
     }
     let found = match refused {
         Some(why) => Found::Refused(why),
-        None => Found::Missing { other_targets },
+        None => Found::Missing { other_target_ids },
     };
     Lookup { found, skipped }
 }
@@ -190,7 +191,7 @@ mod tests {
             key: "a".repeat(64),
             kernel: "k".to_string(),
             config: String::new(),
-            target: "t1".to_string(),
+            target_id: "t1".to_string(),
             build_flags: String::new(),
             spill_bytes: 0,
             n_spills: 0,
@@ -215,7 +216,7 @@ mod tests {
         let key = "b".repeat(64);
         let Lookup { found, skipped } = lookup(&[dir.to_path_buf()], &key, "k", "t2", triton);
         match found {
-            Found::Missing { other_targets } => (other_targets, skipped),
+            Found::Missing { other_target_ids } => (other_target_ids, skipped),
             _ => panic!("found what the bundle does not hold"),
         }
     }
@@ -255,6 +256,8 @@ mod tests {
         assert_eq!(look(&bundle, Some("3.2.0")).1, Vec::<String>::new());
         // Rewritten in place: the same file, another size (its times may not have moved).
         let text = std::fs::read_to_string(bundle.join(MANIFEST)).unwrap();
+        // The format's field names, whatever the Rust ones (`target_id` is `target`).
+        assert!(text.contains(r#""target": "t1""#), "{text}");
         std::fs::write(bundle.join(MANIFEST), text.replace("3.2.0", "3.2.10")).unwrap();
         let why = unusable(&bundle, Some("3.2.0")).unwrap();
         assert!(why.contains("Triton 3.2.10's"), "{why}");

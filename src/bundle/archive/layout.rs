@@ -34,7 +34,7 @@ pub(super) fn place(path: &str) -> Option<(Vec<&str>, u64)> {
 
 /// Where a Triton entry's file is in a bundle (and in its archive).
 pub(super) fn triton_path(entry: &TritonEntry, name: &str) -> String {
-    format!("triton/{}/{}/{name}", entry.target, entry.hash)
+    format!("triton/{}/{}/{name}", entry.target_id, entry.hash)
 }
 
 /// The paths of the files `manifest` lists, itself included: all an archive may hold.

@@ -3,9 +3,9 @@
 //! (checked as it goes: size, checksum, what it must be), renamed into place at the end,
 //! with reproducible headers (no owner, no time); unpacking takes an archive as hostile:
 //! only regular files at the paths a bundle has (`manifest.json`, `native/<key>.zebin`,
-//! `triton/<hash>/<file>`) that its manifest lists, each bounded, none twice, no link of
-//! any kind, streamed into a new directory; members and bytes are bounded in all. Memory
-//! stays flat whatever the bundle's size: no file is ever held whole.
+//! `triton/<target>/<hash>/<file>`) that its manifest lists, each bounded, none twice, no
+//! link of any kind, streamed into a new directory; members and bytes are bounded in all.
+//! Memory stays flat whatever the bundle's size: no file is ever held whole.
 //!
 //! This file owns the bounds on an archive, for both directions. The rest, by concern:
 //! - `layout.rs`: what an archive holds: a bundle's own paths (each with its size bound),

@@ -52,7 +52,7 @@ fn long_names_round_trip_and_huge_name_records_are_refused() {
         hash: "b".repeat(64),
         kernel: stem.clone(),
         config: String::new(),
-        target: "c".repeat(64),
+        target_id: "c".repeat(64),
         native: false,
         files: Vec::new(),
         native_key: String::new(),
@@ -172,7 +172,7 @@ fn spirv_of(name: &str) -> Vec<u8> {
 /// long) and one Triton entry with a SPIR-V module of `k`, written file by file (no
 /// large file in memory).
 fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
-    let (hash, target) = ("b".repeat(64), "c".repeat(64));
+    let (hash, target_id) = ("b".repeat(64), "c".repeat(64));
     std::fs::create_dir_all(dir.join("native")).unwrap();
     let entries = (0..natives)
         .map(|i| {
@@ -183,7 +183,7 @@ fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
                 key,
                 kernel: "k".to_string(),
                 config: String::new(),
-                target: target.clone(),
+                target_id: target_id.clone(),
                 build_flags: String::new(),
                 spill_bytes: 0,
                 n_spills: 0,
@@ -194,7 +194,7 @@ fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
             }
         })
         .collect();
-    let here = dir.join("triton").join(&target).join(&hash);
+    let here = dir.join("triton").join(&target_id).join(&hash);
     std::fs::create_dir_all(&here).unwrap();
     let spirv = spirv_of("k");
     let files = [("k.json", &b"{}"[..]), ("k.spv", &spirv[..])].map(|(name, bytes)| {
@@ -211,7 +211,7 @@ fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
             hash,
             kernel: "k".to_string(),
             config: String::new(),
-            target,
+            target_id,
             native: false,
             files: files.to_vec(),
             native_key: String::new(),
