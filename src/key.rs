@@ -15,7 +15,7 @@ pub enum Purpose {
     Jit,
     /// This native binary loaded in a worker on this device and driver.
     NativeTrial,
-    /// A bundle's native build for a target profile (`bundle.rs`).
+    /// A bundle's native build for a target profile (`bundle/`).
     Bundle,
 }
 

@@ -20,7 +20,7 @@ fn value_error(e: impl std::fmt::Display) -> PyErr {
     pyo3::exceptions::PyValueError::new_err(e.to_string())
 }
 
-/// The key of a native build of `kernel` for the target profile `target` (its id).
+/// The key of a native build of `kernel` for the target profile `target_id`.
 #[pyfunction]
 pub fn bundle_key(
     py: Python<'_>,
@@ -28,9 +28,9 @@ pub fn bundle_key(
     kernel: &str,
     arch: &str,
     options: PyRef<'_, PyOptions>,
-    target: &str,
+    target_id: &str,
 ) -> PyResult<String> {
-    bundle::key(spirv, kernel, arch, &options.inner, target).map_err(|e| to_pyerr(py, e.into()))
+    bundle::key(spirv, kernel, arch, &options.inner, target_id).map_err(|e| to_pyerr(py, e.into()))
 }
 
 /// A Triton cache entry as Python gives it: the entry dict (its `files` left out) and its
@@ -100,19 +100,23 @@ pub fn bundle_verify<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, 
     Ok(pythonize::pythonize(py, &report)?)
 }
 
-/// Look `key` up in `dirs` for `kernel` on `target`: `(status, what, bytes, skipped)`,
-/// status `"native"` (what: the entry), `"missing"` (what: other targets that have the
-/// kernel) or `"refused"` (what: why); `skipped` says which bundles could not be read.
+/// Look `key` up in `dirs` for `kernel` on the target profile `target_id`: `(status,
+/// what, bytes, skipped)`, status `"native"` (what: the entry), `"missing"` (what: the ids
+/// of other targets that have the kernel) or `"refused"` (what: why); `skipped` says which
+/// bundles could not be read or were made from another Triton's SPIR-V than `triton` (the
+/// caller's Triton version).
 #[pyfunction]
+#[pyo3(signature = (dirs, key, kernel, target_id, triton=None))]
 pub fn bundle_lookup<'py>(
     py: Python<'py>,
     dirs: Vec<PathBuf>,
     key: &str,
     kernel: &str,
-    target: &str,
+    target_id: &str,
+    triton: Option<&str>,
 ) -> PyResult<LookupAnswer<'py>> {
     let bundle::Lookup { found, skipped } =
-        py.detach(|| bundle::lookup(&dirs, key, kernel, target));
+        py.detach(|| bundle::lookup(&dirs, key, kernel, target_id, triton));
     Ok(match found {
         Found::Native(entry, bytes) => (
             "native",
@@ -120,14 +124,24 @@ pub fn bundle_lookup<'py>(
             Some(PyBytes::new(py, &bytes)),
             skipped,
         ),
-        Found::Missing { other_targets } => (
+        Found::Missing { other_target_ids } => (
             "missing",
-            pythonize::pythonize(py, &other_targets)?,
+            pythonize::pythonize(py, &other_target_ids)?,
             None,
             skipped,
         ),
         Found::Refused(why) => ("refused", why.into_pyobject(py)?.into_any(), None, skipped),
     })
+}
+
+/// Why the bundle at `dir` cannot be used here, or None when it can: a file (an archive,
+/// used once imported), no manifest, a manifest that cannot be read, or one made from
+/// another Triton's SPIR-V than `triton` (the caller's Triton version). From the index
+/// `bundle_lookup` reads: a manifest is read once per change.
+#[pyfunction]
+#[pyo3(signature = (dir, triton=None))]
+pub fn bundle_usable(py: Python<'_>, dir: PathBuf, triton: Option<&str>) -> Option<String> {
+    py.detach(|| bundle::unusable(&dir, triton))
 }
 
 /// Copy a bundle, entry by checked entry, into the new directory `dest`; returns how
@@ -141,14 +155,14 @@ pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usiz
 /// A checked Triton entry as Python gets it: the entry dict and its files.
 type CheckedTritonEntry<'py> = (Bound<'py, PyAny>, Vec<(String, Bound<'py, PyBytes>)>);
 
-/// The bundle's Triton cache entries for the target ids `targets`, each with its files,
-/// checked, from one read of the manifest: `[(entry, [(name, bytes)])]`. The first entry
-/// that fails its checks is an error.
+/// The bundle's Triton cache entries for the target profiles `target_ids`, each with its
+/// files, checked, from one read of the manifest: `[(entry, [(name, bytes)])]`. The first
+/// entry that fails its checks is an error.
 #[pyfunction]
 pub fn bundle_triton_files<'py>(
     py: Python<'py>,
     dir: PathBuf,
-    targets: Vec<String>,
+    target_ids: Vec<String>,
 ) -> PyResult<Vec<CheckedTritonEntry<'py>>> {
     let checked = py
         .detach(|| {
@@ -156,7 +170,7 @@ pub fn bundle_triton_files<'py>(
             manifest
                 .triton_cache
                 .iter()
-                .filter(|t| targets.contains(&t.target))
+                .filter(|t| target_ids.contains(&t.target_id))
                 .map(|t| Ok((t.clone(), bundle::triton_files(&dir, &manifest.entries, t)?)))
                 .collect::<std::result::Result<Vec<_>, String>>()
                 .map_err(|why| {

@@ -1,5 +1,7 @@
 //! Looking kernels up in bundles: manifests read once per process and change, indexed by
-//! key; the first bundle with a good entry answers.
+//! key; the first bundle with a good entry answers. The same index says whether a bundle
+//! can be used at all here (`unusable`): a bundle made from another Triton version's SPIR-V
+//! is not.
 
 use super::{bad, entry_bytes, read, Entry, Manifest, MANIFEST};
 use crate::error::Result;
@@ -57,8 +59,8 @@ fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
 pub enum Found {
     /// The entry and its checked bytes.
     Native(Box<Entry>, Vec<u8>),
-    /// Not in any bundle; `other_targets` names targets that have this kernel.
-    Missing { other_targets: Vec<String> },
+    /// Not in any bundle; `other_target_ids` names the targets that have this kernel.
+    Missing { other_target_ids: Vec<String> },
     /// In a bundle, but not usable: its bytes are not what its manifest says, or it is
     /// for another kernel or target than its key claims.
     Refused(String),
@@ -70,11 +72,56 @@ pub struct Lookup {
     pub skipped: Vec<String>,
 }
 
+/// Why the bundle at `dir` was made from another Triton's SPIR-V than `triton` (this
+/// process's), if it was: a manifest that names no Triton, or no Triton here, says nothing.
+fn other_triton(dir: &Path, manifest: &Manifest, triton: Option<&str>) -> Option<String> {
+    let theirs = manifest.triton.as_deref().filter(|t| !t.is_empty())?;
+    let ours = triton.filter(|t| !t.is_empty())?;
+    (theirs != ours).then(|| {
+        format!(
+            "bundle {} was built from Triton {theirs}'s SPIR-V; this is Triton {ours}: not used",
+            dir.display()
+        )
+    })
+}
+
+/// Why the bundle at `dir` cannot be used here, or `None` when it can, answered from the
+/// index `lookup` reads (a manifest is read once per change): a file (an archive, used
+/// once imported), a directory with no manifest, a manifest that cannot be read, or one
+/// made from another Triton's SPIR-V than `triton` (this process's, when it has one).
+pub fn unusable(dir: &Path, triton: Option<&str>) -> Option<String> {
+    if std::fs::metadata(dir.join(MANIFEST)).is_err() {
+        let d = dir.display();
+        return Some(match dir.is_file() {
+            true => format!(
+                "{d} is a file (a bundle archive?): archives are used once imported \
+                 (xpu-zebin bundle import); skipped"
+            ),
+            false => format!("{d} holds no bundle (no {MANIFEST}); skipped"),
+        });
+    }
+    match read_indexed(dir) {
+        Ok(indexed) => match &indexed.manifest {
+            Ok(manifest) => other_triton(dir, manifest, triton),
+            Err(e) => Some(e.message.clone()),
+        },
+        Err(e) => Some(e.message),
+    }
+}
+
 /// Look `key` up in `dirs` (the first bundle with a good entry answers) for `kernel` on
-/// `target`; a bundle that cannot be read is skipped, and said in `skipped`; an entry that
-/// fails its checks is refused only when no other bundle has a good one.
-pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str, target: &str) -> Lookup {
-    let mut other_targets = Vec::new();
+/// the target profile `target_id`; a bundle that cannot be read, or that was made from
+/// another Triton's SPIR-V than `triton` (this process's, when it has one), is skipped, and
+/// said in `skipped`; an entry that fails its checks is refused only when no other bundle
+/// has a good one.
+pub fn lookup(
+    dirs: &[PathBuf],
+    key: &str,
+    kernel: &str,
+    target_id: &str,
+    triton: Option<&str>,
+) -> Lookup {
+    let mut other_target_ids = Vec::new();
     let mut skipped = Vec::new();
     let mut refused = None;
     for dir in dirs {
@@ -92,14 +139,18 @@ pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str, target: &str) -> Lookup
                 continue;
             }
         };
+        if let Some(why) = other_triton(dir, manifest, triton) {
+            skipped.push(why);
+            continue;
+        }
         if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
-            if entry.kernel != kernel || entry.target != target {
+            if entry.kernel != kernel || entry.target_id != target_id {
                 refused.get_or_insert(format!(
                     "{}: entry {} is for kernel {:?} on target {}, not {kernel:?} here",
                     dir.display(),
                     &entry.key[..12],
                     entry.kernel,
-                    entry.target.get(..12).unwrap_or(&entry.target)
+                    entry.target_id.get(..12).unwrap_or(&entry.target_id)
                 ));
                 continue;
             }
@@ -116,14 +167,124 @@ pub fn lookup(dirs: &[PathBuf], key: &str, kernel: &str, target: &str) -> Lookup
             }
         }
         for e in manifest.entries.iter().filter(|e| e.kernel == kernel) {
-            if !other_targets.contains(&e.target) {
-                other_targets.push(e.target.clone());
+            if !other_target_ids.contains(&e.target_id) {
+                other_target_ids.push(e.target_id.clone());
             }
         }
     }
     let found = match refused {
         Some(why) => Found::Refused(why),
-        None => Found::Missing { other_targets },
+        None => Found::Missing { other_target_ids },
     };
     Lookup { found, skipped }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{write, Additions};
+    use super::*;
+
+    /// A bundle at `dir` whose manifest names `triton`, with one entry for kernel `k` on
+    /// target `t1` (its bytes are never read here).
+    fn bundle_from(dir: &Path, triton: Option<&str>) {
+        let entry = Entry {
+            key: "a".repeat(64),
+            kernel: "k".to_string(),
+            config: String::new(),
+            target_id: "t1".to_string(),
+            build_flags: String::new(),
+            spill_bytes: 0,
+            n_spills: 0,
+            compiler: String::new(),
+            file: String::new(),
+            blake3: String::new(),
+            size: 0,
+        };
+        let header = Manifest {
+            triton: triton.map(str::to_string),
+            ..Default::default()
+        };
+        let additions = Additions {
+            built: vec![(entry, b"not read".to_vec())],
+            ..Default::default()
+        };
+        write(dir, header, additions).unwrap();
+    }
+
+    /// Look kernel `k` up on target `t2` (the bundle has it for `t1` only).
+    fn look(dir: &Path, triton: Option<&str>) -> (Vec<String>, Vec<String>) {
+        let key = "b".repeat(64);
+        let Lookup { found, skipped } = lookup(&[dir.to_path_buf()], &key, "k", "t2", triton);
+        match found {
+            Found::Missing { other_target_ids } => (other_target_ids, skipped),
+            _ => panic!("found what the bundle does not hold"),
+        }
+    }
+
+    /// A bundle made from another Triton's SPIR-V is unusable and skipped by a lookup,
+    /// said by name; the same Triton, no Triton here, or a manifest that names none: used.
+    #[test]
+    fn a_bundle_from_another_triton_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("b");
+        bundle_from(&bundle, Some("3.1.0"));
+        let why = format!(
+            "bundle {} was built from Triton 3.1.0's SPIR-V; this is Triton 3.2.0: not used",
+            bundle.display()
+        );
+        assert_eq!(unusable(&bundle, Some("3.2.0")), Some(why.clone()));
+        assert_eq!(look(&bundle, Some("3.2.0")), (vec![], vec![why]));
+        for ours in [Some("3.1.0"), None, Some("")] {
+            assert_eq!(unusable(&bundle, ours), None, "{ours:?}");
+            assert_eq!(look(&bundle, ours), (vec!["t1".to_string()], vec![]));
+        }
+        let unnamed = dir.path().join("u");
+        bundle_from(&unnamed, None);
+        assert_eq!(unusable(&unnamed, Some("3.2.0")), None);
+        assert_eq!(look(&unnamed, Some("3.2.0")).1, Vec::<String>::new());
+    }
+
+    /// A manifest changed since it was indexed is read again: the answer follows it.
+    #[test]
+    fn a_changed_manifest_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("b");
+        bundle_from(&bundle, Some("3.1.0"));
+        assert!(unusable(&bundle, Some("3.2.0")).is_some());
+        bundle_from(&bundle, Some("3.2.0"));
+        assert_eq!(unusable(&bundle, Some("3.2.0")), None);
+        assert_eq!(look(&bundle, Some("3.2.0")).1, Vec::<String>::new());
+        // Rewritten in place: the same file, another size (its times may not have moved).
+        let text = std::fs::read_to_string(bundle.join(MANIFEST)).unwrap();
+        // The format's field names, whatever the Rust ones (`target_id` is `target`).
+        assert!(text.contains(r#""target": "t1""#), "{text}");
+        std::fs::write(bundle.join(MANIFEST), text.replace("3.2.0", "3.2.10")).unwrap();
+        let why = unusable(&bundle, Some("3.2.0")).unwrap();
+        assert!(why.contains("Triton 3.2.10's"), "{why}");
+        std::fs::write(bundle.join(MANIFEST), "{").unwrap();
+        let why = unusable(&bundle, None).unwrap();
+        assert!(why.contains("is not a usable xpu-zebin bundle"), "{why}");
+        assert_eq!(look(&bundle, None).1, vec![why]);
+    }
+
+    /// A file, a directory with no manifest, a path that is not there: each said as such.
+    #[test]
+    fn what_is_no_bundle_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("b.tar");
+        std::fs::write(&file, b"an archive").unwrap();
+        let d = file.display();
+        assert_eq!(
+            unusable(&file, None),
+            Some(format!(
+                "{d} is a file (a bundle archive?): archives are used once imported \
+                 (xpu-zebin bundle import); skipped"
+            ))
+        );
+        for empty in [dir.path().to_path_buf(), dir.path().join("none")] {
+            let d = empty.display();
+            let why = format!("{d} holds no bundle (no manifest.json); skipped");
+            assert_eq!(unusable(&empty, None), Some(why));
+        }
+    }
 }

@@ -2,10 +2,11 @@
 //! manifest, so that a machine of that profile loads them with no compile at all.
 //!
 //! A bundle is a directory: `manifest.json`, `native/<key>.zebin`, and Triton cache
-//! entries under `triton/<hash>/` (`triton.rs`); or one archive file of them (`archive.rs`). Everything in it is
-//! untrusted input: the manifest is read bounded and checked (format, keys, file names), an
-//! entry's bytes must match its checksum and parse as a zebin holding its kernel, and the
-//! caller still trial-loads a native binary in a worker before its driver sees it.
+//! entries under `triton/<target>/<hash>/` (`triton.rs`); or one archive file of them
+//! (`archive/`). Everything in it is untrusted input: the manifest is read bounded and
+//! checked (format, keys, file names), an entry's bytes must match its checksum and parse
+//! as a zebin holding its kernel, and the caller still trial-loads a native binary in a
+//! worker before its driver sees it. Looking kernels up in bundles is `lookup.rs`.
 
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::key::{KeyInputs, Purpose};
@@ -30,7 +31,8 @@ pub struct Entry {
     #[serde(default)]
     pub config: String,
     /// The target profile's id.
-    pub target: String,
+    #[serde(rename = "target")]
+    pub target_id: String,
     pub build_flags: String,
     pub spill_bytes: u64,
     pub n_spills: i64,
@@ -48,7 +50,9 @@ pub struct Unbuilt {
     pub kernel: String,
     #[serde(default)]
     pub config: String,
-    pub target: String,
+    /// The target profile's id.
+    #[serde(rename = "target")]
+    pub target_id: String,
     pub kind: String,
     pub message: String,
 }
@@ -92,14 +96,14 @@ fn is_key(text: &str) -> bool {
 }
 
 /// The key of a native build of `kernel` in `spirv` with `options`, for a device of
-/// `arch`, on the target profile `target`: the same on the farm that builds it and on the
+/// `arch`, on the target profile `target_id`: the same on the farm that builds it and on the
 /// machine that looks it up.
 pub fn key(
     spirv: &[u8],
     kernel: &str,
     arch: &str,
     options: &Options,
-    target: &str,
+    target_id: &str,
 ) -> Result<String> {
     let flags = options.ladder(options.device_arch.as_deref().unwrap_or(arch))?;
     Ok(KeyInputs {
@@ -108,7 +112,7 @@ pub fn key(
         kernel,
         flags: &flags,
         rule: Some(options.rule(SpillPath::Jit)?),
-        target: &[target],
+        target: &[target_id],
     }
     .key())
 }
@@ -151,7 +155,7 @@ pub fn read(dir: &Path) -> Result<Manifest> {
     let mut hashes = std::collections::HashSet::new();
     for t in &manifest.triton_cache {
         let why = triton::malformed(t).or_else(|| {
-            (!hashes.insert((t.target.as_str(), t.hash.as_str())))
+            (!hashes.insert((t.target_id.as_str(), t.hash.as_str())))
                 .then_some("its hash is listed twice for its target")
         });
         if let Some(why) = why {
@@ -268,25 +272,25 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
         entry.blake3 = blake3::hash(&bytes).to_hex().to_string();
         entry.size = bytes.len() as u64;
         persist(&native, &dir.join(&entry.file), &bytes).map_err(io)?;
-        let slot = (&entry.kernel, &entry.config, &entry.target);
+        let slot = (&entry.kernel, &entry.config, &entry.target_id);
         manifest.entries.retain(|e| e.key != entry.key);
         manifest
             .failures
-            .retain(|f| !same((&f.kernel, &f.config, &f.target), slot));
+            .retain(|f| !same((&f.kernel, &f.config, &f.target_id), slot));
         manifest.entries.push(entry);
     }
     for f in failures {
-        let slot = (&f.kernel, &f.config, &f.target);
+        let slot = (&f.kernel, &f.config, &f.target_id);
         manifest
             .failures
-            .retain(|g| !same((&g.kernel, &g.config, &g.target), slot));
+            .retain(|g| !same((&g.kernel, &g.config, &g.target_id), slot));
         manifest.failures.push(f);
     }
     for (mut entry, files) in triton {
         triton::write_entry(dir, &mut entry, &files)?;
         manifest
             .triton_cache
-            .retain(|t| (&t.target, &t.hash) != (&entry.target, &entry.hash));
+            .retain(|t| (&t.target_id, &t.hash) != (&entry.target_id, &entry.hash));
         manifest.triton_cache.push(entry);
     }
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
@@ -333,7 +337,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
         }
     }
     for t in &manifest.triton_cache {
-        let name = format!("triton:{}:{}", &t.target[..12], t.hash);
+        let name = format!("triton:{}:{}", &t.target_id[..12], t.hash);
         match triton_files(dir, &manifest.entries, t) {
             Ok(_) => report.ok.push(name),
             Err(why) => report.bad.push((name, why)),
@@ -347,5 +351,5 @@ mod lookup;
 mod triton;
 
 pub use archive::{pack, unpack};
-pub use lookup::{lookup, Found, Lookup};
+pub use lookup::{lookup, unusable, Found, Lookup};
 pub use triton::{triton_files, TritonEntry, TritonFile};

@@ -21,7 +21,8 @@ pub struct TritonEntry {
     #[serde(default)]
     pub config: String,
     /// The target profile's id.
-    pub target: String,
+    #[serde(rename = "target")]
+    pub target_id: String,
     /// Its binary is native code (Triton's `generate_native_code`), else SPIR-V.
     pub native: bool,
     pub files: Vec<TritonFile>,
@@ -68,7 +69,7 @@ pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
     wanted.sort();
     let mut given: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     given.sort();
-    if !is_key(&entry.hash) || !is_key(&entry.target) {
+    if !is_key(&entry.hash) || !is_key(&entry.target_id) {
         Some("its hash or target is not 64 lowercase hex digits")
     } else if names.iter().any(|n| !plain_file_name(n)) {
         Some("a file name is not a plain Triton cache file name")
@@ -85,7 +86,7 @@ pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
 /// lead reads and writes anywhere).
 pub(super) fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<PathBuf, String> {
     let top = dir.join("triton");
-    let by_target = top.join(&entry.target);
+    let by_target = top.join(&entry.target_id);
     let here = by_target.join(&entry.hash);
     for d in [&top, &by_target, &here] {
         match std::fs::symlink_metadata(d) {
@@ -114,7 +115,7 @@ pub fn triton_files(
     let name = |f: &TritonFile| {
         format!(
             "triton/{}/{}/{}",
-            &entry.target[..12],
+            &entry.target_id[..12],
             &entry.hash[..12],
             f.name
         )
@@ -160,7 +161,7 @@ pub(super) fn binary_allowed(
         || (head.starts_with(ELF_MAGIC)
             && natives.iter().any(|e| {
                 e.kernel == entry.kernel
-                    && e.target == entry.target
+                    && e.target_id == entry.target_id
                     && e.blake3 == sum
                     && own_build(e, entry)
             })
@@ -185,21 +186,21 @@ pub(super) fn not_allowed(name: &str, entry: &TritonEntry) -> String {
     )
 }
 
-/// Write a Triton entry's files under `dir/triton/<hash>/` and fill in their sizes and
-/// checksums.
+/// Write a Triton entry's files under `dir/triton/<target>/<hash>/` and fill in their sizes
+/// and checksums.
 pub(super) fn write_entry(
     dir: &Path,
     entry: &mut TritonEntry,
     files: &[(String, Vec<u8>)],
 ) -> Result<()> {
     let io = |e: std::io::Error| bad(dir, e);
-    if !is_key(&entry.hash) || !is_key(&entry.target) {
+    if !is_key(&entry.hash) || !is_key(&entry.target_id) {
         return Err(bad(
             dir,
             "a Triton entry's hash or target is not 64 hex digits",
         ));
     }
-    let by_target = dir.join("triton").join(&entry.target);
+    let by_target = dir.join("triton").join(&entry.target_id);
     for d in [
         dir.join("triton"),
         by_target.clone(),

@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import xpu_zebin
 from xpu_zebin import _core
 
 from .. import targets
 from ..errors import BuildError
-from .format import info, triton_version
+from .format import triton_version
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
@@ -30,37 +30,15 @@ def _warn_once(message: str) -> None:
         logger.warning("%s", message)
 
 
-# Bundles already looked at: path -> (stat stamp, usable).
-_checked: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
-
-
 def _usable(d: str) -> bool:
-    """A bundle made from another Triton version's SPIR-V is refused by name, once."""
-    try:
-        st = os.stat(Path(d) / "manifest.json")
-    except OSError:
-        if os.path.isfile(d):
-            _warn_once(f"{BUNDLE_ENV}: {d} is a file (a bundle archive?): archives are used "
-                       "once imported (xpu-zebin bundle import); skipped")  # fmt: skip
-        else:
-            _warn_once(f"{BUNDLE_ENV}: {d} holds no bundle (no manifest.json); skipped")
-        return False
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    known = _checked.get(d)
-    if known and known[0] == stamp:
-        return known[1]
-    ok = True
-    try:
-        built_with, here = info(d).get("triton"), triton_version()
-        if built_with and here and built_with != here:
-            _warn_once(f"bundle {d} was built from Triton {built_with}'s SPIR-V; this is "
-                       f"Triton {here}: not used")  # fmt: skip
-            ok = False
-    except BuildError as e:
-        _warn_once(f"bundle not used: {e}")
-        ok = False
-    _checked[d] = (stamp, ok)
-    return ok
+    """Can the bundle at ``d`` be used here? Not a file, a directory without a manifest,
+    a manifest that cannot be read, nor one made from another Triton's SPIR-V than the
+    installed Triton's: said once each. The engine's manifest index answers (a manifest
+    read once per change, the same index its lookups use)."""
+    why = _core.bundle_usable(d, triton_version())
+    if why is not None:
+        _warn_once(f"bundle not used: {why}")
+    return why is None
 
 
 def search_path() -> List[str]:
@@ -100,7 +78,9 @@ def find(
     others: List[str] = []
     for target in (profile, profile.any_driver()):
         key = _core.bundle_key(spirv, name, target.ocloc_device, options, target.id)
-        status, what, native, skipped = _core.bundle_lookup(dirs, key, name, target.id)
+        status, what, native, skipped = _core.bundle_lookup(
+            dirs, key, name, target.id, triton_version()
+        )
         for why in skipped:
             _warn_once(f"bundle not used: {why}")
         if status == "native":
