@@ -27,6 +27,12 @@ def _module_dependencies() -> dict:
 def test_no_module_dependency_cycle():
     deps = _module_dependencies()
     assert "engine" in deps and "ladder" in deps
+    cycles = _in_cycles(deps)
+    assert cycles == [], f"modules in a dependency cycle: {cycles}"
+
+
+def _in_cycles(deps: dict) -> list:
+    """The modules that reach themselves through their dependencies."""
 
     def reaches(start: str, goal: str, seen: set) -> bool:
         for d in deps.get(start, ()):
@@ -34,8 +40,7 @@ def test_no_module_dependency_cycle():
                 return True
         return False
 
-    cycles = sorted(m for m in deps if reaches(m, m, set()))
-    assert cycles == [], f"modules in a dependency cycle: {cycles}"
+    return sorted(m for m in deps if reaches(m, m, set()))
 
 
 def test_cited_design_notes_exist():
@@ -106,14 +111,7 @@ def test_no_python_import_circle():
     even inside a function (a lazy import hides a circle; it does not remove it)."""
     deps = _python_imports()
     assert "xpu_zebin.triton.dropin" in deps and "xpu_zebin.bundle.lookup" in deps
-
-    def reaches(start: str, goal: str, seen: set) -> bool:
-        for d in deps.get(start, ()):
-            if d == goal or (d not in seen and (seen.add(d) or reaches(d, goal, seen))):
-                return True
-        return False
-
-    assert sorted(m for m in deps if reaches(m, m, set())) == []
+    assert _in_cycles(deps) == []
 
 
 def test_bundles_know_nothing_of_triton_and_modules_stay_small():
