@@ -99,7 +99,7 @@ def model_start(work: Path, profiles: list, ocloc: str, repeat: int) -> Dict[str
                   ocloc=ocloc)  # fmt: skip
     farm_s = time.perf_counter() - started
     os.environ["TRITON_CACHE_DIR"] = str(work / "user-triton")
-    installed = bundle.install(work / "model.bundle", work / "user-bundles")
+    installed = xt.import_bundle(work / "model.bundle", work / "user-bundles")
     env = {**os.environ, "XPU_ZEBIN_BUNDLE": str(installed)}
     starts: Dict[str, list] = {"jit": [], "bundle": []}
     for i in range(max(1, repeat)):
@@ -199,7 +199,7 @@ def main() -> int:
     bundle.precompile(kernels, profiles, work / "bundle", jobs=cores, ocloc=ocloc)
     env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(work / "user-cache")}
     os.environ.update(env)
-    installed = bundle.install(work / "bundle")
+    installed = bundle.import_bundle(work / "bundle")
     jit_env = {**env, "XPU_ZEBIN_ISOLATED": "0", "XPU_ZEBIN_CACHE_DIR": str(work / "jit-cache")}
     jit_env.pop("XPU_ZEBIN_BUNDLE", None)
     runs: Dict[str, list] = {"jit": [], "bundle": []}

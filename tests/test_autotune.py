@@ -30,7 +30,7 @@ from triton_helpers import (
 
 import xpu_zebin
 import xpu_zebin.triton as xt
-from xpu_zebin import autotune
+from xpu_zebin.triton import autotune
 
 TESTS = Path(__file__).resolve().parent
 BENCH = TESTS.parent / "benches" / "autotune.py"

@@ -119,8 +119,8 @@ def test_a_corrupted_entry_is_refused_and_the_kernel_compiled(
     path.write_bytes(bytes(data))
     report = bundle.verify(out)
     assert [k for k, _ in report["bad"]] == [victim["key"]] and "checksum" in report["bad"][0][1]
-    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not installed"):
-        bundle.install(out, tmp_path / "installed")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not imported"):
+        xt.import_bundle(out, tmp_path / "installed")
     monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
     with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
         module, _, n_regs, *_ = xt.load_binary("spill", kernels[2]["spirv"], 0, "", True, 0)
@@ -146,7 +146,7 @@ def test_triton_kernels_precompiled_and_loaded_native_by_the_driver(
                {"constexprs": {"BLOCK": 1024}, "num_warps": 8}]  # fmt: skip
     out = tmp_path / "bundle"
     with triton_on_cpu(str(tmp_path / "triton-cache")):
-        manifest = bundle.precompile_triton(
+        manifest = xt.precompile_kernel(
             softmax_kernel, SOFTMAX_SIG, [pvc], out, configs, ocloc=modern_ocloc
         )
         assert len(manifest["entries"]) == 4 and manifest["triton"]  # load_binary, make_zebin
@@ -196,7 +196,7 @@ def test_an_imported_bundle_is_used_without_the_variable(
 ):
     out = tmp_path / "bundle"
     manifest = bundle.precompile(kernels[:1], [pvc], out, ocloc=modern_ocloc)
-    installed = bundle.install(out)  # into the cache's bundles/, tried here at once
+    installed = xt.import_bundle(out)  # into the cache's bundles/, tried here at once
     assert installed.parent == Path(xpu_zebin._core.bundles_dir())
     monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(tmp_path / "nothing-here"))
     with caplog.at_level(logging.DEBUG, logger="xpu_zebin.bundle"):
@@ -214,7 +214,7 @@ def test_import_never_deletes_what_is_not_an_installed_bundle(kernels, pvc, mode
     (home / "bundle").mkdir(parents=True)
     (home / "bundle" / "thesis.tex").write_text("years of work")
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not an installed bundle"):
-        bundle.install(out, home)
+        xt.import_bundle(out, home)
     assert (home / "bundle" / "thesis.tex").read_text() == "years of work"
     assert sorted(p.name for p in home.iterdir()) == ["bundle"]  # no staging left behind
 
@@ -330,7 +330,7 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
     blocks = (256, 1024)
     with triton_on_cpu(str(cache)):
         compiled = [compile_triton(softmax_kernel, SOFTMAX_SIG, {"BLOCK": b}) for b in blocks]
-        kernels = bundle.triton_cache_kernels(cache)
+        kernels = xt.kernels_in_cache(cache)
         assert sorted(k["spirv"] for k in kernels) == sorted(c.asm["spv"] for c in compiled)
         (tmp_path / "pvc.json").write_text(json.dumps(pvc.to_json()))
         out = tmp_path / "bundle"
@@ -352,7 +352,7 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
         finally:
             xt.uninstall()
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not a directory"):
-        bundle.triton_cache_kernels(tmp_path / "nope")
+        xt.kernels_in_cache(tmp_path / "nope")
     import os
 
     hostile = tmp_path / "hostile" / "entry"  # FIFOs where Triton's files would be
@@ -361,7 +361,7 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
     (hostile / "b.json").write_text('{"name": "b"}')
     os.mkfifo(hostile / "b.spv")
     (hostile / "c.json").write_text('{"name": "../../c"}')
-    assert bundle.triton_cache_kernels(tmp_path / "hostile") == []  # and it returned
+    assert xt.kernels_in_cache(tmp_path / "hostile") == []  # and it returned
 
 
 def blake3_of(data: bytes) -> str:
@@ -392,11 +392,11 @@ def test_triton_finds_a_bundles_kernels_compiled_after_import(
     out, archive = tmp_path / "model.bundle", tmp_path / "model.bundle.tar"
     config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
     with triton_on_cpu(str(tmp_path / "farm-cache")):
-        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], out, [config],
+        manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [pvc], out, [config],
                                             ocloc=modern_ocloc)  # fmt: skip
     assert sorted(t["native"] for t in manifest["triton_cache"]) == [False, True]
     with triton_on_cpu(str(tmp_path / "farm-cache")):  # the farm's Triton cache, another ocloc
-        other = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc], tmp_path / "other",
+        other = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [pvc], tmp_path / "other",
                                          [config], ocloc=system_ocloc)  # fmt: skip
     assert other["failures"] == [] and bundle.verify(tmp_path / "other")["bad"] == []
     load_entry, zebin_entry = sorted(manifest["entries"], key=lambda e: "make_zebin" in e["config"])
@@ -452,14 +452,14 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     out = tmp_path / "bundle"
     configs = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 1024)]
     with triton_on_cpu(str(tmp_path / "farm-cache")):  # two profiles, one Triton hash each
-        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
+        manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
                                             out, configs, ocloc=modern_ocloc)  # fmt: skip
     assert len(bundle.info(out)["triton_cache"]) == 8 and manifest["run_failures"] == []
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
     data = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**data, "triton_key": "0" * 64}))
     with caplog.at_level(logging.INFO, logger="xpu_zebin.bundle"):
-        assert bundle.install_triton_entries(out, pvc) == 0
+        assert xt.import_triton_entries(out, pvc) == 0
     assert "another Triton build" in caplog.text and not (tmp_path / "user-cache").exists()
     # Metadata that says native code where the binary is SPIR-V (checksum made to match).
     spv_entry = next(t for t in data["triton_cache"] if not t["native"])
@@ -471,7 +471,7 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     meta.update(size=len(forged_meta), blake3=blake3_of(forged_meta))
     (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="another kind of binary"):
-        bundle.install_triton_entries(out, pvc)
+        xt.import_triton_entries(out, pvc)
     meta_path.write_bytes(original)
     meta.update(size=len(original), blake3=blake3_of(original))
     # Native code that is none of the bundle's native entries, in an entry that says it is
@@ -485,9 +485,9 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     (out / "manifest.json").write_text(json.dumps(data))
     assert "neither SPIR-V nor" in bundle.verify(out)["bad"][0][1]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="neither SPIR-V nor"):
-        bundle.install_triton_entries(out, pvc)
+        xt.import_triton_entries(out, pvc)
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="neither SPIR-V nor"):
-        bundle.install(out, tmp_path / "into")
+        xt.import_bundle(out, tmp_path / "into")
     assert not (tmp_path / "user-cache").exists() and not (tmp_path / "into").exists()
     # A third file beside the metadata and the binary: not a Triton entry of a bundle.
     victim["files"].append(dict(spv, name="other.spv"))
@@ -534,7 +534,7 @@ def test_hostile_archives_are_refused_and_nothing_written_outside(tmp_path, memb
                 add("manifest.json", manifest)
             else:
                 add("native/notes.txt")
-    for act in (bundle.verify, bundle.info, lambda a: bundle.install(a, tmp_path / "into")):
+    for act in (bundle.verify, bundle.info, lambda a: xt.import_bundle(a, tmp_path / "into")):
         with pytest.raises(xpu_zebin.InvalidArgumentError, match=why):
             act(archive)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.tar", "tmp"]

@@ -13,6 +13,7 @@ import pytest
 from triton_helpers import SOFTMAX_SIG, softmax_kernel, triton_on_cpu
 
 import xpu_zebin
+import xpu_zebin.triton as xt
 from xpu_zebin import bundle, samples, targets
 
 CONFIGS = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 1024)]
@@ -32,7 +33,7 @@ def model(pvc, system_ocloc, tmp_path):
     """A Triton kernel's bundle for this device's driver and for any driver, two configs."""
     out = tmp_path / "model"
     with triton_on_cpu(str(tmp_path / "farm-cache")):
-        manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
+        manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
                                             out, CONFIGS, ocloc=system_ocloc)  # fmt: skip
     assert manifest["run_failures"] == []
     return out
@@ -48,9 +49,9 @@ def _rewrite(out, data, entry, name, new: bytes) -> None:
 
 def test_an_exact_driver_entry_wins_and_each_key_is_put_once(model, pvc, tmp_path, monkeypatch):
     put = []
-    monkeypatch.setattr(bundle.triton_cache, "put", lambda t, files: put.append(t))
+    monkeypatch.setattr(xt.cache_entries, "put", lambda t, files: put.append(t))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-cache"))
-    assert bundle.install_triton_entries(model, pvc) == 4  # 2 configs x (SPIR-V, native)
+    assert xt.import_triton_entries(model, pvc) == 4  # 2 configs x (SPIR-V, native)
     hashes = [t["hash"] for t in put]
     assert len(hashes) == len(set(hashes)) == 4
     assert {t["target"] for t in put} == {pvc.id}
@@ -66,7 +67,7 @@ def test_triton_spirv_is_validated_like_any_spirv(model, pvc, system_ocloc, tmp_
     # Truncated: the magic is right, the module is not.
     _rewrite(model, data, spv_entry, ".spv", other[:40])
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not valid SPIR-V of its kernel"):
-        bundle.install(model, tmp_path / "into")
+        xt.import_bundle(model, tmp_path / "into")
     assert not (tmp_path / "into").exists()
 
 
@@ -87,7 +88,7 @@ def test_triton_metadata_holds_what_triton_writes(model, pvc, field, value):
         entry["kernel"] = value
     _rewrite(model, data, entry, ".json", json.dumps({**meta, field: value}).encode())
     with pytest.raises(xpu_zebin.InvalidArgumentError, match=field if field != "name" else "."):
-        bundle.install_triton_entries(model, pvc)
+        xt.import_triton_entries(model, pvc)
 
 
 def test_a_native_binary_belongs_to_its_own_config(model, pvc):
@@ -101,7 +102,7 @@ def test_a_native_binary_belongs_to_its_own_config(model, pvc):
     _rewrite(model, data, first, ".spv", (model / other["file"]).read_bytes())
     assert "native entry of its own config" in bundle.verify(model)["bad"][0][1]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="native entry of its own config"):
-        bundle.install_triton_entries(model, pvc)
+        xt.import_triton_entries(model, pvc)
 
 
 def test_another_bundle_of_the_same_name_is_not_silently_replaced(
@@ -113,13 +114,13 @@ def test_another_bundle_of_the_same_name_is_not_silently_replaced(
     bundle.precompile([{"spirv": spirv, "name": "add", "config": "other"}], [pvc], theirs,
                       ocloc=system_ocloc)  # fmt: skip
     into = tmp_path / "into"
-    installed = bundle.install(ours, into)
-    assert bundle.install(ours, into) == installed  # the same bundle again: fine
+    installed = xt.import_bundle(ours, into)
+    assert xt.import_bundle(ours, into) == installed  # the same bundle again: fine
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="another bundle of the same name"):
-        bundle.install(theirs, into)
+        xt.import_bundle(theirs, into)
     assert (installed / "manifest.json").read_bytes() == (ours / "manifest.json").read_bytes()
     assert [p.name for p in into.iterdir()] == ["model"]  # no staging left behind
-    bundle.install(theirs, into, replace=True)
+    xt.import_bundle(theirs, into, replace=True)
     assert (installed / "manifest.json").read_bytes() == (theirs / "manifest.json").read_bytes()
 
 
@@ -132,7 +133,7 @@ def test_a_directory_swapped_in_during_import_is_never_deleted(
     out = tmp_path / "model"
     bundle.precompile([{"spirv": spirv, "name": "add"}], [pvc], out, ocloc=system_ocloc)
     into = tmp_path / "into"
-    installed = bundle.install(out, into)
+    installed = xt.import_bundle(out, into)
     copy = xpu_zebin._core.bundle_copy
 
     def copy_then_swap(src, dest):
@@ -143,7 +144,7 @@ def test_a_directory_swapped_in_during_import_is_never_deleted(
 
     monkeypatch.setattr(xpu_zebin._core, "bundle_copy", copy_then_swap)
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not an installed bundle"):
-        bundle.install(out, into)
+        xt.import_bundle(out, into)
     assert (installed / "thesis.tex").read_text() == "years of work"
     assert [p.name for p in into.iterdir()] == ["model"]
 
@@ -160,7 +161,7 @@ def test_an_import_killed_between_its_renames_loses_nothing(pvc, system_ocloc, t
     out = tmp_path / "model"
     bundle.precompile([{"spirv": spirv, "name": "add"}], [pvc], out, ocloc=system_ocloc)
     into = tmp_path / "into"
-    installed = bundle.install(out, into)
+    installed = xt.import_bundle(out, into)
     before = (installed / "manifest.json").read_bytes()
     killed = (
         "import os, signal, sys\n"
@@ -171,7 +172,7 @@ def test_an_import_killed_between_its_renames_loses_nothing(pvc, system_ocloc, t
     run = subprocess.run([sys.executable, "-c", killed, str(out), str(into)], timeout=300,
                          env={**os.environ, "XPU_ZEBIN_TRITON": "0"})  # fmt: skip
     assert run.returncode == -signal.SIGKILL and not installed.exists()  # moved aside
-    bundle.install(out, into)
+    xt.import_bundle(out, into)
     assert (installed / "manifest.json").read_bytes() == before
     leftovers = [p for p in into.iterdir() if p.name != "model"]
     assert all(not (p / "old").exists() for p in leftovers)

@@ -376,17 +376,17 @@ def test_import_puts_into_tritons_cache_only_native_code_that_loaded_here(
     """A bundle for any driver, built by a compiler this driver refuses: its native Triton
     entries are tried here too, and only bytes that loaded go into Triton's cache (Triton
     loads them with no trial of its own); its SPIR-V entries go in."""
-    from xpu_zebin import bundle, targets
+    from xpu_zebin import targets
 
     out = tmp_path / "model"
     config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
     any_driver = targets.local().any_driver()
-    manifest = bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [any_driver], out, [config],
+    manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [any_driver], out, [config],
                                         ocloc=str(refused_ocloc.path))  # fmt: skip
     assert sorted(t["native"] for t in manifest["triton_cache"]) == [False, True]
     user_cache = tmp_path / "user-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(user_cache))
-    bundle.install(out, tmp_path / "into")
+    xt.import_bundle(out, tmp_path / "into")
     binaries = [p.read_bytes()[:4] for p in user_cache.rglob("*.spv")]
     assert binaries == [b"\x03\x02\x23\x07"]  # the SPIR-V entry only
 
@@ -437,12 +437,12 @@ def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
     driver's own build instead."""
     import json
 
-    from xpu_zebin import bundle, targets
+    from xpu_zebin import targets
 
     out = tmp_path / "model"
     local = targets.local()
     config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
-    bundle.precompile_triton(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
+    xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
                              ocloc=str(refused_ocloc.path))  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     spv_entry = next(t for t in manifest["triton_cache"] if not t["native"])

@@ -153,3 +153,22 @@ def test_renamed_names_still_answer_with_a_deprecation_warning():
     import xpu_zebin.triton_cache
 
     assert xpu_zebin.autotune is xt.autotune and xpu_zebin.triton_cache is xt.cache_entries
+
+
+def test_moved_modules_are_attributes_and_the_cli_runs_as_a_module():
+    import subprocess
+    import sys
+    import warnings
+
+    import xpu_zebin
+    import xpu_zebin.triton as xt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert xpu_zebin.autotune.use_client is xt.autotune.use_client  # as once documented
+        assert xpu_zebin.triton_cache is xt.cache_entries
+    assert xpu_zebin._batch_task is xpu_zebin._tasks.batch_task  # pickled by older releases
+    for module in ("xpu_zebin", "xpu_zebin.cli"):
+        run = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 0 and run.stdout.startswith("xpu-zebin "), run.stderr

@@ -9,6 +9,7 @@ from triton.runtime.errors import OutOfResources
 from triton_helpers import LIVE_BLOCK, LIVE_SIG, TARGET_SIMD32, live_kernel, triton_on_cpu
 
 import xpu_zebin.triton as xt
+from xpu_zebin.triton import dropin
 
 GRF256 = "-cl-intel-256-GRF-per-thread"
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -46,15 +47,18 @@ def test_sweep_reports_overflow_in_its_slot_and_fills_tritons_cache(native_trito
 
     # The autotuner's own compiles of the same configs are Triton cache hits: no stage runs.
     native_builds: list = []
-    real_make_zebin = xt.make_zebin
+    real_make_zebin = dropin.make_zebin
     monkeypatch.setattr(
-        xt, "make_zebin", lambda *a, **k: native_builds.append(1) or real_make_zebin(*a, **k)
+        dropin, "make_zebin", lambda *a, **k: native_builds.append(1) or real_make_zebin(*a, **k)
     )
     for w in WARPS[1:]:
         again = _compile(w)
         assert again.metadata.build_flags == GRF256
         assert again.hash == by_warps[w].kernel.hash
     assert native_builds == []
+    # The spy sees a stage that runs: another Triton key (num_stages), the same SPIR-V.
+    assert _compile(WARPS[1], num_stages=2).metadata.build_flags == GRF256
+    assert native_builds == [1]
 
 
 def test_sweep_of_an_autotuned_kernel_uses_its_configs(native_triton):
@@ -69,11 +73,11 @@ def test_sweep_of_an_autotuned_kernel_uses_its_configs(native_triton):
     assert all(r.ok and r.kernel.asm["spv"][:4] == b"\x7fELF" for r in results)
 
 
-def _compile(num_warps: int):
+def _compile(num_warps: int, num_stages: int = 3):
     from triton.compiler import ASTSource
 
     names = live_kernel.arg_names
     sig = {n: "constexpr" if n == "BLOCK" else LIVE_SIG[n] for n in names}
     src = ASTSource(live_kernel, sig, {(names.index("BLOCK"),): LIVE_BLOCK})
-    options = {"num_warps": num_warps, "num_stages": 3}  # what a triton.Config holds
+    options = {"num_warps": num_warps, "num_stages": num_stages}  # what a triton.Config holds
     return triton.compile(src, target=TARGET_SIMD32, options=options)

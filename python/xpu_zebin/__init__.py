@@ -423,3 +423,19 @@ def _run_on_executor(
     for i, f in enumerate(futures):
         f.add_done_callback(lambda _f, i=i: callback(i) if callback else None)
     return [f.result() for f in futures]
+
+
+# Earlier releases' names: a task pickled by one (a Dask cluster mid-upgrade) still runs.
+_batch_task = batch_task
+
+#: Modules moved into xpu_zebin.triton, still reachable as attributes (as they were once
+#: xpu_zebin.triton was imported), each with its DeprecationWarning, for one release.
+_MOVED_MODULES = ("autotune", "triton_cache")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{name}")

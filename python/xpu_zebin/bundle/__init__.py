@@ -26,8 +26,8 @@ import warnings
 from typing import Any
 
 from .build import precompile
-from .format import info, pack, verify
-from .importing import import_bundle
+from .format import MAX_MANIFEST_BYTES, PathLike, info, pack, verify
+from .importing import STALE_STAGING_SECONDS, import_bundle
 from .lookup import BUNDLE_ENV, find, search_path
 
 __all__ = [

@@ -5,7 +5,6 @@ entries under ``triton/``) or one archive file of it; reading, checking and pack
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import tempfile
 from pathlib import Path
@@ -26,7 +25,6 @@ Built = Tuple[Dict[str, Any], bytes]
 MANIFEST = "manifest.json"
 
 
-@functools.lru_cache(maxsize=1)
 def triton_version() -> Optional[str]:
     """The installed Triton's release: a manifest names the one whose SPIR-V it was built
     from (a bundle of another release's is not used: its kernels would never be asked

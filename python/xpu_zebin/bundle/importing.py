@@ -38,7 +38,7 @@ def import_checked(
         report = verify(src)
         if report["bad"]:
             key, why = report["bad"][0]
-            raise InvalidArgumentError(f"{bundle}: entry {key[:20]} is bad ({why}); not installed")
+            raise InvalidArgumentError(f"{bundle}: entry {key[:20]} is bad ({why}); not imported")
         if before is not None:
             before(src)
         parent = Path(os.fspath(into)) if into is not None else Path(_core.bundles_dir())
@@ -83,7 +83,7 @@ def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike, replace: b
         _recover_interrupted(parent, dest)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=parent))
     except OSError as e:
-        raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
+        raise InvalidArgumentError(f"cannot import {bundle} into {parent}: {e}") from None
     old, keep_staging = staging / "old", False
     try:
         _core.bundle_copy(os.fspath(src), os.fspath(staging / "bundle"))
@@ -106,7 +106,7 @@ def _copy_into(src: Path, parent: Path, dest: Path, bundle: PathLike, replace: b
                 raise
         os.rename(staging / "bundle", dest)  # fails, never replaces, if dest came back
     except OSError as e:
-        raise InvalidArgumentError(f"cannot install {bundle} into {parent}: {e}") from None
+        raise InvalidArgumentError(f"cannot import {bundle} into {parent}: {e}") from None
     finally:
         if not keep_staging:
             shutil.rmtree(staging, ignore_errors=True)

@@ -36,9 +36,13 @@ def _usable(d: str) -> bool:
     installed Triton's: said once each. The engine's manifest index answers (a manifest
     read once per change, the same index its lookups use)."""
     why = _core.bundle_usable(d, triton_version())
-    if why is not None:
-        _warn_once(f"bundle not used: {why}")
-    return why is None
+    if why is None:
+        return True
+    if why.endswith("; skipped"):  # no bundle there at all: where the name came from
+        _warn_once(f"{BUNDLE_ENV}: {why}")
+    else:  # another Triton's says so itself; an unreadable one says what is wrong
+        _warn_once(why if why.endswith(": not used") else f"bundle not used: {why}")
+    return False
 
 
 def search_path() -> List[str]:

@@ -17,6 +17,7 @@ import xpu_zebin
 from xpu_zebin import BuildError, samples
 
 from . import aot
+from .aot import cmd_bundle, cmd_precompile, cmd_target
 from .build import (
     add_compile_options,
     cmd_batch,
@@ -28,7 +29,7 @@ from .build import (
     cmd_kinds,
     result_json,
 )
-from .common import EXIT_BUILD_ERROR, EXIT_OK, EXIT_USAGE, UsageError, jobs
+from .common import EXIT_BUILD_ERROR, EXIT_OK, EXIT_USAGE, MAX_TIMEOUT, UsageError, jobs
 
 __all__ = ["EXIT_BUILD_ERROR", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "result_json"]
 

@@ -14,14 +14,13 @@ from typing import Any, Dict, List
 import xpu_zebin
 from xpu_zebin import BuildError
 
-from .. import bundle, targets
-from .. import triton as drop_in
-from ..bundle.build import check_output
 from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError, jobs, printable, read_input
 
 
 def cmd_target(args: argparse.Namespace) -> int:
     """The local device's target profile (what precompile builds for)."""
+    from .. import targets
+
     try:
         profile = targets.local(args.device)
     except BuildError as e:
@@ -130,6 +129,10 @@ def _pairs(text: str, option: str, *, json_values: bool, one: bool = False) -> D
 
 def cmd_precompile(args: argparse.Namespace) -> int:
     """Native code for every input and target profile, into a bundle."""
+    from .. import bundle, targets
+    from .. import triton as drop_in
+    from ..bundle.build import check_output
+
     try:
         profiles = [targets.load(t) for t in args.target]
         kernels = drop_in.kernels_in_cache(args.from_triton_cache) if args.from_triton_cache else []
@@ -183,6 +186,9 @@ def _print_manifest(
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     """Check, show, import or pack a bundle."""
+    from .. import bundle, targets
+    from .. import triton as drop_in
+
     try:
         if args.action == "verify":
             report = bundle.verify(args.bundle)
@@ -207,7 +213,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         where = drop_in.import_bundle(
             args.bundle, args.into, target=target, triton=not args.no_triton, replace=args.replace
         )
-        print(f"installed: {where}")
+        print(f"imported: {where}")
         return EXIT_OK
     except xpu_zebin.InvalidArgumentError as e:
         print(printable(f"xpu-zebin: {e}"), file=sys.stderr)

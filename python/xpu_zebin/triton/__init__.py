@@ -28,7 +28,7 @@ The module that owns each step (docs/design.md §1):
   compiler, docs/design.md §6);
 - ``autotune``: an autotuner's configs compiled at once (docs/design.md §7);
 - ``sweep``: :func:`compile_configs`;
-- ``precompile``: Triton kernels ahead of time, into a bundle;
+- ``aot``: Triton kernels ahead of time (:func:`precompile`), into a bundle;
 - ``cache_entries``: Triton's own cache entries in bundles, and :func:`import_bundle`;
 - ``frontend``, ``host``, ``errors``: Triton's front end, what this host has, the errors
   Triton's callers expect.
@@ -48,6 +48,7 @@ from ..build_options import (
 )
 from ..errors import REFUSAL_KINDS
 from . import autotune
+from .aot import check_kernel, check_precompile_kernels, precompile, precompile_kernel
 from .cache_entries import import_bundle, import_triton_entries
 from .cache_entries import kernels_in as kernels_in_cache
 from .dropin import (
@@ -63,7 +64,6 @@ from .dropin import (
     uninstall,
 )
 from .fallback import FINAL_OFFLINE_KINDS
-from .precompile import check_kernel, check_precompile_kernels, precompile, precompile_kernel
 from .sweep import ConfigResult, compile_configs
 
 __all__ = [

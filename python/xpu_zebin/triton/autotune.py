@@ -40,7 +40,7 @@ import xpu_zebin
 from ..build_options import load_binary_options
 from ..errors import BuildError
 from .frontend import warm_triton
-from .host import ocloc_arch, offline_usable, target_device_arch
+from .host import gpu_target_arch, ocloc_arch, offline_usable
 
 logger = logging.getLogger("xpu_zebin.autotune")
 
@@ -248,7 +248,7 @@ def _native_request(kernel: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
     if not isinstance(spirv, bytes) or spirv[:4] == b"\x7fELF":
         return None
     try:
-        arch = target_device_arch({"target": kernel.metadata.target})
+        arch = gpu_target_arch(kernel.metadata.target)
         arch = arch or ocloc_arch(0, None)
     except BuildError:
         return None

@@ -32,15 +32,6 @@ ELF_MAGIC = b"\x7fELF"
 MAX_METADATA_BYTES = 1 << 20
 MAX_BINARY_BYTES = 256 << 20
 
-SPIRV_MAGIC = b"\x03\x02\x23\x07"
-
-ELF_MAGIC = b"\x7fELF"
-
-#: Triton's metadata files are small; a larger one is not Triton's.
-MAX_METADATA_BYTES = 1 << 20
-
-MAX_BINARY_BYTES = 256 << 20
-
 #: A Triton cache entry for a bundle: its manifest record and its files.
 TritonAddition = Tuple[Dict[str, Any], List[Tuple[str, bytes]]]
 
@@ -201,7 +192,7 @@ def put_entries(bundle: PathLike, checked: List[Tuple[Dict[str, Any], Dict[str, 
                 f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
             ) from None
     if checked:
-        logger.info("%s: %d Triton cache entries installed", bundle, len(checked))
+        logger.info("%s: %d Triton cache entries imported", bundle, len(checked))
 
 
 def checked_entries(
@@ -214,7 +205,7 @@ def checked_entries(
         try:
             target = targets.local()
         except BuildError as e:
-            logger.info("%s: Triton entries not installed: %s", bundle, e)
+            logger.info("%s: Triton entries not imported: %s", bundle, e)
             return []
     ids = [target.id, target.any_driver().id]
     mine = [t for t in manifest.get("triton_cache", []) if t["target"] in ids]
@@ -225,7 +216,7 @@ def checked_entries(
         return []
     if manifest.get("triton_key") != here:
         logger.warning("%s: its Triton cache entries were made by another Triton build than "
-                       "this one (%s): they would never be found; not installed", bundle,
+                       "this one (%s): they would never be found; not imported", bundle,
                        triton_version())  # fmt: skip
         return []
     by_hash: Dict[str, Tuple[Dict[str, Any], Dict[str, bytes]]] = {}

@@ -26,7 +26,7 @@ from ..errors import BuildError
 from . import autotune
 from .errors import triton_error
 from .fallback import load_spirv, native_the_driver_takes, trial_load
-from .host import target_device_arch
+from .host import gpu_target_arch
 
 logger = logging.getLogger("xpu_zebin.triton")
 
@@ -218,7 +218,7 @@ def make_zebin(
     ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver. A bundle
     that holds the kernel for this device answers first (no compile).
     """
-    arch = device_arch or target_device_arch(metadata)
+    arch = device_arch or gpu_target_arch(metadata.get("target"))
     farm = _farm.get()
     if farm is not None:
         arch = farm.device

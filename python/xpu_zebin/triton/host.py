@@ -4,7 +4,7 @@ a build for an architecture loads here, and whether the offline compiler runs he
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import xpu_zebin
 
@@ -30,9 +30,10 @@ def ocloc_arch(device: int, given: Optional[str]) -> str:
     return arch
 
 
-def target_device_arch(metadata: dict) -> Optional[str]:
-    target = metadata.get("target")
-    arch = getattr(target, "arch", None)
+def gpu_target_arch(gpu_target: Any) -> Optional[str]:
+    """The device arch a Triton ``GPUTarget`` names (Triton's XPU backend puts the
+    device's properties in its ``arch``), or None."""
+    arch = getattr(gpu_target, "arch", None)
     if isinstance(arch, dict):
         return arch.get("arch") or arch.get("device_arch")
     return None

@@ -17,7 +17,7 @@ from .dropin import install_backend
 from .errors import triton_error
 from .fallback import compiler_pair, jit_native, refused_here
 from .frontend import jit_function, split_config, warm_triton
-from .host import loads_here, ocloc_arch, target_device_arch
+from .host import gpu_target_arch, loads_here, ocloc_arch
 
 logger = logging.getLogger("xpu_zebin.triton")
 
@@ -92,7 +92,7 @@ def compile_configs(
             flags = kernel.metadata.build_flags
             spirv = kernel.asm.get("spv", b"")
             if isinstance(spirv, bytes) and spirv[:4] != b"\x7fELF":
-                flags = _prebuild_native(kernel, spirv, options, target)
+                flags = _prebuild_native(kernel, spirv, target)
             return ConfigResult(config, kernel, flags)
         except Exception as e:  # every failure stays in its slot, as the autotuner skips it
             return ConfigResult(config, error=e)
@@ -132,10 +132,10 @@ def _run_all(
             bar.close()
 
 
-def _prebuild_native(kernel: Any, spirv: bytes, options: Dict[str, Any], target: Any) -> str:
+def _prebuild_native(kernel: Any, spirv: bytes, gpu_target: Any) -> str:
     """The native build ``load_binary`` will need, now, into the package's cache: the same
     request the drop-in ``load_binary`` makes for this kernel, so it is a cache hit."""
-    arch = target_device_arch({"target": target}) or ocloc_arch(0, None)
+    arch = gpu_target_arch(gpu_target) or ocloc_arch(0, None)
     opts = load_binary_options(kernel.metadata.name, kernel.metadata.build_flags or "", arch)
     try:
         pair = compiler_pair(opts, 0) if loads_here(arch) else None
