@@ -21,7 +21,7 @@ Errors: a PTSS overflow raises ``triton.runtime.errors.OutOfResources(required, 
 raise ``IntelGPUError`` where Triton has it, else the package's own :class:`BuildError`.
 Either way ``.log`` holds the compiler's output and ``__cause__`` the package's error.
 
-The module that owns each step (docs/design.md §1):
+The module that owns each step (the flow at the top of docs/design.md):
 
 - ``dropin``: the wrapped ``load_binary``, ``make_zebin``, installing them;
 - ``fallback``: native code the driver takes (bundle, offline build, else the driver's own
