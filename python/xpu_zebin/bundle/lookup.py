@@ -30,24 +30,26 @@ def _warn_once(message: str) -> None:
         logger.warning("%s", message)
 
 
-def _usable(d: str) -> bool:
-    """Can the bundle at ``d`` be used here? Not a file, a directory without a manifest,
-    a manifest that cannot be read, nor one made from another Triton's SPIR-V than the
-    installed Triton's: said once each. The engine's manifest index answers (a manifest
-    read once per change, the same index its lookups use)."""
-    why = _core.bundle_usable(d, triton_version())
-    if why is None:
-        return True
-    if why.endswith("; skipped"):  # no bundle there at all: where the name came from
+def _say_not_used(why: str) -> None:
+    """Why a bundle is not used, as the engine's manifest index says it, once: no bundle
+    there at all (where the name came from), another Triton's (it says so itself), or
+    what is wrong with it. The one wording for the search path and for lookups."""
+    if why.endswith("; skipped"):
         _warn_once(f"{BUNDLE_ENV}: {why}")
-    else:  # another Triton's says so itself; an unreadable one says what is wrong
+    else:
         _warn_once(why if why.endswith(": not used") else f"bundle not used: {why}")
-    return False
 
 
 def search_path() -> List[str]:
     """The bundles the drop-ins use: ``$XPU_ZEBIN_BUNDLE``, then every imported one. A
     directory that holds no usable bundle is said once, at WARNING, and skipped."""
+    return _search_path(triton_version())
+
+
+def _search_path(triton: Optional[str]) -> List[str]:
+    """:func:`search_path` for the Triton release ``triton``: the engine's manifest index
+    answers whether each bundle can be used here (a manifest read once per change, the
+    same index its lookups use)."""
     dirs = [d for d in os.environ.get(BUNDLE_ENV, "").split(os.pathsep) if d.strip()]
     try:
         imported = Path(_core.bundles_dir())
@@ -55,7 +57,14 @@ def search_path() -> List[str]:
             dirs += sorted(str(p) for p in imported.iterdir() if not p.name.startswith("."))
     except (BuildError, OSError):
         pass
-    return [d for d in dirs if _usable(d)]
+    usable = []
+    for d in dirs:
+        why = _core.bundle_usable(d, triton)
+        if why is None:
+            usable.append(d)
+        else:
+            _say_not_used(why)
+    return usable
 
 
 def find(
@@ -67,7 +76,8 @@ def find(
     ``arch``: the device the caller builds for, when it may not be the local one (a
     ``make_zebin`` for another target finds nothing here). Says why at DEBUG
     (``TRITON_DEBUG=1``); a refused entry or bundle at WARNING."""
-    dirs = search_path()
+    triton = triton_version()  # looked up once a call: a Triton may be installed later
+    dirs = _search_path(triton)
     if not dirs:
         return None
 
@@ -82,11 +92,9 @@ def find(
     others: List[str] = []
     for target in (profile, profile.any_driver()):
         key = _core.bundle_key(spirv, name, target.ocloc_device, options, target.id)
-        status, what, native, skipped = _core.bundle_lookup(
-            dirs, key, name, target.id, triton_version()
-        )
+        status, what, native, skipped = _core.bundle_lookup(dirs, key, name, target.id, triton)
         for why in skipped:
-            _warn_once(f"bundle not used: {why}")
+            _say_not_used(why)
         if status == "native":
             logger.debug("kernel %r: from the bundle (%s, %r)", name, profile.name,
                          what["build_flags"])  # fmt: skip
