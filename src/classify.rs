@@ -28,8 +28,14 @@ static PTSS: LazyLock<Regex> = LazyLock::new(|| {
     )
     .unwrap()
 });
+// Upstream's markers (driver.c `tryRaisePTSSOutOfResources`, compiler.py's
+// `PTSS_OVERFLOW_RE`, #7285): any one of them in a failed build's log is a PTSS overflow,
+// with 0/0 bytes when the log gives no numbers.
 static PTSS_LOOSE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)scratch space exceeds[^\n]*limit|max permitted PTSS").unwrap()
+    Regex::new(
+        r"(?i)total scratch space|scratch space exceeds|max permitted PTSS|per.thread scratch space[^\n]*exceed",
+    )
+    .unwrap()
 });
 static UNSUPPORTED_DEVICE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)Cannot get HW Info for device|Could not determine device target|Unknown device|Invalid device").unwrap()
@@ -216,6 +222,19 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::ScratchOverflow);
         assert_eq!((e.required, e.limit), (Some(265792), Some(262144)));
         assert_eq!(e.log, igc2);
+        // Upstream's markers without numbers are still a PTSS overflow (0/0 upstream).
+        for log in [
+            "error: total scratch space of kernel K is too large",
+            "error: scratch space exceeds what the thread may use",
+            "error: exceeding max permitted PTSS",
+            "error: per-thread scratch space would exceed the limit",
+        ] {
+            let e = classify_driver_failure("ZE_RESULT_ERROR_MODULE_BUILD_FAILURE", log);
+            assert_eq!(e.kind, ErrorKind::ScratchOverflow, "{log}");
+            assert_eq!((e.required, e.limit), (None, None));
+        }
+        let other = classify_failure(Exit::Code(1), "error: per-thread scratch space: 64 bytes");
+        assert_ne!(other.kind, ErrorKind::ScratchOverflow);
     }
 
     #[test]

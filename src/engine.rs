@@ -163,7 +163,9 @@ fn compile_inner(
     o.check(&[("device", &req.device)])?;
     let device = req.device.trim();
     let timeout = crate::knobs::effective_timeout(o.timeout)?;
-    let kernel = spirv::validate(&req.spirv)?.select_kernel(o.kernel_name.as_deref())?;
+    let module = spirv::validate(&req.spirv)?;
+    let kernel = module.select_kernel(o.kernel_name.as_deref())?;
+    let own_grf = module.grf_request(&kernel);
     if device.is_empty() {
         return Err(BuildError::new(
             ErrorKind::InvalidArgument,
@@ -172,7 +174,10 @@ fn compile_inner(
         .into());
     }
     let rule = o.rule(Path::Offline)?;
-    let ladder = o.ladder(o.device_arch.as_deref().unwrap_or(device))?;
+    let ladder = grf::own_mode_is_explicit(
+        o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
+        own_grf,
+    );
     let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
     // The key needs the compiler's identity (a version and build of IGC).
     let cache = if o.cache {
@@ -220,7 +225,7 @@ fn compile_inner(
         kernel,
         device: device.to_string(),
         binary,
-        n_regs: grf::n_regs(&record.build_flags),
+        n_regs: grf::n_regs_with(&record.build_flags, own_grf),
         build_flags: record.build_flags,
         grf_mode: o.grf_mode.clone(),
         spill: record.spill,

@@ -3,6 +3,7 @@
 
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::spill::{Rule, Spill};
+use crate::spirv::GrfRequest;
 
 pub const GRF_128: &str = "-cl-intel-128-GRF-per-thread";
 pub const GRF_256: &str = "-cl-intel-256-GRF-per-thread";
@@ -38,6 +39,25 @@ pub fn n_regs(flags: &str) -> u32 {
     } else {
         128
     }
+}
+
+/// `n_regs` for a build with `flags` of a kernel that may ask for its own GRF mode: an
+/// explicit flag says it, else the kernel's own mode (upstream's tests expect `n_regs ==
+/// grf_mode` off LTS, where the mode is carried in the SPIR-V), else 128.
+pub fn n_regs_with(flags: &str, own: Option<GrfRequest>) -> u32 {
+    match own {
+        Some(request) if !has_explicit_grf_flag(flags) => request.n_regs(),
+        _ => n_regs(flags),
+    }
+}
+
+/// A kernel that asks for its own GRF mode (SPV_INTEL_maximum_registers) has an explicit
+/// mode, as a GRF flag would: only the first rung, never a retry.
+pub fn own_mode_is_explicit(mut ladder: Vec<String>, own: Option<GrfRequest>) -> Vec<String> {
+    if own.is_some() {
+        ladder.truncate(1);
+    }
+    ladder
 }
 
 /// `grf_mode` as Triton spells it: "default", "128", "256", "512", "auto"

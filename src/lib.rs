@@ -54,7 +54,7 @@ mod _core {
         CompileResult,
     };
     #[pymodule_export]
-    use crate::bindings::options::PyOptions;
+    use crate::bindings::options::{spill_rules, PyOptions};
     #[pymodule_export]
     use crate::bindings::workers::{
         bool_knob, broken_workers, compiler_refused, configure_workers, doctor,

@@ -7,7 +7,7 @@
 use crate::error::{BuildError, ErrorKind, Result};
 use rspirv::binary::{self, Consumer, ParseAction, ParseState};
 use rspirv::dr::{self, Operand};
-use rspirv::spirv::{ExecutionModel, Op};
+use rspirv::spirv::{ExecutionMode, ExecutionModel, NamedMaximumNumberOfRegisters, Op};
 
 const MAGIC: u32 = 0x0723_0203;
 const HEADER_BYTES: usize = 20;
@@ -19,6 +19,29 @@ pub struct SpirvInfo {
     pub version: (u8, u8),
     /// Names of the OpenCL kernel entry points, in module order.
     pub kernels: Vec<String>,
+    /// The GRF mode a kernel asks for itself (SPV_INTEL_maximum_registers), by kernel.
+    pub grf_requests: Vec<(String, GrfRequest)>,
+}
+
+/// A GRF mode carried by the kernel itself: an execution mode of SPV_INTEL_maximum_registers
+/// (upstream off LTS drivers writes it from `grf_mode`, `!MaximumRegisters` in its LLVM IR,
+/// instead of a build flag). IGC honours it like the flag, so it is an explicit mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrfRequest {
+    /// `MaximumRegistersINTEL` / `MaximumRegistersIdINTEL`: this many registers.
+    Registers(u32),
+    /// `NamedMaximumRegistersINTEL AutoINTEL`: IGC chooses, as the auto flag.
+    Auto,
+}
+
+impl GrfRequest {
+    /// Upstream's `n_regs` for it: the number asked for; 128 for auto, as the auto flag.
+    pub fn n_regs(self) -> u32 {
+        match self {
+            GrfRequest::Registers(n) => n,
+            GrfRequest::Auto => 128,
+        }
+    }
 }
 
 impl SpirvInfo {
@@ -35,6 +58,14 @@ impl SpirvInfo {
             )),
             None => Ok(self.kernels[0].clone()),
         }
+    }
+
+    /// The GRF mode `kernel` asks for itself, if it does.
+    pub fn grf_request(&self, kernel: &str) -> Option<GrfRequest> {
+        self.grf_requests
+            .iter()
+            .find(|(k, _)| k == kernel)
+            .map(|(_, r)| *r)
     }
 }
 
@@ -136,6 +167,12 @@ struct Collector {
     /// (id, opcode name) of every id operand, checked once all definitions are known.
     used: Vec<(u32, &'static str)>,
     kernels: Vec<String>,
+    /// (function id, name) of every kernel entry point.
+    kernel_functions: Vec<(u32, String)>,
+    /// (function id, request) of every register-limit execution mode seen.
+    grf_modes: Vec<(u32, GrfRequest)>,
+    /// (function id, constant id) of `MaximumRegistersIdINTEL`, resolved as constants come.
+    grf_mode_ids: Vec<(u32, u32)>,
     other_models: Vec<String>,
     functions: usize,
     in_function: bool,
@@ -149,6 +186,32 @@ impl Collector {
     fn fail(&mut self, message: String) -> ParseAction {
         self.problem = Some(message.clone());
         ParseAction::Error(message.into())
+    }
+}
+
+impl Collector {
+    /// Record a register-limit execution mode (SPV_INTEL_maximum_registers).
+    fn grf_mode(&mut self, operands: &[Operand]) {
+        let (Some(Operand::IdRef(f)), Some(Operand::ExecutionMode(mode))) =
+            (operands.first(), operands.get(1))
+        else {
+            return;
+        };
+        match (mode, operands.get(2)) {
+            (ExecutionMode::MaximumRegistersINTEL, Some(Operand::LiteralBit32(n))) => {
+                self.grf_modes.push((*f, GrfRequest::Registers(*n)))
+            }
+            (ExecutionMode::MaximumRegistersIdINTEL, Some(Operand::IdRef(c))) => {
+                self.grf_mode_ids.push((*f, *c))
+            }
+            (
+                ExecutionMode::NamedMaximumRegistersINTEL,
+                Some(Operand::NamedMaximumNumberOfRegisters(
+                    NamedMaximumNumberOfRegisters::AutoINTEL,
+                )),
+            ) => self.grf_modes.push((*f, GrfRequest::Auto)),
+            _ => {}
+        }
     }
 }
 
@@ -185,12 +248,28 @@ impl Consumer for Collector {
                 (
                     Some(Operand::ExecutionModel(ExecutionModel::Kernel)),
                     Some(Operand::LiteralString(n)),
-                ) => self.kernels.push(n.clone()),
+                ) => {
+                    if let Some(Operand::IdRef(f)) = inst.operands.get(1) {
+                        self.kernel_functions.push((*f, n.clone()));
+                    }
+                    self.kernels.push(n.clone())
+                }
                 (Some(Operand::ExecutionModel(m)), Some(Operand::LiteralString(n))) => {
                     self.other_models.push(format!("{n} ({m:?})"))
                 }
                 _ => return self.fail("OpEntryPoint without an execution model and a name".into()),
             },
+            Op::ExecutionMode | Op::ExecutionModeId => self.grf_mode(&inst.operands),
+            Op::Constant => {
+                // Only constants an execution mode named are kept: a bounded table.
+                if let (Some(id), Some(Operand::LiteralBit32(value))) =
+                    (inst.result_id, inst.operands.first())
+                {
+                    for (f, _) in self.grf_mode_ids.iter().filter(|(_, c)| *c == id) {
+                        self.grf_modes.push((*f, GrfRequest::Registers(*value)));
+                    }
+                }
+            }
             _ => {}
         }
         if let Some(id) = inst.result_id {
@@ -321,8 +400,17 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
             "no OpenCL kernel entry point (OpEntryPoint Kernel); found: {found}"
         )));
     }
+    let grf_requests = c
+        .kernel_functions
+        .iter()
+        .filter_map(|(f, name)| {
+            let (_, request) = c.grf_modes.iter().find(|(g, _)| g == f)?;
+            Some((name.clone(), *request))
+        })
+        .collect();
     Ok(SpirvInfo {
         version,
         kernels: c.kernels,
+        grf_requests,
     })
 }

@@ -91,8 +91,14 @@ def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
 
 def doctor(ocloc: Optional[PathLike] = None) -> dict:
     """What the engine would use here: ocloc and its version, libocloc and the worker mode
-    (and why compiles run one process each, if they do), Level Zero devices, the cache."""
-    return _core.doctor(None if ocloc is None else os.fspath(ocloc))
+    (and why compiles run one process each, if they do), Level Zero devices, the cache, and
+    the spill rule in force on each path with where it comes from (``spill_rules``)."""
+    from .build_options import rules_report
+
+    report = _core.doctor(None if ocloc is None else os.fspath(ocloc))
+    devices = report.get("level_zero_devices") or []
+    report["spill_rules"] = rules_report(devices[0].get("driver") if devices else None)
+    return report
 
 
 # Compilers already looked at (by how they were named), so a compile pays this check once.

@@ -260,3 +260,41 @@ impl PyOptions {
         Ok(format!("Options({})", parts.join(", ")))
     }
 }
+
+/// The spill policy in force for each path, and upstream's lines it can name: `policy`
+/// (else `$XPU_ZEBIN_SPILL_POLICY`, else `upstream`) resolved for the JIT (`jit`), the
+/// offline engine (`offline`) and each upstream path; `lines` lists upstream's rules by
+/// line (`spill.rs`). A bad policy is an `InvalidArgumentError`.
+#[pyfunction]
+#[pyo3(signature = (policy=None))]
+pub fn spill_rules<'py>(py: Python<'py>, policy: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
+    use crate::spill::{self, Path, SpillPolicy, UpstreamPath};
+    let from_env =
+        crate::knobs::text_knob(spill::SPILL_POLICY_ENV).map_err(|e| to_pyerr(py, e.into()))?;
+    let chosen =
+        SpillPolicy::choose(policy, from_env.as_deref()).map_err(|e| to_pyerr(py, e.into()))?;
+    let rule = |r: spill::Rule| -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("name", r.name())?;
+        d.set_item("describe", r.describe())?;
+        Ok(d)
+    };
+    let out = PyDict::new(py);
+    out.set_item("policy", policy.map(str::to_string).or(from_env))?;
+    out.set_item("jit", rule(chosen.rule(Path::Jit))?)?;
+    out.set_item("offline", rule(chosen.rule(Path::Offline))?)?;
+    let lines = pyo3::types::PyList::empty(py);
+    for line in spill::LINES {
+        let d = PyDict::new(py);
+        d.set_item("id", line.id)?;
+        d.set_item("what", line.what)?;
+        for path in UpstreamPath::ALL {
+            d.set_item(path.name(), rule(line.rule(path))?)?;
+        }
+        lines.append(d)?;
+    }
+    out.set_item("lines", lines)?;
+    out.set_item("current_line", spill::CURRENT_LINE)?;
+    out.set_item("last_checked", spill::LAST_CHECKED)?;
+    Ok(out)
+}

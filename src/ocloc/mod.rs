@@ -52,7 +52,10 @@ pub struct JobSpec<'a> {
 /// when this compiler has one, else in a one-shot ocloc process.
 pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
     let started = Instant::now();
-    match run_on_worker(ocloc, spec) {
+    // IGC reads `-igc_opts` (shader dumps, upstream's `dump_shader_info`) once per process:
+    // a persistent worker would honour them only on its first job.
+    let on_worker = !spec.args.iter().any(|a| a.contains("-igc_opts"));
+    match on_worker.then(|| run_on_worker(ocloc, spec)).flatten() {
         Some(run) => Ok(run),
         None => {
             // The one-shot run gets what is left of the request's time, not a fresh limit.

@@ -16,6 +16,7 @@ use crate::ladder::{self, Plan, Record, Settled, Speculation};
 use crate::ladder::{Attempt, Failure};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
+use crate::spirv::GrfRequest;
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -67,14 +68,17 @@ pub struct Loaded {
 pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
 
 /// Check the input before any byte reaches the driver (random bytes end the process there).
-fn validate(req: &LoadRequest) -> Result<()> {
+/// Returns the GRF mode a SPIR-V kernel asks for itself, if it does.
+fn validate(req: &LoadRequest) -> Result<Option<GrfRequest>> {
     req.options.check(&[("kernel_name", &req.kernel_name)])?;
     if req.is_spv {
-        spirv::validate(&req.binary)?.select_kernel(Some(&req.kernel_name))?;
+        let module = spirv::validate(&req.binary)?;
+        let kernel = module.select_kernel(Some(&req.kernel_name))?;
+        Ok(module.grf_request(&kernel))
     } else {
         zebin::parse(&req.binary)?.kernel_spill(&req.kernel_name)?;
+        Ok(None)
     }
-    Ok(())
 }
 
 /// Who builds or loads on this device: a key holds it (what a driver built or loaded
@@ -271,19 +275,16 @@ fn load_inner(
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> LoadOutcome {
-    validate(req)?;
+    let own_grf = validate(req)?;
     let o = &req.options;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
     let rule = o.rule(Path::Jit)?;
-    // Upstream retries only SPIR-V without an explicit GRF flag; a native binary is final.
+    // Upstream retries only SPIR-V without an explicit GRF mode (a flag, or the kernel's
+    // own execution mode); a native binary is final.
     let ladder = if req.is_spv {
-        o.ladder(
-            o.device_arch
-                .as_deref()
-                .or(device.arch.as_deref())
-                .unwrap_or(""),
-        )?
+        let arch = o.device_arch.as_deref().or(device.arch.as_deref());
+        grf::own_mode_is_explicit(o.ladder(arch.unwrap_or(""))?, own_grf)
     } else {
         vec![o.build_flags.clone()]
     };
@@ -339,7 +340,7 @@ fn load_inner(
     } = settled;
     Ok(Loaded {
         kernel_name: req.kernel_name.clone(),
-        n_regs: grf::n_regs(&record.build_flags),
+        n_regs: grf::n_regs_with(&record.build_flags, own_grf),
         build_flags: record.build_flags,
         spill: built.spill,
         n_max_threads: device.max_work_group_size,

@@ -183,7 +183,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"{args.zebin}: {e}", file=sys.stderr)
         return EXIT_BUILD_ERROR
     if args.json:
-        print(json.dumps(info))
+        from ..build_options import rules_report
+
+        print(json.dumps({**info, "spill_rules": rules_report()}))
         return EXIT_OK
     print(f"{args.zebin}: zebin, .ze_info version {info['version']}")
     for k in info["kernels"]:
@@ -270,6 +272,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"cores: {r['cores']} ({busy}; slots in {r['core_slots_dir']})")
     else:
         print(f"cores: {r['cores']} (not counted across processes: no usable slot directory)")
+    rules = r["spill_rules"]
+    lts = rules["lts"]
+    print(
+        f"spill rules (upstream line #{rules['current_line']}, checked {rules['last_checked']}); "
+        f"driver {lts['driver'] or 'unknown'} is {'LTS' if lts['answer'] else 'rolling'} "
+        f"({lts['source']})"
+    )
+    for path in ("load_binary", "make_zebin", "compile", "compile_and_load"):
+        rule = rules[path]
+        where = f", from {rule['source']}" if "source" in rule else ""
+        print(f"  {path}: rebuild in large GRF on {rule['describe']} ({rule['rule']}{where})")
     return EXIT_OK
 
 
@@ -295,8 +308,9 @@ def add_compile_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--spill-policy",
         default=None,
-        help="when spills call for the large-GRF retry: upstream (default), any, never, "
-        "slots:N or bytes:N (else $XPU_ZEBIN_SPILL_POLICY)",
+        help="when spills call for the large-GRF retry: upstream (today's upstream rule, "
+        "#8147), upstream@LINE (an older one: 3.3, 7615, 7959, 8115), any, never, slots:N, "
+        "bytes:N or min-bytes:N (else $XPU_ZEBIN_SPILL_POLICY)",
     )
     sp.add_argument("--ocloc", default=None, help="ocloc to use (else $XPU_ZEBIN_OCLOC, else PATH)")
     sp.add_argument(

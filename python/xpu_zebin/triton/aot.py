@@ -270,8 +270,9 @@ def _native(
         m = low.compiled.metadata
         meta = {"name": m.name, "build_flags": m.build_flags,
                 "max_grf_mode": getattr(m, "max_grf_mode", None)}  # fmt: skip
-        lts = driver_is_lts(make_backend(low.target.gpu_target()))
-        opts = make_zebin_options(meta, m, low.target.ocloc_device, lts=lts)
+        backend = make_backend(low.target.gpu_target())
+        lts = driver_is_lts(backend, m)  # the kernel's own answer, as make_zebin's
+        opts = make_zebin_options(meta, m, low.target.ocloc_device, lts=lts, backend=backend)
         plan.append((low, opts.replace(ocloc=ocloc) if ocloc else opts))
     results = xpu_zebin.compile_many(
         [{"spirv": low.kernel["spirv"], "device": low.target.ocloc_device, "options": o}

@@ -25,7 +25,7 @@ from ..build_options import (
 from ..errors import BuildError
 from . import autotune
 from .errors import triton_error
-from .fallback import load_spirv, native_the_driver_takes, trial_load
+from .fallback import load_spirv, native_the_driver_takes, note_kept_default, trial_load
 from .host import gpu_target_arch
 
 logger = logging.getLogger("xpu_zebin.triton")
@@ -201,43 +201,115 @@ def farm_key(spirv: bytes, name: str, device: str, options: xpu_zebin.Options) -
     return xpu_zebin._core.bundle_key(spirv, name, device, options, "farm")
 
 
+#: Triton's knob for IGC shader dumps (``knobs.intel.dump_shader_info`` upstream).
+SHADER_DUMP_ENV = "TRITON_INTEL_ENABLE_IGC_SHADER_DUMP"
+
+
+def _shader_dump_on() -> bool:
+    """Upstream's ``knobs.intel.dump_shader_info`` where the installed Triton has it, else
+    its variable (triton-xpu 3.3 has no knobs module; the name is the same)."""
+    try:
+        from triton import knobs  # type: ignore[attr-defined]
+
+        return bool(knobs.intel.dump_shader_info)
+    except Exception:
+        value = os.environ.get(SHADER_DUMP_ENV, "").strip().lower()
+        return value in ("1", "true", "on", "yes", "y")
+
+
+def _shader_dump_option(metadata: dict) -> str:
+    """What upstream's make_zebin appends to ocloc's options for a shader dump: IGC writes
+    its dumps into the kernel's Triton cache directory (empty when not asked for)."""
+    where = metadata.get("cache_dir")
+    if not _shader_dump_on() or not where:
+        return ""
+    return f" -igc_opts ',DumpToCustomDir={where},ShaderDumpEnable=1'"
+
+
+def _track(name: str) -> Any:
+    """Upstream's compile tracking (``track.py``: ``TRITON_TRACK_DUMP``) where the installed
+    backend has it, so the native stage still appears there; else nothing."""
+    try:
+        from triton.backends.intel.track import track  # type: ignore[import-not-found]
+
+        return track(name)
+    except Exception:
+        return contextlib.nullcontext()
+
+
+def _kernel_of(src: bytes, name: Optional[str]) -> Optional[str]:
+    """The kernel make_zebin reports on: the metadata's name, else the module's first entry
+    point, as upstream's make_zebin reads the first ``spill_size`` of the module (it never
+    reads ``metadata["name"]``). None for SPIR-V that does not parse (the build says why)."""
+    if name:
+        return name
+    try:
+        return xpu_zebin.validate_spirv(src)[0]
+    except (BuildError, IndexError):
+        return None
+
+
 def make_zebin(
     src: bytes,
     metadata: dict,
     options: Any,
     device_arch: Optional[str] = None,
     *,
-    lts: bool = True,
+    lts: Optional[bool] = None,
+    backend: Any = None,
 ):
     """Drop-in for the XPU backend's ``make_zebin`` stage (upstream main's semantics).
 
     The GRF ladder (default, then large) runs only for ``grf_mode == 'default'`` and
     ``num_warps <= 32``; ``metadata["build_flags"]`` is updated with the flags that won.
-    Spills follow upstream's rule for the driver (``lts``: any spilled byte; rolling: more
-    than 16 slots per lane). The device comes from ``device_arch``,
-    ``metadata["target"].arch``, ``$TRITON_INTEL_DEVICE_ARCH``, or the driver. A bundle
-    that holds the kernel for this device answers first (no compile).
+    Spills follow upstream's gate for the driver (``lts``, by default ``options.is_lts``,
+    else LTS: any spilled byte; rolling: at least 1024 bytes per hardware thread, #8147),
+    asked of the installed ``backend``'s own ``accepts_default_grf`` where it has one. The
+    device comes from ``device_arch``, ``metadata["target"].arch``,
+    ``$TRITON_INTEL_DEVICE_ARCH``, or the driver. A bundle that holds the kernel for this
+    device answers first (no compile). ``knobs.intel.dump_shader_info`` dumps IGC's shaders
+    into ``metadata["cache_dir"]``, and the stage reports to upstream's ``track.py``.
     """
+    if lts is None:
+        lts = driver_is_lts(backend, options)
+    cls = backend if isinstance(backend, type) or backend is None else type(backend)
+    with _track(f"{cls.__name__}.make_zebin" if cls is not None else "make_zebin"):
+        native = _make_zebin(src, metadata, options, device_arch, lts, backend)
+    return native
+
+
+def _make_zebin(
+    src: bytes, metadata: dict, options: Any, device_arch: Optional[str], lts: bool, backend: Any
+) -> bytes:
     arch = device_arch or gpu_target_arch(metadata.get("target"))
     farm = _farm.get()
     if farm is not None:
         arch = farm.device
     try:
-        opts = make_zebin_options(metadata, options, arch, lts=lts)
+        opts = make_zebin_options(metadata, options, arch, lts=lts, backend=backend)
+        name = _kernel_of(src, opts.kernel_name)
+        opts = opts.replace(kernel_name=name)
+        dump = _shader_dump_option(metadata)
+        if dump:  # IGC dumps only when it compiles: never a cached build
+            opts = opts.replace(build_flags=opts.build_flags + dump, cache=False)
         if farm is not None and farm.ocloc:
             opts = opts.replace(ocloc=farm.ocloc)
-        name = opts.kernel_name or ""
-        if farm is not None:
-            found = farm.prebuilt.get(farm_key(src, name, farm.device, opts))
-            if found is None:
-                result = xpu_zebin.compile(src, device=arch, options=opts)
-                found = result.binary, result.build_flags
-            native, flags = found
-        else:
-            native, flags = native_the_driver_takes(name, src, opts, arch)
+        with _track("generate_native_code") as tracked:
+            if farm is not None:
+                found = farm.prebuilt.get(farm_key(src, name or "", farm.device, opts))
+                if found is None:
+                    result = xpu_zebin.compile(src, device=arch, options=opts)
+                    note_kept_default(name or "", result)
+                    found = result.binary, result.build_flags
+                native, flags = found
+            else:
+                native, flags = native_the_driver_takes(name or "", src, opts, arch)
+            if hasattr(tracked, "__setitem__"):
+                tracked["size"] = len(native)
     except BuildError as e:
         raise triton_error(e) from e
-    metadata["build_flags"] = flags
+    # The dump option goes to ocloc, never into the kernel's flags (as upstream's).
+    metadata["build_flags"] = " ".join(flags.replace(dump.strip(), "").split()) if dump else flags
     metadata["binary_ext"] = "zebin"
     return native
 
@@ -257,10 +329,10 @@ def install_backend(cls: Any = None) -> None:
     def add_stages(self, stages: dict, options: Any, *args: Any, **kwargs: Any) -> None:
         original_add_stages(self, stages, options, *args, **kwargs)
         arch = getattr(self, "device_arch", None)
-        lts = driver_is_lts(self)
+        lts = driver_is_lts(self, options)  # per kernel, as upstream's XPUOptions.is_lts
         if "zebin" in stages:
             stages["zebin"] = lambda src, metadata: make_zebin(
-                src, metadata, options, arch, lts=lts
+                src, metadata, options, arch, lts=lts, backend=self
             )
         elif getattr(options, "generate_native_code", False):
             # triton-xpu 3.3 has no zebin stage: its make_spv runs ocloc itself and returns
@@ -271,7 +343,7 @@ def install_backend(cls: Any = None) -> None:
 
             def spv_then_zebin(src: Any, metadata: dict) -> bytes:
                 spirv = self.make_spv(src, metadata, spv_options)
-                return make_zebin(spirv, metadata, options, arch, lts=lts)
+                return make_zebin(spirv, metadata, options, arch, lts=lts, backend=self)
 
             stages["spv"] = spv_then_zebin
 

@@ -42,6 +42,22 @@ def _say_once(key: Any, message: str, *args: Any) -> None:
     logger.warning(message, *args)
 
 
+def note_kept_default(name: str, result: Any) -> None:
+    """A default-GRF build that spilled, whose large-GRF rebuild failed, is kept: upstream's
+    make_zebin raises the rebuild's error there, the package keeps the working build (never
+    worse than upstream; README's conformance table). Said once per process."""
+    attempts = getattr(result, "attempts", [])
+    if len(attempts) == 2 and attempts[0].ok and not attempts[1].ok:
+        _say_once(
+            "kept-default",
+            "xpu-zebin: kernel %r spills %d bytes in default GRF and its large-GRF rebuild "
+            "failed (%s); the default build is kept, where upstream's make_zebin raises the "
+            "rebuild's error",
+            name, result.spill_size, attempts[1].error,
+        )  # fmt: skip
+        logger.debug("kernel %r: kept the default-GRF build: %s", name, attempts[1].error)
+
+
 def compiler_pair(options: xpu_zebin.Options, device: int) -> Optional[Tuple[str, str]]:
     """(the offline compiler's identity, this device's driver version), or None when
     either cannot be told (no compiler, no driver: nothing to remember)."""
@@ -283,6 +299,7 @@ def native_the_driver_takes(
             raise
         why: BuildError = e
     else:
+        note_kept_default(name, result)
         if not here:
             return result.binary, result.build_flags
         try:
