@@ -17,9 +17,12 @@ def triton_error(error: BuildError) -> Exception:
     except ImportError:
         return error
     converted: Optional[Exception] = None
-    if isinstance(error, ScratchOverflowError) and error.required is not None:
+    if isinstance(error, ScratchOverflowError):
+        # Upstream raises OutOfResources whenever a PTSS marker matches, with 0/0 when the
+        # log gives no numbers (compiler.py's PTSS_OVERFLOW_RE, driver.c's
+        # tryRaisePTSSOutOfResources, #7285), so the autotuner skips the config either way.
         converted = triton_errors.OutOfResources(
-            error.required, error.limit, "per-thread scratch space (PTSS)"
+            error.required or 0, error.limit or 0, "per-thread scratch space (PTSS)"
         )
     elif hasattr(triton_errors, "IntelGPUError"):
         converted = triton_errors.IntelGPUError(f"{error}\n{error.log}")
