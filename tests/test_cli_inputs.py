@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -114,3 +115,50 @@ def test_standard_input_is_read_bounded(tmp_path):
     finally:
         endless.kill()
         endless.wait()
+
+
+BUNDLE_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, os, sys
+    from pathlib import Path
+    import xpu_zebin
+    from xpu_zebin.bundle import importing
+
+    bundle = Path(sys.argv[1])
+    files = ["good", "fifo", "dir", "zero", "huge"]
+    target = type("T", (), {"id": "t", "any_driver": lambda self: self})()
+    importing.targets.local = lambda: target
+    importing.info = lambda b: {"entries": [
+        {"target": "t", "file": f"native/{n}.zebin", "kernel": n, "build_flags": ""}
+        for n in files]}
+    asked = []
+    xpu_zebin.compile_and_load_many = lambda reqs: asked.extend(reqs) or [
+        xpu_zebin.BuildError("not loaded") for _ in reqs]
+    logging.basicConfig(format="%(levelname)s %(message)s")
+    importing.try_local_entries(bundle)
+    print(json.dumps([r["binary"].decode() for r in asked]))
+    """
+)
+
+
+def test_an_installed_bundles_entries_are_read_bounded(tmp_path):
+    """The entries of an imported bundle tried here: each is read as a regular file, at most
+    as large as the engine reads one; a FIFO, a directory, a link to a device or an
+    oversized file in their place is not tried (a warning), never waited on."""
+    native = tmp_path / "b" / "native"
+    native.mkdir(parents=True)
+    (native / "good.zebin").write_bytes(b"zebin")
+    os.mkfifo(native / "fifo.zebin")
+    (native / "dir.zebin").mkdir()
+    (native / "zero.zebin").symlink_to("/dev/zero")
+    _sparse(native / "huge.zebin", (256 << 20) + 1)
+    run = subprocess.run(
+        [sys.executable, "-c", BUNDLE_SCRIPT, str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=DEADLINE, preexec_fn=_limit_memory,
+    )  # fmt: skip
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert json.loads(run.stdout) == ["zebin"]
+    warned = [line for line in run.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warned) == 5, run.stderr  # four not tried, one did not load
+    for name in ("fifo", "dir", "zero", "huge"):
+        assert any(f" {name} not tried here" in line for line in warned), (name, warned)
