@@ -172,3 +172,38 @@ def test_moved_modules_are_attributes_and_the_cli_runs_as_a_module():
         run = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
                              text=True, timeout=120)  # fmt: skip
         assert run.returncode == 0 and run.stdout.startswith("xpu-zebin "), run.stderr
+
+
+#: Modules that may read a file another way than ``_files.read_regular``, and why.
+UNBOUNDED_READS_ALLOWED = {
+    "_files.py": "the one bounded reader: regular files only, never a FIFO, at most a limit",
+}
+
+
+def test_every_file_read_goes_through_the_bounded_reader():
+    """No module of the package reads a file it is given without a bound (issue 33): no
+    ``read_bytes``/``read_text``, no ``open`` of any kind, no ``.read()`` to the end, no
+    ``json.load``/``pickle.load`` of a file object; ``_files.read_regular`` does it."""
+    import ast
+
+    def unbounded(call: ast.Call) -> str:
+        f = call.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        owner = getattr(getattr(f, "value", None), "id", "")
+        if name in ("read_bytes", "read_text", "open", "fdopen", "readlines", "fromfile"):
+            return name
+        if name == "read" and not call.args and not call.keywords:
+            return ".read()"
+        if name == "load" and owner in ("json", "pickle", "marshal", "tomllib", "yaml"):
+            return f"{owner}.load"
+        return ""
+
+    modules = [p for p in ROOT.glob("python/**/*.py") if p.name not in UNBOUNDED_READS_ALLOWED]
+    assert len(modules) > 20 and (ROOT / "python/xpu_zebin/_files.py").is_file()
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {what}"
+        for path in modules
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and (what := unbounded(node))
+    ]
+    assert found == [], "read through xpu_zebin._files.read_regular"

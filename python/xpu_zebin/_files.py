@@ -1,10 +1,34 @@
-"""Reading a file that is input: a regular file only (a FIFO is never waited on), bounded."""
+"""Reading a file that is input: a regular file only (a FIFO is never waited on), bounded.
+
+Every file the package reads from a path it was given goes through :func:`read_regular`
+(``tests/test_structure.py`` checks that no module reads one another way)."""
 
 from __future__ import annotations
 
 import os
 import stat
 from typing import Union
+
+#: The largest SPIR-V module, OpenCL C source or zebin read as an input: the engine's own
+#: bound on one module or zebin (``MAX_PAYLOAD_BYTES``, a frame's payload, in
+#: ``src/pool/mod.rs``; ocloc's output is bounded the same in ``src/ocloc/process.rs``).
+MAX_MODULE_BYTES = 1 << 30
+
+#: Bytes asked of the system at a time once a file's size is not what it said.
+_CHUNK = 1 << 20
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    return next((said for test, said in _KINDS if test(mode)), "not a regular file")
 
 
 def read_regular(
@@ -15,10 +39,28 @@ def read_regular(
     ``follow_links`` is false, or the system's own reason)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{os.fspath(path)} is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(f"{os.fspath(path)} is larger than {limit} bytes")
-    return data
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{os.fspath(path)} is {kind(st.st_mode)}, not a regular file")
+        return read_at_most(fd, limit, os.fspath(path), st.st_size)
+    finally:
+        os.close(fd)
+
+
+def read_at_most(fd: int, limit: int, name: str, size: int = 0) -> bytes:
+    """At most ``limit`` bytes from ``fd`` up to its end, else an ``OSError``; ``size``:
+    what the file says it holds (more than ``limit`` is refused before anything is read).
+    Memory grows with what is read, never with the limit."""
+    if size > limit:
+        raise OSError(f"{name} is larger than {limit} bytes")
+    parts, total, want = [], 0, size + 1  # a regular file: one read, then its end
+    while total <= limit:
+        part = os.read(fd, min(want, limit + 1 - total))
+        if not part:
+            break
+        parts.append(part)
+        total, want = total + len(part), _CHUNK
+    if total > limit:
+        raise OSError(f"{name} is larger than {limit} bytes")
+    return b"".join(parts)

@@ -17,6 +17,9 @@ from ..targets import TargetProfile
 
 #: A manifest is read at most this big (as the engine reads it).
 MAX_MANIFEST_BYTES = 64 << 20
+#: An entry's binary is read at most this big (as the engine reads it: ``MAX_ENTRY_BYTES``
+#: in ``src/bundle/mod.rs``).
+MAX_ENTRY_BYTES = 256 << 20
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: A native entry for a bundle: its manifest record and its binary.

@@ -18,7 +18,7 @@ from xpu_zebin import _core
 from .. import targets
 from .._files import read_regular
 from ..errors import BuildError, InvalidArgumentError
-from .format import MAX_MANIFEST_BYTES, PathLike, as_directory, info, verify
+from .format import MAX_ENTRY_BYTES, MAX_MANIFEST_BYTES, PathLike, as_directory, info, verify
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
@@ -175,8 +175,13 @@ def try_local_entries(bundle: Path) -> set:
         return set()
     manifest = info(bundle)
     ids = (profile.id, profile.any_driver().id)
-    mine = [e for e in manifest["entries"] if e["target"] in ids]
-    binaries = [(bundle / e["file"]).read_bytes() for e in mine]
+    mine, binaries = [], []
+    for e in (e for e in manifest["entries"] if e["target"] in ids):
+        try:  # the installed copy's own files: a FIFO or link swapped in is refused
+            binaries.append(read_regular(bundle / e["file"], MAX_ENTRY_BYTES, follow_links=False))
+            mine.append(e)
+        except OSError as why:
+            logger.warning("%s: %s not tried here: %s", bundle, e["kernel"], why.strerror or why)
     requests = [
         {"binary": b, "kernel_name": e["kernel"], "is_spv": False, "build_flags": e["build_flags"]}
         for e, b in zip(mine, binaries)

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile one SPIR-V (or .cl) file")
-    c.add_argument("input")
+    c.add_argument("input", help="a SPIR-V or .cl file, or - for standard input")
     c.add_argument("--kernel", default=None, help="kernel that must be an entry point")
     c.add_argument("-o", "--output", default=None, help="write the zebin here")
     add_compile_options(c)
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_batch)
 
     i = sub.add_parser("info", help="summarise a zebin's .ze_info")
-    i.add_argument("zebin")
+    i.add_argument("zebin", help="a zebin file, or - for standard input")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
 

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import xpu_zebin
 from xpu_zebin import BuildError, CompileResult, samples
 
-from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError, read_input, timeout
+from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError, read_file, read_input, timeout
 
 
 def _attempt_json(a: Any) -> dict:
@@ -110,7 +110,7 @@ def _options(args: argparse.Namespace, kernel: Optional[str] = None) -> xpu_zebi
 
 def cmd_compile(args: argparse.Namespace) -> int:
     options = _options(args, args.kernel)
-    spirv = read_input(args.input, args.device, args.ocloc)
+    spirv = read_input(args.input, args.device, args.ocloc, stdin=True)
     try:
         outcome: Union[CompileResult, BuildError] = xpu_zebin.compile(
             spirv, device=args.device, options=options
@@ -173,10 +173,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    try:
-        data = Path(args.zebin).read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read {args.zebin}: {e.strerror}") from e
+    data = read_file(args.zebin, stdin=True)
     try:
         info = xpu_zebin.zebin_info(data)
     except BuildError as e:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
+import os
+import stat
+import sys
 from typing import Optional
 
 import xpu_zebin
+
+from .._files import MAX_MODULE_BYTES, kind, read_at_most, read_regular
 
 EXIT_OK, EXIT_BUILD_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -17,12 +21,38 @@ class UsageError(Exception):
     pass
 
 
-def read_input(path: str, device: str, ocloc: Optional[str]) -> bytes:
-    """SPIR-V from a file; OpenCL C (``.cl``) is first turned into SPIR-V by ocloc."""
+def read_file(path: str, stdin: bool = False) -> bytes:
+    """A SPIR-V, OpenCL C or zebin input: a regular file of at most
+    :data:`~xpu_zebin._files.MAX_MODULE_BYTES` (``-`` with ``stdin``: standard input,
+    bounded the same); anything else (a FIFO, a device, a directory, a file that cannot be
+    read or is too large) is a usage error of one line, never a wait or a traceback."""
     try:
-        data = Path(path).read_bytes()
+        if stdin and path == "-":
+            return _read_stdin()
+        return read_regular(path, MAX_MODULE_BYTES)
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from e
+        raise UsageError(f"cannot read {path}: {e.strerror}" if e.strerror else str(e)) from None
+    except MemoryError:
+        raise UsageError(f"cannot read {path}: not enough memory") from None
+
+
+def _read_stdin() -> bytes:
+    """Standard input: a regular file, a pipe or a terminal, read to its end, bounded."""
+    if sys.stdin is None:
+        raise OSError("standard input is closed")
+    fd = sys.stdin.fileno()
+    st = os.fstat(fd)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)
+            or os.isatty(fd)):  # fmt: skip
+        raise OSError(f"standard input is {kind(st.st_mode)}, not a file or a pipe")
+    size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return read_at_most(fd, MAX_MODULE_BYTES, "standard input", size)
+
+
+def read_input(path: str, device: str, ocloc: Optional[str], stdin: bool = False) -> bytes:
+    """SPIR-V from a file (``-`` with ``stdin``: standard input); OpenCL C (``.cl``) is
+    first turned into SPIR-V by ocloc."""
+    data = read_file(path, stdin)
     if path.endswith(".cl"):
         try:
             source = data.decode()
