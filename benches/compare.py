@@ -377,9 +377,9 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
             r.close()
 
     ze_many([kernels["add256"]] * 2)  # two warm workers, as a long-lived process has them
-    # A real Triton matmul (64x64x32, 4 warps) that spills at 128 GRF (more than 16 slots per
-    # lane) and is retried; its two builds take about as long each, the case speculation is
-    # for. The gain is bounded by (t_128 + t_256) / max(t_128, t_256).
+    # A real Triton matmul (64x64x32, 4 warps) that spills at 128 GRF (over 1024 bytes per
+    # hardware thread) and is retried; its two builds take about as long each, the case
+    # speculation is for. The gain is bounded by (t_128 + t_256) / max(t_128, t_256).
     bench.compare(
         "ze_fallback_speedup", "Level Zero: kernel retried in large GRF",
         lambda: ze(kernels["matmul64"], isolated=False), lambda: ze(kernels["matmul64"]),

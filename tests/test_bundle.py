@@ -78,7 +78,7 @@ def test_precompile_builds_every_target_and_loads_with_no_compile(
         (k["name"], t.id) for k in kernels for t in (pvc, _bmg(pvc))
     }
     flags = {e["kernel"]: e["build_flags"] for e in manifest["entries"] if e["target"] == pvc.id}
-    assert flags == {"add": "", "small": "", "spill": G256}  # load_binary's rule (#7959)
+    assert flags == {"add": "", "small": "", "spill": G256}  # load_binary's rule (#8147)
     assert bundle.verify(out) == {"ok": [e["key"] for e in manifest["entries"]], "bad": []}
 
     monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
