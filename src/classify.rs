@@ -33,7 +33,7 @@ static PTSS: LazyLock<Regex> = LazyLock::new(|| {
 // with 0/0 bytes when the log gives no numbers.
 static PTSS_LOOSE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)total scratch space|scratch space exceeds|max permitted PTSS|per.thread scratch space[^\n]*exceed",
+        r"(?i)total scratch space|scratch space exceeds|exceeding max permitted PTSS|per.thread scratch space",
     )
     .unwrap()
 });
@@ -228,12 +228,13 @@ mod tests {
             "error: scratch space exceeds what the thread may use",
             "error: exceeding max permitted PTSS",
             "error: per-thread scratch space would exceed the limit",
+            "error: per-thread scratch space of 300000 bytes",
         ] {
             let e = classify_driver_failure("ZE_RESULT_ERROR_MODULE_BUILD_FAILURE", log);
             assert_eq!(e.kind, ErrorKind::ScratchOverflow, "{log}");
             assert_eq!((e.required, e.limit), (None, None));
         }
-        let other = classify_failure(Exit::Code(1), "error: per-thread scratch space: 64 bytes");
+        let other = classify_failure(Exit::Code(1), "error: private memory of 64 bytes");
         assert_ne!(other.kind, ErrorKind::ScratchOverflow);
     }
 

@@ -221,11 +221,12 @@ fn compile_inner(
             notes: notes.clone(),
         })?;
     }
+    let n_regs = grf::n_regs_with(&record.build_flags, own_grf, &binary, &kernel);
     Ok(Compiled {
         kernel,
         device: device.to_string(),
         binary,
-        n_regs: grf::n_regs_with(&record.build_flags, own_grf),
+        n_regs,
         build_flags: record.build_flags,
         grf_mode: o.grf_mode.clone(),
         spill: record.spill,

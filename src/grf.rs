@@ -41,12 +41,16 @@ pub fn n_regs(flags: &str) -> u32 {
     }
 }
 
-/// `n_regs` for a build with `flags` of a kernel that may ask for its own GRF mode: an
-/// explicit flag says it, else the kernel's own mode (upstream's tests expect `n_regs ==
-/// grf_mode` off LTS, where the mode is carried in the SPIR-V), else 128.
-pub fn n_regs_with(flags: &str, own: Option<GrfRequest>) -> u32 {
+/// `n_regs` for a build with `flags` of `kernel` in `binary`, a kernel that may ask for its
+/// own GRF mode: an explicit flag says it (upstream's contract); else, when the kernel asks
+/// for its own mode, what the compiler built (`.ze_info` `grf_count`: measured, IGC 1.x
+/// accepts the mode and ignores it), else the mode asked for; else 128.
+pub fn n_regs_with(flags: &str, own: Option<GrfRequest>, binary: &[u8], kernel: &str) -> u32 {
     match own {
-        Some(request) if !has_explicit_grf_flag(flags) => request.n_regs(),
+        Some(request) if !has_explicit_grf_flag(flags) => crate::zebin::parse(binary)
+            .ok()
+            .and_then(|info| info.kernel(kernel).and_then(|k| k.grf_count))
+            .unwrap_or(request.n_regs()),
         _ => n_regs(flags),
     }
 }

@@ -169,10 +169,12 @@ struct Collector {
     kernels: Vec<String>,
     /// (function id, name) of every kernel entry point.
     kernel_functions: Vec<(u32, String)>,
-    /// (function id, request) of every register-limit execution mode seen.
-    grf_modes: Vec<(u32, GrfRequest)>,
-    /// (function id, constant id) of `MaximumRegistersIdINTEL`, resolved as constants come.
-    grf_mode_ids: Vec<(u32, u32)>,
+    /// (function id, request) of every register-limit execution mode seen; an `Id` one
+    /// names its constant, resolved once the module is read.
+    grf_modes: Vec<(u32, ModeValue)>,
+    /// The constants those `Id` modes name: id -> value (one entry per named id, so the
+    /// table is bounded by the modes, never by the constants).
+    grf_constants: std::collections::HashMap<u32, Option<u32>>,
     other_models: Vec<String>,
     functions: usize,
     in_function: bool,
@@ -198,18 +200,21 @@ impl Collector {
             return;
         };
         match (mode, operands.get(2)) {
-            (ExecutionMode::MaximumRegistersINTEL, Some(Operand::LiteralBit32(n))) => {
-                self.grf_modes.push((*f, GrfRequest::Registers(*n)))
-            }
+            (ExecutionMode::MaximumRegistersINTEL, Some(Operand::LiteralBit32(n))) => self
+                .grf_modes
+                .push((*f, ModeValue::Known(GrfRequest::Registers(*n)))),
             (ExecutionMode::MaximumRegistersIdINTEL, Some(Operand::IdRef(c))) => {
-                self.grf_mode_ids.push((*f, *c))
+                self.grf_constants.insert(*c, None);
+                self.grf_modes.push((*f, ModeValue::Constant(*c)))
             }
             (
                 ExecutionMode::NamedMaximumRegistersINTEL,
                 Some(Operand::NamedMaximumNumberOfRegisters(
                     NamedMaximumNumberOfRegisters::AutoINTEL,
                 )),
-            ) => self.grf_modes.push((*f, GrfRequest::Auto)),
+            ) => self
+                .grf_modes
+                .push((*f, ModeValue::Known(GrfRequest::Auto))),
             _ => {}
         }
     }
@@ -265,8 +270,8 @@ impl Consumer for Collector {
                 if let (Some(id), Some(Operand::LiteralBit32(value))) =
                     (inst.result_id, inst.operands.first())
                 {
-                    for (f, _) in self.grf_mode_ids.iter().filter(|(_, c)| *c == id) {
-                        self.grf_modes.push((*f, GrfRequest::Registers(*value)));
+                    if let Some(slot @ None) = self.grf_constants.get_mut(&id) {
+                        *slot = Some(*value);
                     }
                 }
             }
@@ -274,6 +279,9 @@ impl Consumer for Collector {
         }
         if let Some(id) = inst.result_id {
             match id {
+                1.. if (id as usize) < self.bound && self.defined.contains(id) => {
+                    return self.fail(format!("Op{name} defines %{id} a second time"));
+                }
                 1.. if (id as usize) < self.bound => {
                     self.defined.insert(id);
                 }
@@ -357,6 +365,51 @@ impl Defined {
     }
 }
 
+/// A register-limit execution mode's value: known, or a constant's (`MaximumRegistersIdINTEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModeValue {
+    Known(GrfRequest),
+    Constant(u32),
+}
+
+/// The GRF mode each kernel asks for: one per kernel; two that disagree, or one naming no
+/// 32-bit integer constant, is invalid (IGC could not honour both).
+fn grf_requests(c: &Collector) -> Result<Vec<(String, GrfRequest)>> {
+    let resolve = |value: ModeValue| match value {
+        ModeValue::Known(request) => Ok(request),
+        ModeValue::Constant(id) => match c.grf_constants.get(&id) {
+            Some(Some(n)) => Ok(GrfRequest::Registers(*n)),
+            _ => Err(invalid(format!(
+                "MaximumRegistersIdINTEL names %{id}, which is no 32-bit integer constant"
+            ))),
+        },
+    };
+    let mut requests: Vec<(String, GrfRequest)> = Vec::new();
+    let functions: std::collections::HashMap<u32, &str> = c
+        .kernel_functions
+        .iter()
+        .map(|(f, name)| (*f, name.as_str()))
+        .collect();
+    let mut seen: std::collections::HashMap<u32, GrfRequest> = Default::default();
+    for (f, value) in &c.grf_modes {
+        let request = resolve(*value)?;
+        match seen.insert(*f, request) {
+            Some(before) if before != request => {
+                return Err(invalid(format!(
+                    "kernel %{f} asks for two GRF modes ({before:?} and {request:?})"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                if let Some(name) = functions.get(f) {
+                    requests.push((name.to_string(), request));
+                }
+            }
+        }
+    }
+    Ok(requests)
+}
+
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;
@@ -400,14 +453,7 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
             "no OpenCL kernel entry point (OpEntryPoint Kernel); found: {found}"
         )));
     }
-    let grf_requests = c
-        .kernel_functions
-        .iter()
-        .filter_map(|(f, name)| {
-            let (_, request) = c.grf_modes.iter().find(|(g, _)| g == f)?;
-            Some((name.clone(), *request))
-        })
-        .collect();
+    let grf_requests = grf_requests(&c)?;
     Ok(SpirvInfo {
         version,
         kernels: c.kernels,

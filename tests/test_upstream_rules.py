@@ -200,6 +200,36 @@ def test_a_moved_gate_reaches_users_without_a_release(main_backend, monkeypatch)
     assert build_options.spill_policy(xt.MAKE_ZEBIN_RULE) is None
 
 
+@pytest.mark.parametrize("answer", [
+    lambda s, lts: "False", lambda s, lts: None, lambda s, lts: 1 / 0,
+    lambda s, lts: s % 2 == 0, lambda s, lts: s == 0 or s > 10**9,
+])  # fmt: skip
+def test_a_gate_that_is_no_threshold_leaves_the_table(main_backend, monkeypatch, answer):
+    """Non-bool answers, a raising gate, a non-monotonic one: the table's #8147 answers;
+    a gate of a user's subclass of upstream's backend is still upstream's."""
+    monkeypatch.setattr(main_backend, "accepts_default_grf", answer)
+    assert build_options.rule_in_force(xt.MAKE_ZEBIN_ROLLING_RULE, main_backend.XPUBackend) == (
+        "upstream:make_zebin-rolling", "table (upstream line #8147)")  # fmt: skip
+
+
+def test_a_subclass_keeps_upstreams_gate(main_backend):
+    class Mine(main_backend.XPUBackend):
+        pass
+
+    policy, source = build_options.rule_in_force(xt.MAKE_ZEBIN_ROLLING_RULE, Mine)
+    assert policy == "min-bytes:1024" and main_backend.__name__ in source
+
+
+def test_a_bad_line_names_the_variable(monkeypatch):
+    monkeypatch.setenv("XPU_ZEBIN_SPILL_POLICY", "upstream@7595")
+    with pytest.raises(xpu_zebin.BuildError) as e:
+        build_options.spill_policy(xt.LOAD_BINARY_RULE)
+    assert "XPU_ZEBIN_SPILL_POLICY" in str(e.value) and "upstream@7595" in str(e.value)
+    out = subprocess.run([sys.executable, "-m", "xpu_zebin.cli", "doctor"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0 and "XPU_ZEBIN_SPILL_POLICY" in out.stdout, out
+
+
 def test_triton_33_has_no_gate_so_the_table_answers():
     """triton-xpu 3.3 (installed here) exports no gate: the table's #8147 answers."""
     assert build_options.installed_gate() is None
@@ -312,12 +342,13 @@ def _string(text: str) -> list:
     return _words(raw + b"\0" * (-len(raw) % 4))
 
 
-def with_max_registers(spirv: bytes, kernel: str, registers) -> bytes:
-    """``spirv`` with ``kernel`` asking for ``registers`` GRF itself, as upstream off LTS
-    writes it: capability RegisterLimitsINTEL, the extension, and an execution mode
-    (MaximumRegistersINTEL N, or NamedMaximumRegistersINTEL AutoINTEL for "auto")."""
-    words, out, at = _words(spirv), [], 5
-    out = words[:5]
+def with_max_registers(spirv: bytes, kernel: str, *modes) -> bytes:
+    """``spirv`` with ``kernel`` asking for its GRF mode itself, as upstream off LTS writes
+    it: capability RegisterLimitsINTEL, the extension, and each of ``modes`` as an execution
+    mode: a number (MaximumRegistersINTEL N), "auto" (NamedMaximumRegistersINTEL AutoINTEL)
+    or ("id", N) (MaximumRegistersIdINTEL naming a new 32-bit constant N)."""
+    words = _words(spirv)
+    out, at, bound = words[:5], 5, words[3]
     instructions = []
     while at < len(words):
         count = words[at] >> 16
@@ -328,16 +359,29 @@ def with_max_registers(spirv: bytes, kernel: str, registers) -> bytes:
         ins[2] for ins in (instructions[i] for i in entries)
         if struct.pack(f"<{len(ins) - 3}I", *ins[3:]).split(b"\0")[0].decode() == kernel
     )  # fmt: skip
-    added = False
+    int32 = next(ins[1] for ins in instructions  # OpTypeInt 32 (any signedness)
+                 if ins[0] & 0xFFFF == 21 and ins[2] == 32)  # fmt: skip
+    constants, added = [], False
     for i, ins in enumerate(instructions):
         if not added and ins[0] & 0xFFFF != 17:  # after the OpCapability instructions
             extension = _string("SPV_INTEL_maximum_registers")
             out += [(2 << 16) | 17, 6460, ((1 + len(extension)) << 16) | 10, *extension]
             added = True
+        if ins[0] & 0xFFFF == 54 and constants:  # the first OpFunction: constants before it
+            out += constants
+            constants = []
         out += ins
         if i == entries[-1]:
-            mode = [6463, 0] if registers == "auto" else [6461, registers]
-            out += [(4 << 16) | 16, function, *mode]
+            for mode in modes:
+                if mode == "auto":
+                    out += [(4 << 16) | 16, function, 6463, 0]
+                elif isinstance(mode, tuple):
+                    out += [(4 << 16) | 331, function, 6462, bound]  # OpExecutionModeId
+                    constants += [(4 << 16) | 43, int32, bound, mode[1]]  # OpConstant
+                    bound += 1
+                else:
+                    out += [(4 << 16) | 16, function, 6461, mode]
+    out[3] = bound
     return struct.pack(f"<{len(out)}I", *out)
 
 
@@ -347,22 +391,65 @@ def spilling(system_ocloc) -> bytes:
     return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)
 
 
-@pytest.mark.parametrize("mode, n_regs", [(256, 256), (128, 128), ("auto", 128)])
-def test_kernels_own_grf_mode_is_explicit(spilling, system_ocloc, mode, n_regs):
-    """A kernel that carries its GRF mode is never retried, on either path, and n_regs is
-    its mode (upstream's test_explicit_grf_mode_uses_maximum_registers, off LTS)."""
+def test_a_mode_by_constant_is_read(spilling, system_ocloc):
+    """MaximumRegistersIdINTEL (the mode in a constant) is explicit too: IGC 1.x does not
+    know OpExecutionModeId and fails the build, and that failure is not retried in large
+    GRF (a kernel without a mode would be)."""
+    spirv = with_max_registers(spilling, "spill", ("id", 256))
+    with pytest.raises(xpu_zebin.BuildError) as e:
+        xpu_zebin.compile(spirv, device="pvc", ocloc=system_ocloc, cache=False)
+    assert e.value.kind == "build_failure" and "opcode: 331" in str(e.value)
+    assert [a.build_flags for a in e.value.attempts] == [""]
+
+
+@pytest.mark.parametrize("mode", [256, 128, "auto"])
+def test_kernels_own_grf_mode_is_explicit(spilling, system_ocloc, mode):
+    """A kernel that carries its GRF mode is never retried, on either path, and no GRF flag
+    is added (upstream's test_explicit_grf_mode_uses_maximum_registers, off LTS). n_regs is
+    what the compiler built (measured: IGC 1.x accepts the mode and builds 128 GRF)."""
     spirv = with_max_registers(spilling, "spill", mode)
     assert xpu_zebin.validate_spirv(spirv) == ["spill"]
     r = xpu_zebin.compile(spirv, device="pvc", ocloc=system_ocloc, cache=False)
     assert [a.build_flags for a in r.attempts] == [""] and r.spill_size > 0
-    assert (r.build_flags, r.n_regs) == ("", n_regs)
+    built = xpu_zebin.zebin_info(r.binary)["kernels"][0]["grf_count"]
+    assert (r.build_flags, r.n_regs) == ("", built)
     module, _, got, _, _ = xt.load_binary("spill", spirv, 0, "", True, 0)
     with module:
         assert [a.build_flags for a in module.attempts] == [""]
-        assert (module.build_flags, got) == ("", n_regs)
+        built = xpu_zebin.zebin_info(module.native_binary)["kernels"][0]["grf_count"]
+        assert (module.build_flags, got) == ("", built)
     # The same kernel without the mode is retried: the mode is what stops it.
     plain = xpu_zebin.compile(spilling, device="pvc", ocloc=system_ocloc, cache=False)
     assert [a.build_flags for a in plain.attempts] == ["", G256]
+
+
+@pytest.mark.parametrize("modes, said", [
+    ((256, 128), "asks for two GRF modes"), ((("id", 256), 512), "asks for two GRF modes"),
+])  # fmt: skip
+def test_conflicting_grf_modes_are_invalid(spilling, modes, said):
+    with pytest.raises(xpu_zebin.BuildError) as e:
+        xpu_zebin.validate_spirv(with_max_registers(spilling, "spill", *modes))
+    assert e.value.kind == "invalid_spirv" and said in str(e.value)
+    # The same mode twice is one request.
+    assert xpu_zebin.validate_spirv(with_max_registers(spilling, "spill", 256, 256)) == ["spill"]
+
+
+def test_many_modes_on_one_constant_stay_bounded(spilling):
+    """Thousands of MaximumRegistersIdINTEL modes naming one constant, and that constant
+    defined again and again: a result id defined twice is invalid, and the modes' table
+    is one entry per named constant (a hostile module cannot grow it quadratically)."""
+    words = _words(with_max_registers(spilling, "spill", ("id", 256)))
+    at = next(i for i in range(5, len(words)) if words[i] & 0xFFFF == 331)
+    mode = words[at : at + 4]
+    const_at = next(i for i in range(5, len(words)) if words[i] & 0xFFFF == 43
+                    and words[i + 2] == mode[3])  # fmt: skip
+    constant = words[const_at : const_at + 4]
+    many = words[:at] + mode * 4000 + words[at:const_at] + constant * 4000 + words[const_at:]
+    with pytest.raises(xpu_zebin.BuildError) as e:
+        xpu_zebin.validate_spirv(struct.pack(f"<{len(many)}I", *many))
+    assert "a second time" in str(e.value)
+    once = words[:at] + mode * 4000 + words[at:]
+    assert xpu_zebin.validate_spirv(struct.pack(f"<{len(once)}I", *once)) == ["spill"]
 
 
 def test_modern_ocloc_refuses_the_extension_with_its_reason(spilling, modern_ocloc):

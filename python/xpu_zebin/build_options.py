@@ -6,18 +6,17 @@ of each (docs/design.md §2). One module, so that the keys of the paths cannot d
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _core
 from ._core import Options
-from .errors import InvalidArgumentError
+from .errors import BuildError, InvalidArgumentError
 
 #: Triton's knob for the device architecture, honoured when no other source names it.
 DEVICE_ARCH_ENV = "TRITON_INTEL_DEVICE_ARCH"
@@ -54,7 +53,10 @@ def _backend_module(backend: Any = None) -> Optional[ModuleType]:
         return backend
     if backend is not None:
         cls = backend if isinstance(backend, type) else type(backend)
-        return sys.modules.get(cls.__module__)
+        # A user's subclass of upstream's backend keeps upstream's gate: walk the bases.
+        modules = [sys.modules.get(c.__module__) for c in cls.__mro__]
+        with_gate = [m for m in modules if callable(getattr(m, "accepts_default_grf", None))]
+        return (with_gate or modules)[0]
     found = sys.modules.get(BACKEND_MODULE)
     if found is not None:
         return found
@@ -81,14 +83,39 @@ _PROBES = (0, 1, 63, 64, 65, 128, 959, 960, 1000, 1001, 1023, 1024, 1025, 1408, 
            2175, 2176, 4096, 65536, 262144, 1 << 20, 1 << 30)  # fmt: skip
 
 
-@functools.lru_cache(maxsize=64)
-def rule_from_gate(gate: Callable[[int, bool], Any], lts: bool) -> Optional[str]:
-    """The engine's rule that answers as ``gate`` does for ``lts``: ``any``, ``never`` or
-    ``min-bytes:N`` (found by bisection, then checked at every probe); None when the gate
-    is no such threshold or fails (then the package's table answers)."""
+# (id of the gate, LTS, the module's constant) -> (the gate, its rule): a gate whose
+# constant moves is asked again; failures are never kept.
+_gate_rules: Dict[Tuple[int, bool, Any], Tuple[Any, str]] = {}
+_gate_lock = threading.Lock()
 
+
+def rule_from_gate(
+    gate: Callable[[int, bool], Any], lts: bool, constant: Any = None
+) -> Optional[str]:
+    """The engine's rule that answers as ``gate`` does for ``lts``: ``any``, ``never`` or
+    ``min-bytes:N`` (found by bisection, then checked at upstream's unit-table values and
+    the edges of every earlier rule); None when the gate is no such threshold, answers
+    other than ``True``/``False``, or fails (then the package's table answers). A gate
+    that changes its mind only between the probes is not seen. ``constant``: the module's
+    ``REBUILD_SPILL_BYTES_PER_THREAD``, so a moved constant is asked again."""
+    key = (id(gate), bool(lts), constant)
+    with _gate_lock:
+        known = _gate_rules.get(key)
+    if known is not None and known[0] is gate:
+        return known[1]
+    rule = _derive_rule(gate, bool(lts))
+    if rule is not None:
+        with _gate_lock:
+            _gate_rules[key] = (gate, rule)
+    return rule
+
+
+def _derive_rule(gate: Callable[[int, bool], Any], lts: bool) -> Optional[str]:
     def rebuilds(spill: int) -> bool:
-        return not bool(gate(spill, lts))
+        answer = gate(spill, lts)
+        if type(answer).__name__ not in ("bool", "bool_"):  # numpy's bool too
+            raise TypeError(f"accepts_default_grf answered {answer!r}, not a bool")
+        return not answer
 
     try:
         if rebuilds(0):
@@ -124,7 +151,8 @@ def rule_in_force(upstream_rule: str, backend: Any = None) -> Tuple[Optional[str
     if chosen in ("", "upstream"):
         gate = installed_gate(backend)
         if gate is not None:
-            rule = rule_from_gate(gate, path == "make_zebin")
+            constant = getattr(_backend_module(backend), "REBUILD_SPILL_BYTES_PER_THREAD", None)
+            rule = rule_from_gate(gate, path == "make_zebin", constant)
             module = getattr(gate, "__module__", BACKEND_MODULE)
             if rule is not None:
                 return rule, f"installed backend ({module}.accepts_default_grf)"
@@ -136,6 +164,7 @@ def rule_in_force(upstream_rule: str, backend: Any = None) -> Tuple[Optional[str
             )  # fmt: skip
         return upstream_rule, f"table (upstream line #{_core.spill_rules()['current_line']})"
     if chosen.startswith("upstream@") and ":" not in chosen:
+        _core.spill_rules()  # a line that does not exist: an error naming the variable
         return f"{chosen}:{path}", f"table ({_core.SPILL_POLICY_ENV}={chosen})"
     return None, f"{_core.SPILL_POLICY_ENV}={chosen}"
 
@@ -222,6 +251,8 @@ def lts_answer(backend: Any, options: Any = None) -> Tuple[bool, str]:
     value = getattr(options, "is_lts", None)
     if isinstance(value, bool):
         return value, "XPUOptions.is_lts"
+    if isinstance(getattr(backend, "is_lts", None), bool):  # an answer, not a method
+        return backend.is_lts, "the backend's is_lts"
     properties = getattr(backend, "properties", None)
     properties = properties if isinstance(properties, dict) else {}
     if isinstance(properties.get("is_lts"), bool):
@@ -286,10 +317,17 @@ def rules_report(driver_version: Optional[str] = None) -> dict:
         rule = _core.spill_rules(policy)[engine_path]
         return {"rule": rule["name"], "describe": rule["describe"], "source": source}
 
-    table = _core.spill_rules()
+    try:
+        table = _core.spill_rules()
+        paths = {
+            "load_binary": path(LOAD_BINARY_RULE, "jit"),
+            "make_zebin": path(MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE, "offline"),
+        }
+    except BuildError as e:  # a bad XPU_ZEBIN_SPILL_POLICY: doctor says so, and goes on
+        return {"error": str(e), "lts": {"answer": lts, "source": lts_source,
+                                         "driver": driver_version}}  # fmt: skip
     return {
-        "load_binary": path(LOAD_BINARY_RULE, "jit"),
-        "make_zebin": path(MAKE_ZEBIN_RULE if lts else MAKE_ZEBIN_ROLLING_RULE, "offline"),
+        **paths,
         "compile": {"rule": table["offline"]["name"], "describe": table["offline"]["describe"]},
         "compile_and_load": {"rule": table["jit"]["name"], "describe": table["jit"]["describe"]},
         "lts": {"answer": lts, "source": lts_source, "driver": driver_version},

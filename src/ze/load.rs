@@ -327,20 +327,24 @@ fn load_inner(
         cancel,
         cache,
     };
-    let settled = if isolated_build {
-        context.isolated_build(plan, cancel)?
-    } else {
-        context.in_process_build(plan, cancel)?
-    };
     let Settled {
         product: (built, native_binary),
         record,
         cached,
         notes,
-    } = settled;
+    } = match isolated_build {
+        true => context.isolated_build(plan, cancel)?,
+        false => context.in_process_build(plan, cancel)?,
+    };
+    let n_regs = grf::n_regs_with(
+        &record.build_flags,
+        own_grf,
+        &native_binary,
+        &req.kernel_name,
+    );
     Ok(Loaded {
         kernel_name: req.kernel_name.clone(),
-        n_regs: grf::n_regs_with(&record.build_flags, own_grf),
+        n_regs,
         build_flags: record.build_flags,
         spill: built.spill,
         n_max_threads: device.max_work_group_size,

@@ -271,10 +271,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"cores: {r['cores']} (not counted across processes: no usable slot directory)")
     rules = r["spill_rules"]
     lts = rules["lts"]
+    driver = f"driver {lts['driver'] or 'unknown'} is {'LTS' if lts['answer'] else 'rolling'}"
+    if "error" in rules:
+        print(f"spill rules: {rules['error']}; {driver} ({lts['source']})")
+        return EXIT_OK
     print(
         f"spill rules (upstream line #{rules['current_line']}, checked {rules['last_checked']}); "
-        f"driver {lts['driver'] or 'unknown'} is {'LTS' if lts['answer'] else 'rolling'} "
-        f"({lts['source']})"
+        f"{driver} ({lts['source']})"
     )
     for path in ("load_binary", "make_zebin", "compile", "compile_and_load"):
         rule = rules[path]

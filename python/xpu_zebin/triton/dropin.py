@@ -223,6 +223,13 @@ def _shader_dump_option(metadata: dict) -> str:
     where = metadata.get("cache_dir")
     if not _shader_dump_on() or not where:
         return ""
+    where = str(where)
+    if any(c.isspace() or c in "',\"" for c in where):
+        # IGC's option string has no escapes: such a directory would split it (measured:
+        # a comma sends the dump elsewhere, a flag in the path reaches the compiler).
+        logger.warning("no IGC shader dump: the cache directory %r cannot be said in -igc_opts",
+                       where)  # fmt: skip
+        return ""
     return f" -igc_opts ',DumpToCustomDir={where},ShaderDumpEnable=1'"
 
 
@@ -309,7 +316,9 @@ def _make_zebin(
     except BuildError as e:
         raise triton_error(e) from e
     # The dump option goes to ocloc, never into the kernel's flags (as upstream's).
-    metadata["build_flags"] = " ".join(flags.replace(dump.strip(), "").split()) if dump else flags
+    if dump:  # exactly what was added, where the engine put it (one space apart)
+        flags = flags.replace(dump, "").replace(dump.strip(), "").strip()
+    metadata["build_flags"] = flags
     metadata["binary_ext"] = "zebin"
     return native
 
