@@ -193,6 +193,15 @@ impl Cache {
         }
     }
 
+    /// Remove an entry (one the driver refused); false when there was none or it could
+    /// not be removed (a directory that fails its check is never written to).
+    pub fn remove(&self, key: &str) -> bool {
+        if self.refused.is_some() || private::check_dir(&self.dir, 0o002).is_err() {
+            return false;
+        }
+        std::fs::remove_file(self.path(key)).is_ok()
+    }
+
     /// Store an entry; returns a note when it could not (the compile still succeeds).
     pub fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
         if self.refused.is_some() {

@@ -147,6 +147,46 @@ fn check_linked(binary: &[u8], kernel: &str, ocloc: &std::path::Path) -> Result<
     ))
 }
 
+/// Where a request's build is cached: the cache and the entry's key. The key needs the
+/// compiler's identity (a version and build of IGC).
+fn cache_entry(
+    req: &CompileRequest,
+    kernel: &str,
+    ladder: &[String],
+    rule: crate::spill::Rule,
+    ocloc_path: &std::path::Path,
+) -> Result<(Cache, String), BuildError> {
+    let identity = ocloc::identity(ocloc_path)?;
+    let key = KeyInputs {
+        purpose: Purpose::Offline,
+        input: &req.spirv,
+        kernel,
+        flags: ladder,
+        rule: Some(rule),
+        target: &[req.device.trim(), &identity],
+    }
+    .key();
+    Ok((Cache::open(req.options.cache_dir.as_deref()), key))
+}
+
+/// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
+/// from a cache are never trusted further than one load). `Ok(false)`: there was none, or
+/// it could not be removed (then rebuild without the cache).
+pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
+    let o = &req.options;
+    o.check(&[("device", &req.device)])?;
+    let device = req.device.trim();
+    let module = spirv::validate(&req.spirv)?;
+    let kernel = module.select_kernel(o.kernel_name.as_deref())?;
+    let ladder = grf::own_mode_is_explicit(
+        o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
+        module.grf_request(&kernel),
+    );
+    let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
+    let (cache, key) = cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc_path)?;
+    Ok(cache.remove(&key))
+}
+
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
     compile_inner(req, cancel, &|| true)
@@ -179,19 +219,8 @@ fn compile_inner(
         own_grf,
     );
     let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
-    // The key needs the compiler's identity (a version and build of IGC).
     let cache = if o.cache {
-        let identity = ocloc::identity(&ocloc_path)?;
-        let key = KeyInputs {
-            purpose: Purpose::Offline,
-            input: &req.spirv,
-            kernel: &kernel,
-            flags: &ladder,
-            rule: Some(rule),
-            target: &[device, &identity],
-        }
-        .key();
-        Some((Cache::open(o.cache_dir.as_deref()), key))
+        Some(cache_entry(req, &kernel, &ladder, rule, &ocloc_path)?)
     } else {
         None
     };

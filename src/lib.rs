@@ -50,16 +50,16 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::offline::{
-        compile, compile_many, find_ocloc, opencl_to_spirv, validate_spirv, zebin_info,
-        CompileResult,
+        compile, compile_many, find_ocloc, forget_cached, opencl_to_spirv, validate_spirv,
+        zebin_info, CompileResult,
     };
     #[pymodule_export]
     use crate::bindings::options::{spill_rules, PyOptions};
     #[pymodule_export]
     use crate::bindings::workers::{
-        bool_knob, broken_workers, compiler_refused, configure_workers, doctor,
-        join_multiprocess_batch, ocloc_worker_unavailable, remember_compiler_refused, serve_worker,
-        shutdown_workers,
+        bool_knob, broken_workers, compiler_refusals, compiler_refused, configure_workers, doctor,
+        forget_compiler_refusals, join_multiprocess_batch, ocloc_worker_unavailable,
+        remember_compiler_refused, serve_worker, shutdown_workers,
     };
     #[pymodule_export]
     use crate::bindings::{cancel_running, default_jobs, error_kinds, Attempt, AttemptError};

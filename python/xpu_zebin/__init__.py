@@ -98,6 +98,9 @@ def doctor(ocloc: Optional[PathLike] = None) -> dict:
     report = _core.doctor(None if ocloc is None else os.fspath(ocloc))
     devices = report.get("level_zero_devices") or []
     report["spill_rules"] = rules_report(devices[0].get("driver") if devices else None)
+    # (compiler, driver) pairs whose native code this host's driver refused: their kernels
+    # go to the driver's own compiler (`xpu-zebin doctor --forget-refusals` clears them).
+    report["refused_compilers"] = _core.compiler_refusals()
     return report
 
 

@@ -158,6 +158,23 @@ pub fn compile(
     }
 }
 
+/// Remove the cache entry `compile` would answer this request from (a build the driver
+/// refused); False when there was none or it could not be removed.
+#[pyfunction]
+pub fn forget_cached(
+    py: Python<'_>,
+    spirv: Vec<u8>,
+    device: String,
+    options: PyRef<'_, PyOptions>,
+) -> PyResult<bool> {
+    let req = CompileRequest {
+        spirv,
+        device,
+        options: options.inner.clone(),
+    };
+    engine::forget_cached(&req).map_err(|e| to_pyerr(py, e.into()))
+}
+
 /// Compile many requests (dicts with `spirv`, `device` and `options`) with at most `jobs`
 /// at once. Returns, in input order, a CompileResult or a BuildError each.
 #[pyfunction]

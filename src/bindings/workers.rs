@@ -80,8 +80,23 @@ pub fn compiler_refused(compiler: &str, driver: &str) -> bool {
     crate::trusted::compiler_refused(compiler, driver)
 }
 
-/// Remember, on this host, that the driver refuses native code of this compiler.
+/// Remember, on this host, that the driver refuses native code of this compiler, and why.
+/// Only a build this process's compiler has just made may say so, never bytes read from a
+/// cache, a bundle or anything another user can write.
 #[pyfunction]
-pub fn remember_compiler_refused(compiler: &str, driver: &str) {
-    crate::trusted::remember_compiler_refused(compiler, driver)
+#[pyo3(signature = (compiler, driver, why = ""))]
+pub fn remember_compiler_refused(compiler: &str, driver: &str, why: &str) {
+    crate::trusted::remember_compiler_refused(compiler, driver, why)
+}
+
+/// Every (compiler, driver) refusal remembered on this host: compiler, driver, when, why.
+#[pyfunction]
+pub fn compiler_refusals(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    Ok(pythonize::pythonize(py, &crate::trusted::refusals())?)
+}
+
+/// Forget every remembered refusal on this host; returns how many there were.
+#[pyfunction]
+pub fn forget_compiler_refusals() -> usize {
+    crate::trusted::forget_refusals()
 }

@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("doctor", help="show the toolchain, workers, devices and cache in use")
     t.add_argument("--ocloc", default=None)
+    t.add_argument(
+        "--forget-refusals",
+        action="store_true",
+        help="forget the (compiler, driver) pairs whose native code the driver refused here",
+    )
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_doctor)
 

@@ -235,6 +235,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What the engine would use here, and why something is slow or off."""
+    if getattr(args, "forget_refusals", False):
+        forgotten = xpu_zebin._core.forget_compiler_refusals()
+        print(f"forgot {forgotten} refused (compiler, driver) pair(s)", file=sys.stderr)
     r = xpu_zebin.doctor(args.ocloc)
     if args.json:
         print(json.dumps(r))
@@ -269,6 +272,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"cores: {r['cores']} ({busy}; slots in {r['core_slots_dir']})")
     else:
         print(f"cores: {r['cores']} (not counted across processes: no usable slot directory)")
+    for refusal in r["refused_compilers"]:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(refusal["when"]))
+        print(f"refused here: native code of {refusal['compiler'].split('|')[0]} by driver "
+              f"{refusal['driver']} (since {when}: {refusal['why'][:200]}); its kernels go to "
+              "the driver's own compiler (--forget-refusals clears this)")  # fmt: skip
     rules = r["spill_rules"]
     lts = rules["lts"]
     driver = f"driver {lts['driver'] or 'unknown'} is {'LTS' if lts['answer'] else 'rolling'}"

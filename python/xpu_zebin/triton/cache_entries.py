@@ -20,7 +20,7 @@ from xpu_zebin import _core
 from .. import targets
 from .._files import read_regular
 from ..bundle.format import PathLike, as_directory, info, triton_version
-from ..bundle.importing import import_checked
+from ..bundle.importing import import_checked, try_local_entries
 from ..errors import BuildError, InvalidArgumentError
 from ..targets import TargetProfile
 
@@ -179,6 +179,15 @@ def import_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = No
     that kernel and target, metadata for its own key and kernel. Returns how many."""
     with as_directory(bundle) as d:
         checked = checked_entries(d, target)
+        if target is None and any(t["native"] for t, _ in checked):
+            # Triton loads a native entry with no trial of its own: as import_bundle, only
+            # the exact bytes that loaded here in a worker go into its cache.
+            loaded = try_local_entries(d)
+            kept = [(t, f) for t, f in checked if not t["native"] or holds(f, loaded)]
+            if len(kept) < len(checked):
+                logger.warning("%s: %d native Triton entries do not load here: not imported",
+                               bundle, len(checked) - len(kept))  # fmt: skip
+            checked = kept
     put_entries(bundle, checked)
     return len(checked)
 

@@ -80,15 +80,20 @@ def _ze_info_major(binary: bytes) -> Optional[str]:
         return None
 
 
-def _remember_refusal(pair: Optional[Tuple[str, str]], refused: bytes, own: bytes) -> None:
+def _remember_refusal(
+    pair: Optional[Tuple[str, str]], fresh: bytes, own: bytes, why: BuildError
+) -> None:
     """A refusal of the offline compiler's format holds for every kernel of it on this
-    driver: remembered on this host when its ``.ze_info`` major is not the one the
-    driver's own compiler wrote for the same kernel (``own``). Anything else (one
-    malformed kernel, unresolved symbols, another device's build) is the kernel's own."""
-    ours, theirs = _ze_info_major(refused), _ze_info_major(own)
+    driver: remembered on this host when ``fresh`` (a build this process's offline compiler
+    has just made: never bytes from a cache, a bundle or anything another user can write)
+    has a ``.ze_info`` major other than the one the driver's own compiler wrote for the
+    same kernel (``own``). Anything else (one malformed kernel, unresolved symbols,
+    another device's build) is the kernel's own."""
+    ours, theirs = _ze_info_major(fresh), _ze_info_major(own)
     if pair is None or ours is None or theirs is None or ours == theirs:
         return
-    xpu_zebin._core.remember_compiler_refused(*pair)
+    reason = f".ze_info {ours}.x, the driver's own {theirs}.x: {why}"
+    xpu_zebin._core.remember_compiler_refused(*pair, reason)
     _say_once(
         ("refused", pair),
         "xpu-zebin: this Level Zero driver (%s) refuses native code of %s (its .ze_info "
@@ -125,15 +130,6 @@ def jit_native(
     isolation is off), with the GRF fallback: (native binary, chosen flags)."""
     with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
         return loaded.native_binary, loaded.build_flags
-
-
-class _Refused(Exception):
-    """The driver refused a build of the offline compiler (the package's error inside)."""
-
-    def __init__(self, error: BuildError, binary: bytes) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.binary = binary
 
 
 def trial_load(
@@ -186,21 +182,39 @@ def _build_offline(
             return prebuilt.binary, prebuilt.build_flags
         except Exception as e:  # built here instead, as if it had not been made
             logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
-    result = xpu_zebin.compile(spirv, device=arch, options=options)
-    if result.cached:
-        # A cache entry is untrusted input (a shared cache, a neighbour): its binary
-        # loads in a worker before the driver loads it here (once per binary and host);
-        # one that does not load is rebuilt from the SPIR-V, and one the driver refuses
-        # goes back to the caller as the driver's answer.
-        try:
-            trial_load(name, result.binary, result.build_flags, device, options.device_arch)
-        except Exception as e:
-            refusal = package_error(e)
-            if refusal is not None and refusal.kind in REFUSAL_KINDS:
-                raise _Refused(refusal, result.binary) from None
-            logger.warning("kernel %r: cached zebin did not load (%s); rebuilding", name, e)
-            result = xpu_zebin.compile(spirv, device=arch, options=options, cache=False)
+    result = compile_trusting_no_cache(name, spirv, options, arch, device)
     return result.binary, result.build_flags
+
+
+def forget_cached(name: str, spirv: bytes, options: xpu_zebin.Options, arch: str) -> bool:
+    """Remove the cache entry of this build (one the driver refused), so that no later
+    process is answered with it; False when it could not be removed."""
+    try:
+        return xpu_zebin._core.forget_cached(spirv, arch, options)
+    except BuildError as e:
+        logger.warning("kernel %r: its cache entry could not be removed (%s)", name, e)
+        return False
+
+
+def compile_trusting_no_cache(
+    name: str, spirv: bytes, options: xpu_zebin.Options, arch: str, device: int
+) -> Any:
+    """``compile``, where a cache entry is untrusted input (a shared cache, a neighbour):
+    its binary loads in a worker before the driver loads it here (once per binary and
+    host). One that does not load, the driver's refusal included, is removed from the
+    cache and the kernel built fresh (written back in its place): a refusal of bytes read
+    from a cache is never the compiler's, and never stays to be refused again."""
+    result = xpu_zebin.compile(spirv, device=arch, options=options)
+    if not result.cached:
+        return result
+    try:
+        trial_load(name, result.binary, result.build_flags, device, options.device_arch)
+        return result
+    except Exception as e:
+        removed = forget_cached(name, spirv, options, arch)
+        logger.warning("kernel %r: cached zebin did not load here (%s); %s and rebuilt fresh",
+                       name, e, "removed" if removed else "skipped")  # fmt: skip
+    return xpu_zebin.compile(spirv, device=arch, options=options.replace(cache=removed))
 
 
 def _instead(
@@ -211,14 +225,18 @@ def _instead(
     why: BuildError,
     pair: Optional[Tuple[str, str]],
     refused: Optional[bytes],
+    arch: Optional[str] = None,
 ) -> Tuple[bytes, str]:
     """The driver's own build of a kernel the offline path could not give it (``why``,
-    said once per kernel); a ``refused`` offline build is weighed against it to tell
-    whether the compiler's format is what the driver refuses (``_remember_refusal``)."""
+    said once per kernel); a ``refused`` offline build (one this process has just made)
+    is removed from the cache and weighed against it to tell whether the compiler's format
+    is what the driver refuses (``_remember_refusal``)."""
     logger.warning("kernel %r: %s; the driver's own compiler builds it from its SPIR-V", name, why)
+    if refused is not None:
+        forget_cached(name, spirv, options, arch or ocloc_arch(device, options.device_arch))
     native, flags = jit_native(name, spirv, options, device)
     if refused is not None:
-        _remember_refusal(pair, refused, native)
+        _remember_refusal(pair, refused, native, why)
     return native, flags
 
 
@@ -246,15 +264,12 @@ def load_spirv(
         return load(native, flags), flags
     try:
         native, flags = _build_offline(name, spirv, options, device)
-    except _Refused as e:  # a cached build of the offline compiler, refused by the driver
-        why: BuildError = e.error
-        refused = e.binary
     except BuildError as e:
         if e.kind in FINAL_OFFLINE_KINDS:
             raise
         if e.kind == "toolchain_missing":  # it cannot run here: not tried again
             offline_failed(str(e))
-        why = e
+        why: BuildError = e
     else:
         try:
             return load(native, flags), flags
@@ -292,8 +307,12 @@ def native_the_driver_takes(
     if refused_here(pair):
         return jit_native(name, spirv, options, 0)
     refused: Optional[bytes] = None
+    arch = arch or ocloc_arch(0, None)
     try:
-        result = xpu_zebin.compile(spirv, device=arch or ocloc_arch(0, None), options=options)
+        if here:  # a cached build is tried first: refused, it is rebuilt fresh
+            result = compile_trusting_no_cache(name, spirv, options, arch, 0)
+        else:
+            result = xpu_zebin.compile(spirv, device=arch, options=options)
     except BuildError as e:  # upstream's make_zebin fails too, but where the driver may not
         if not here or e.kind not in REFUSAL_KINDS:
             raise
@@ -309,5 +328,5 @@ def native_the_driver_takes(
             refusal = package_error(e)
             if refusal is None or refusal.kind not in REFUSAL_KINDS:
                 raise
-            why, refused = refusal, result.binary
-    return _instead(name, spirv, options, 0, why, pair, refused)
+            why, refused = refusal, result.binary  # a fresh build: its refusal counts
+    return _instead(name, spirv, options, 0, why, pair, refused, arch)
