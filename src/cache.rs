@@ -193,6 +193,17 @@ impl Cache {
         }
     }
 
+    /// An entry's bytes as stored, when they are a valid entry of `key` (this user's,
+    /// bounded, checksum over key and body): what a node shares with its fleet.
+    pub fn raw(&self, key: &str) -> Option<Vec<u8>> {
+        if self.refused.is_some() {
+            return None;
+        }
+        let bytes = self.read(&self.path(key)).ok()?;
+        decode::<serde::de::IgnoredAny>(key, &bytes).ok()?;
+        Some(bytes)
+    }
+
     /// Remove an entry (one the driver refused); false when there was none or it could
     /// not be removed (a directory that fails its check is never written to).
     pub fn remove(&self, key: &str) -> bool {

@@ -169,10 +169,9 @@ fn cache_entry(
     Ok((Cache::open(req.options.cache_dir.as_deref()), key))
 }
 
-/// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
-/// from a cache are never trusted further than one load). `Ok(false)`: there was none, or
-/// it could not be removed (then rebuild without the cache).
-pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
+/// The cache and key that would answer `req`, and its kernel (what `compile` computes
+/// before it looks).
+pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildError> {
     let o = &req.options;
     o.check(&[("device", &req.device)])?;
     let device = req.device.trim();
@@ -184,7 +183,36 @@ pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
     );
     let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
     let (cache, key) = cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc_path)?;
+    Ok((cache, key, kernel))
+}
+
+/// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
+/// from a cache are never trusted further than one load). `Ok(false)`: there was none, or
+/// it could not be removed (then rebuild without the cache).
+pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
+    let (cache, key, _) = entry_for(req)?;
     Ok(cache.remove(&key))
+}
+
+/// The local cache entry that answers `req`, as stored (checked), with its key: what a
+/// node shares with its fleet.
+pub fn cached_entry(req: &CompileRequest) -> Result<Option<(String, Vec<u8>)>, BuildError> {
+    let (cache, key, _) = entry_for(req)?;
+    Ok(cache.raw(&key).map(|bytes| (key, bytes)))
+}
+
+/// Take `entry` (another node's, already verified by its signature) into the local cache
+/// as `req`'s answer: it must decode under `req`'s own key (a checksum over key and body:
+/// an entry replayed under another key fails) and hold a zebin with `req`'s kernel.
+pub fn adopt_entry(req: &CompileRequest, entry: &[u8]) -> Result<(), BuildError> {
+    let (cache, key, kernel) = entry_for(req)?;
+    let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&key, entry)
+        .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
+    zebin::parse(&binary)?.kernel_spill(&kernel)?;
+    match cache.put(&key, &record, &binary) {
+        None => Ok(()),
+        Some(note) => Err(BuildError::new(ErrorKind::InvalidArgument, note)),
+    }
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).

@@ -39,6 +39,13 @@ pub const KNOBS: &[(&str, Kind)] = &[
     ("XPU_ZEBIN_SIMULATED_DEVICE", Kind::Text),
     ("XPU_ZEBIN_SPILL_POLICY", Kind::SpillPolicy),
     ("XPU_ZEBIN_BUNDLE", Kind::Text),
+    ("XPU_ZEBIN_SIGNING_KEY", Kind::Text),
+    ("XPU_ZEBIN_TRUSTED_KEYS", Kind::Text),
+    ("XPU_ZEBIN_REMOTE", Kind::Text),
+    ("XPU_ZEBIN_REMOTE_MODE", Kind::Text),
+    ("XPU_ZEBIN_REMOTE_TIMEOUT", Kind::Seconds),
+    ("XPU_ZEBIN_REMOTE_TTL", Kind::Seconds),
+    ("XPU_ZEBIN_REMOTE_MAX_BYTES", Kind::Bytes),
 ];
 
 fn bad(name: &str, value: &str, expected: &str) -> BuildError {

@@ -26,6 +26,7 @@ pub mod ocloc;
 pub mod options;
 pub mod pool;
 pub mod private;
+pub mod signing;
 pub mod spill;
 pub mod spirv;
 pub mod sync;
@@ -50,11 +51,16 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::offline::{
-        compile, compile_many, find_ocloc, forget_cached, opencl_to_spirv, validate_spirv,
-        zebin_info, CompileResult,
+        _compile_result, compile, compile_many, find_ocloc, forget_cached, opencl_to_spirv,
+        validate_spirv, zebin_info, CompileResult,
     };
     #[pymodule_export]
     use crate::bindings::options::{spill_rules, PyOptions};
+    #[pymodule_export]
+    use crate::bindings::remote::{
+        adopt_entry, cached_entry, entry_key, key_generate, sign, signing_public, trusted_keys_set,
+        verify,
+    };
     #[pymodule_export]
     use crate::bindings::workers::{
         bool_knob, broken_workers, compiler_refusals, compiler_refused, configure_workers, doctor,
@@ -76,6 +82,8 @@ mod _core {
         m.add("MAX_SECONDS", crate::knobs::MAX_SECONDS)?;
         m.add("SPILL_POLICY_ENV", crate::spill::SPILL_POLICY_ENV)?;
         m.add("ISOLATED_ENV", crate::options::ISOLATED_ENV)?;
+        m.add("SIGNING_KEY_ENV", crate::signing::SIGNING_KEY_ENV)?;
+        m.add("TRUSTED_KEYS_ENV", crate::signing::TRUSTED_KEYS_ENV)?;
         Ok(())
     }
 }

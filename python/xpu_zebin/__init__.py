@@ -14,7 +14,7 @@ import sys
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypedDict, Union
 
-from . import _core
+from . import _core, remote
 from ._core import Attempt, AttemptError, CompileResult, LoadedKernel, Options
 from ._tasks import batch_task
 from .errors import (
@@ -251,11 +251,24 @@ def compile(
     ``speculative`` runs both GRF modes at once and cancels the large one if the default
     build is accepted: the same answer, sooner. ``None`` (default) speculates only when a
     core is idle. ``timeout`` is per compiler run, in seconds.
+
+    With a remote store (``XPU_ZEBIN_REMOTE``, :mod:`xpu_zebin.remote`), a build the local
+    cache does not hold is taken from the store when a trusted key signed it, and a
+    read-write node publishes what it compiles. ``result.source`` says where the native
+    code came from: ``compiled``, ``cache`` or ``remote``.
     """
     req = _request(spirv, device, options, **changes)
-    result = _core.compile(req["spirv"], req["device"], req["options"])
+    spirv, device, opts = req["spirv"], req["device"], req["options"]
+    store = remote.config()
+    fetched = store is not None and remote.fetch(spirv, device, opts, store)
+    result = _core.compile(spirv, device, opts)
+    if fetched and result.cached:
+        result = result.with_source("remote")
     if not result.cached:
-        _warn_once_without_worker(req["options"].ocloc)
+        _warn_once_without_worker(opts.ocloc)
+        if store is not None:
+            remote.publish(spirv, device, opts, store)
+    logger.debug("kernel %r: native code from %s", result.kernel, result.source)
     return _report(result, result.kernel)
 
 

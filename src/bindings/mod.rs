@@ -12,6 +12,7 @@ pub mod bundle;
 pub mod level_zero;
 pub mod offline;
 pub mod options;
+pub mod remote;
 pub mod workers;
 
 /// Why an attempt failed: the error's kind, message and, for a PTSS overflow, the

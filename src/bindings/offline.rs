@@ -23,6 +23,9 @@ pub struct CompileResult {
     simd_size: u32,
     recovered: bool,
     cached: bool,
+    /// Where the native code came from: `compiled`, `cache` (this node's) or `remote`
+    /// (the fleet's store, signed by a trusted key).
+    source: String,
     attempts: Vec<Attempt>,
     log: String,
     notes: Vec<String>,
@@ -47,6 +50,8 @@ type ResultFields = (
 impl CompileResult {
     #[new]
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (binary, kernel, device, build_flags, grf_mode, n_regs, spill, recovered,
+                        cached, attempts, log, notes, source = None))]
     fn new(
         binary: Py<PyBytes>,
         kernel: String,
@@ -60,6 +65,7 @@ impl CompileResult {
         attempts: Vec<Attempt>,
         log: String,
         notes: Vec<String>,
+        source: Option<String>,
     ) -> Self {
         let (spill_size, simd_size) = spill;
         let slots = crate::spill::Spill {
@@ -79,42 +85,100 @@ impl CompileResult {
             simd_size,
             recovered,
             cached,
+            source: source.unwrap_or_else(|| source_of(cached)),
             attempts,
             log,
             notes,
         }
     }
 
-    /// Picklable, so results can come back from process pools, Ray or Dask.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, ResultFields) {
+    /// The same result, said to come from `source` (the remote store's entry, say).
+    fn with_source(&self, py: Python<'_>, source: String) -> Self {
+        CompileResult {
+            binary: self.binary.clone_ref(py),
+            kernel: self.kernel.clone(),
+            device: self.device.clone(),
+            build_flags: self.build_flags.clone(),
+            grf_mode: self.grf_mode.clone(),
+            source,
+            attempts: self.attempts.clone(),
+            log: self.log.clone(),
+            notes: self.notes.clone(),
+            ..*self
+        }
+    }
+
+    /// Picklable, so results can come back from process pools, Ray or Dask (a pickle of
+    /// an older release, the class and its twelve fields, still loads).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (ResultFields, String))> {
         let r = slf.get();
         let py = slf.py();
-        (
-            slf.get_type(),
-            (
-                r.binary.clone_ref(py),
-                r.kernel.clone(),
-                r.device.clone(),
-                r.build_flags.clone(),
-                r.grf_mode.clone(),
-                r.n_regs,
-                (r.spill_size, r.simd_size),
-                r.recovered,
-                r.cached,
-                r.attempts.clone(),
-                r.log.clone(),
-                r.notes.clone(),
-            ),
-        )
+        let rebuild = py.import("xpu_zebin._core")?.getattr("_compile_result")?;
+        let fields = (
+            r.binary.clone_ref(py),
+            r.kernel.clone(),
+            r.device.clone(),
+            r.build_flags.clone(),
+            r.grf_mode.clone(),
+            r.n_regs,
+            (r.spill_size, r.simd_size),
+            r.recovered,
+            r.cached,
+            r.attempts.clone(),
+            r.log.clone(),
+            r.notes.clone(),
+        );
+        Ok((rebuild, (fields, r.source.clone())))
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, n_spills={}, recovered={}, cached={}, attempts={})",
+            "CompileResult(kernel={:?}, device={:?}, build_flags={:?}, n_regs={}, spill_size={}, n_spills={}, recovered={}, source={:?}, attempts={})",
             self.kernel, self.device, self.build_flags, self.n_regs, self.spill_size, self.n_spills,
-            self.recovered, self.cached, self.attempts.len()
+            self.recovered, self.source, self.attempts.len()
         )
     }
+}
+
+/// A result from its pickled fields (`CompileResult.__reduce__`).
+#[pyfunction]
+pub fn _compile_result(fields: ResultFields, source: String) -> CompileResult {
+    let (
+        binary,
+        kernel,
+        device,
+        build_flags,
+        grf_mode,
+        n_regs,
+        spill,
+        recovered,
+        cached,
+        attempts,
+        log,
+        notes,
+    ) = fields;
+    CompileResult::new(
+        binary,
+        kernel,
+        device,
+        build_flags,
+        grf_mode,
+        n_regs,
+        spill,
+        recovered,
+        cached,
+        attempts,
+        log,
+        notes,
+        Some(source),
+    )
+}
+
+/// Where a result of this node's engine came from.
+fn source_of(cached: bool) -> String {
+    if cached { "cache" } else { "compiled" }.to_string()
 }
 
 fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
@@ -130,6 +194,7 @@ fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
         simd_size: c.spill.simd,
         recovered: c.recovered,
         cached: c.cached,
+        source: source_of(c.cached),
         attempts: attempts(&c.attempts),
         log: c.log,
         notes: c.notes,

@@ -3,7 +3,8 @@
 Exit codes: 0 built, 1 build error, 2 usage error (bad arguments, unreadable input).
 
 The commands live by concern: ``build`` (compile, batch, info, demo, devices, doctor,
-kinds), ``aot`` (target, precompile, bundle), ``common`` (what they share).
+kinds), ``aot`` (target, precompile, bundle), ``fleet`` (key, remote), ``common`` (what
+they share).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Optional, Sequence
 import xpu_zebin
 from xpu_zebin import BuildError, samples
 
-from . import aot
+from . import aot, fleet
 from .aot import cmd_bundle, cmd_precompile, cmd_target
 from .build import (
     add_compile_options,
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kinds", help="list the error kinds")
     k.set_defaults(func=cmd_kinds)
     aot.add_commands(sub)
+    fleet.add_commands(sub)
     return p
 
 

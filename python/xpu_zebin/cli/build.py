@@ -47,6 +47,7 @@ def result_json(
             n_spills=outcome.n_spills,
             recovered=outcome.recovered,
             cached=outcome.cached,
+            source=outcome.source,
             attempts=[_attempt_json(a) for a in outcome.attempts],
             error=None,
         )
@@ -64,6 +65,7 @@ def result_json(
         n_spills=None,
         recovered=False,
         cached=False,
+        source=None,
         attempts=[_attempt_json(a) for a in outcome.attempts],
         error=error,
     )
@@ -76,7 +78,8 @@ def _describe(outcome: Union[CompileResult, BuildError], label: str) -> str:
         lines.append(
             f"{label}: {how}: kernel '{outcome.kernel}' on {outcome.device}, "
             f"flags '{outcome.build_flags}' ({outcome.n_regs} GRF), spill_size "
-            f"{outcome.spill_size}{' (cached)' if outcome.cached else ''}"
+            f"{outcome.spill_size}"
+            + ("" if outcome.source == "compiled" else f" (from the {outcome.source})")
         )
     else:
         lines.append(f"{label}: FAILED: {outcome}")

@@ -1,0 +1,68 @@
+"""``key generate`` (a farm's signing key) and ``remote stats | verify | purge`` (what the
+fleet's store holds, what fails verification, and removing what no trusted key signed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import xpu_zebin
+
+from .. import remote
+from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    public = xpu_zebin._core.key_generate(os.fspath(args.path), args.name)
+    print(f"secret key written to {args.path} (owner-only): sign with "
+          f"{xpu_zebin._core.SIGNING_KEY_ENV}={args.path}", file=sys.stderr)  # fmt: skip
+    print(public)
+    return EXIT_OK
+
+
+def cmd_remote(args: argparse.Namespace) -> int:
+    cfg = remote.config()
+    if cfg is None:
+        raise UsageError(f"{remote.REMOTE_ENV} is not set: no remote store to look at")
+    report = {"entries": 0, "bytes": 0, "bad": [], "purged": 0}
+    try:
+        for name, value in remote.entries(cfg):
+            report["entries"] += 1
+            report["bytes"] += len(value or b"")
+            if args.action == "stats":
+                continue
+            why = remote.check(value)
+            if why is None:
+                continue
+            report["bad"].append({"key": name, "why": why})
+            if args.action == "purge":
+                report["purged"] += int(remote._client(cfg).delete(name) or 0)
+    except Exception as e:
+        print(f"xpu-zebin: remote store {remote._redacted(cfg.url)}: {type(e).__name__}: {e}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BUILD_ERROR
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['entries']} entries, {report['bytes']} bytes")
+        for bad in report["bad"]:
+            print(f"  not trusted: {bad['key']}: {bad['why']}")
+        if args.action == "purge":
+            print(f"purged {report['purged']} entries no trusted key signed")
+    return EXIT_BUILD_ERROR if args.action == "verify" and report["bad"] else EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    k = sub.add_parser("key", help="make a signing key for the fleet's store")
+    k.add_argument("action", choices=["generate"])
+    k.add_argument("path", help="where the secret key goes (a new, owner-only file)")
+    k.add_argument("--name", default="xpu-zebin", help="the key's name, shown with it")
+    k.set_defaults(func=cmd_key)
+    r = sub.add_parser("remote", help="the fleet's store ($XPU_ZEBIN_REMOTE)")
+    r.add_argument("action", choices=["stats", "verify", "purge"],
+                   help="what is there / what fails verification / remove what no trusted "
+                   "key signed")  # fmt: skip
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_remote)

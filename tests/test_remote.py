@@ -1,0 +1,380 @@
+"""The fleet's store (issue 30): a real ``redis-server`` the tests start on a free port in
+a temporary directory, entries signed with Ed25519, the real compilers.
+
+Hostile stores are real peers too: a socket that answers garbage, stalls, or hangs up
+mid-reply (a misbehaving server cannot be asked of redis-server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import xpu_zebin
+from xpu_zebin import remote, samples
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A real redis-server of its own, on a free port, in a temporary directory."""
+
+    def __init__(self, directory: Path, *extra: str) -> None:
+        server = shutil.which("redis-server")
+        if server is None:
+            pytest.fail("redis-server not found: scripts/prereqs.sh installs it")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(directory), *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        import redis
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=2).ping()
+                break
+            except (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError):
+                break  # it answers: only not to us
+            except redis.exceptions.ConnectionError:
+                assert self.proc.poll() is None, "redis-server ended"
+                assert time.monotonic() < deadline, "redis-server did not answer in 60 s"
+                time.sleep(0.05)
+
+    def url(self, user: str = "", password: str = "") -> str:
+        auth = f"{user}:{password}@" if password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self, **kw):
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=5, **kw)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = RedisServer(tmp_path / "redis")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_remote_state(monkeypatch):
+    for name in (remote.REMOTE_ENV, remote.MODE_ENV, "XPU_ZEBIN_SIGNING_KEY",
+                 "XPU_ZEBIN_TRUSTED_KEYS", remote.MAX_BYTES_ENV):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for table in (remote._down_until, remote._counts, remote._clients):
+        table.clear()
+    remote._said.clear()
+    yield
+
+
+@pytest.fixture
+def keys(tmp_path) -> dict:
+    farm = tmp_path / "farm.key"
+    other = tmp_path / "other.key"
+    return {
+        "farm": farm, "farm_public": xpu_zebin._core.key_generate(str(farm), "farm"),
+        "other": other, "other_public": xpu_zebin._core.key_generate(str(other), "other"),
+    }  # fmt: skip
+
+
+def _node(monkeypatch, tmp_path, name: str, url: str, mode: str = "read-only", key=None,
+          trusted: str = "") -> None:  # fmt: skip
+    """This process becomes a fleet node: its own local cache, the store, its keys."""
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / f"cache-{name}"))
+    monkeypatch.setenv(remote.REMOTE_ENV, url)
+    monkeypatch.setenv(remote.MODE_ENV, mode)
+    if key is not None:
+        monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(key))
+    else:
+        monkeypatch.delenv("XPU_ZEBIN_SIGNING_KEY", raising=False)
+    if trusted:
+        monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", trusted)
+    else:
+        monkeypatch.delenv("XPU_ZEBIN_TRUSTED_KEYS", raising=False)
+    remote._counts.clear()
+
+
+@pytest.fixture(scope="module")
+def spirvs(system_ocloc) -> dict:
+    return {
+        "add": xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc", ocloc=system_ocloc),
+        "spill": xpu_zebin.opencl_to_spirv(
+            samples.register_pressure_kernel(300, name="spill"), device="pvc", ocloc=system_ocloc
+        ),
+    }
+
+
+def _publish(monkeypatch, tmp_path, server, keys, spirv, ocloc) -> xpu_zebin.CompileResult:
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
+    built = xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc)
+    assert built.source == "compiled" and remote.counts().get("published") == 1
+    return built
+
+
+def test_a_fleet_shares_signed_native_code(server, keys, spirvs, system_ocloc, tmp_path,
+                                           monkeypatch):  # fmt: skip
+    built = _publish(monkeypatch, tmp_path, server, keys, spirvs["spill"], system_ocloc)
+    assert built.recovered is False and len(built.attempts) == 2
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    got = xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)
+    assert got.source == "remote" and got.binary == built.binary
+    assert got.build_flags == built.build_flags and got.n_regs == built.n_regs
+    assert [a.build_flags for a in got.attempts] == [a.build_flags for a in built.attempts]
+    assert remote.counts() == {"hits": 1}
+    # Written back to the local level: the next answer is the node's own cache.
+    again = xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)
+    assert again.source == "cache" and again.binary == built.binary
+    # A result pickles with where it came from.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(got)).source == "remote"
+
+
+def _tamper(server, how: str, keys) -> None:
+    client = server.client()
+    (name,) = client.keys(remote.PREFIX + "*")
+    value = client.get(name)
+    header, entry = remote.unpack(value)
+    if how == "flipped":
+        mid = len(value) - len(entry) // 2
+        value = value[:mid] + bytes([value[mid] ^ 1]) + value[mid + 1 :]
+    elif how == "untrusted_key":
+        os.environ["XPU_ZEBIN_SIGNING_KEY"] = str(keys["other"])
+        try:
+            signer, sig = xpu_zebin._core.sign(remote.signed_message(
+                header["key"], header["device"], header["compiler"], entry))  # fmt: skip
+        finally:
+            del os.environ["XPU_ZEBIN_SIGNING_KEY"]
+        value = remote.pack({**header, "signer": signer, "signature": sig}, entry)
+    elif how == "truncated":  # as a writer killed mid-write would leave it, were SET not atomic
+        value = value[: len(value) // 2]
+    elif how == "garbage_header":
+        value = remote.MAGIC + b"\xff\xff\xff\x7f" + b"x" * 64
+    client.set(name, value)
+
+
+@pytest.mark.parametrize("how", ["flipped", "untrusted_key", "truncated", "garbage_header"])
+def test_tampered_entries_are_never_loaded(server, keys, spirvs, system_ocloc, tmp_path,
+                                           monkeypatch, caplog, how):  # fmt: skip
+    built = _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    _tamper(server, how, keys)
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    for _ in range(2):
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc, cache=True)
+        assert got.binary == built.binary  # the same kernel, built here
+    assert remote.counts() == {"untrusted": 1}
+    said = [r for r in caplog.records if "was not loaded" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_an_entry_replayed_under_another_key_is_refused(server, keys, spirvs, system_ocloc,
+                                                        tmp_path, monkeypatch):  # fmt: skip
+    """A valid, signed entry of one kernel put under another kernel's key: its signature
+    covers its own key, and it decodes only under its own key."""
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    client = server.client()
+    (add_name,) = client.keys(remote.PREFIX + "*")
+    options = xpu_zebin.Options(ocloc=system_ocloc)
+    spill_key = xpu_zebin._core.entry_key(spirvs["spill"], "pvc", options)
+    value = client.get(add_name)
+    header, entry = remote.unpack(value)
+    client.set(remote.PREFIX + spill_key, value)  # as it is
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    got = xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)
+    assert got.source == "compiled" and remote.counts() == {"untrusted": 1}
+    # Its header rewritten to the new key: the signature no longer holds.
+    client.set(remote.PREFIX + spill_key, remote.pack({**header, "key": spill_key}, entry))
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-c"))
+    got = xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)
+    assert got.source == "compiled"
+
+
+def test_no_trusted_key_means_nothing_is_loaded(server, keys, spirvs, system_ocloc, tmp_path,
+                                                monkeypatch, caplog):  # fmt: skip
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    _node(monkeypatch, tmp_path, "b", server.url())  # no XPU_ZEBIN_TRUSTED_KEYS
+    assert xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc).source == "compiled"
+    assert "nothing from the store can be trusted" in caplog.text
+    _node(monkeypatch, tmp_path, "c", server.url(), trusted=keys["other_public"])
+    assert xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc).source == "compiled"
+
+
+def test_a_read_only_node_never_writes(server, keys, spirvs, system_ocloc, tmp_path,
+                                       monkeypatch):  # fmt: skip
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-only", keys["farm"])
+    assert xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc).source == "compiled"
+    assert server.client().dbsize() == 0 and "published" not in remote.counts()
+
+
+def test_acl_users_and_a_store_that_refuses_writes(keys, spirvs, system_ocloc, tmp_path,
+                                                   monkeypatch, caplog):  # fmt: skip
+    """AUTH with ACL users, as sccache and Inductor use them: a writer, and a reader whose
+    writes the server refuses (the node compiles, says so once, and goes on)."""
+    acl = tmp_path / "users.acl"
+    acl.write_text("user default off\nuser farm on >farm-pw ~xpu-zebin:* +@all\n"
+                   "user reader on >read-pw ~xpu-zebin:* +@read -@write\n")  # fmt: skip
+    server = RedisServer(tmp_path / "redis-acl", "--aclfile", str(acl))
+    try:
+        _node(monkeypatch, tmp_path, "a", server.url("farm", "farm-pw"), "read-write",
+              keys["farm"])  # fmt: skip
+        xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert remote.counts() == {"published": 1}
+        _node(monkeypatch, tmp_path, "b", server.url("reader", "read-pw"), "read-write",
+              keys["farm"], keys["farm_public"])  # fmt: skip
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "remote"
+        spilled = xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)
+        assert spilled.source == "compiled" and remote.counts().get("errors") == 1
+        assert "unusable" in caplog.text and "read-pw" not in caplog.text
+        wrong = server.url("reader", "wrong")
+        _node(monkeypatch, tmp_path, "c", wrong, trusted=keys["farm_public"])
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "compiled"
+    finally:
+        server.stop()
+
+
+def test_a_value_over_the_bound_is_never_read(server, keys, spirvs, system_ocloc, tmp_path,
+                                              monkeypatch):  # fmt: skip
+    """STRLEN first: a value larger than XPU_ZEBIN_REMOTE_MAX_BYTES is not asked for."""
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    client = server.client()
+    (name,) = client.keys(remote.PREFIX + "*")
+    client.setrange(name, 64 << 20, b"x")  # a 64 MiB value
+    monkeypatch.setenv(remote.MAX_BYTES_ENV, str(1 << 20))
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+    assert got.source == "compiled" and remote.counts() == {"too_large": 1}
+
+
+class BadPeer:
+    """A TCP peer at the store's address that misbehaves: garbage, a stall, a hang-up."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.behaviour = behaviour
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            conn.settimeout(30)
+            try:
+                conn.recv(65536)
+                if self.behaviour == "garbage":
+                    conn.sendall(b"\x00\xffnot RESP at all\r\n" * 100)
+                elif self.behaviour == "huge_length":  # a bulk that says 4 GiB, then hangs up
+                    conn.sendall(b"$4294967296\r\n" + b"x" * 1024)
+                elif self.behaviour == "stall":
+                    self.done.wait(30)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("behaviour", ["garbage", "huge_length", "stall", "nobody"])
+def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_path,
+                                                monkeypatch, caplog, behaviour):  # fmt: skip
+    """Garbage, a lying length, a stall, a closed port: the compile goes on locally with one
+    warning; the store is left alone after (no timeout paid per kernel)."""
+    peer = BadPeer(behaviour) if behaviour != "nobody" else None
+    port = peer.port if peer else _free_port()
+    monkeypatch.setenv(remote.TIMEOUT_ENV, "1")
+    _node(monkeypatch, tmp_path, "b", f"redis://127.0.0.1:{port}/0", "read-write", keys["farm"],
+          keys["farm_public"])  # fmt: skip
+    try:
+        for name in ("add", "spill"):
+            got = xpu_zebin.compile(spirvs[name], device="pvc", ocloc=system_ocloc)
+            assert got.source == "compiled"
+    finally:
+        if peer:
+            peer.stop()
+    assert remote.counts() == {"errors": 1}
+    assert len([r for r in caplog.records if "unusable" in r.getMessage()]) == 1
+
+
+def test_a_mixed_fleet_never_shares_native_code(server, keys, spirvs, system_ocloc,
+                                                modern_ocloc, tmp_path, monkeypatch):  # fmt: skip
+    """Two compiler releases: the key holds the compiler's identity, so a node with the
+    other compiler never finds (let alone loads) the first one's build."""
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=modern_ocloc)
+    assert got.source == "compiled" and remote.counts() == {"misses": 1}
+
+
+def test_bad_settings_are_named(monkeypatch, spirvs, system_ocloc):
+    for name, value in [(remote.REMOTE_ENV, "http://x"), (remote.MODE_ENV, "write-only"),
+                        (remote.TIMEOUT_ENV, "-1"), (remote.MAX_BYTES_ENV, "1k")]:  # fmt: skip
+        monkeypatch.setenv(remote.REMOTE_ENV, "redis://127.0.0.1:1/0")
+        monkeypatch.setenv(name, value)
+        with pytest.raises(xpu_zebin.InvalidArgumentError, match=name):
+            xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", "farm:nothex")
+    monkeypatch.setenv(remote.REMOTE_ENV, "redis://127.0.0.1:1/0")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="XPU_ZEBIN_TRUSTED_KEYS"):
+        xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+
+
+def _cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xpu_zebin.cli", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_cli_keys_and_the_store(server, keys, spirvs, system_ocloc, tmp_path, monkeypatch):
+    out = _cli("key", "generate", str(tmp_path / "k.key"), "--name", "ci")
+    assert out.returncode == 0 and out.stdout.startswith("ci:") and len(out.stdout.strip()) == 67
+    assert (tmp_path / "k.key").stat().st_mode & 0o777 == 0o600
+    assert _cli("key", "generate", str(tmp_path / "k.key")).returncode != 0  # never over a key
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    xpu_zebin.compile(spirvs["spill"], device="pvc", ocloc=system_ocloc)  # a second entry
+    env = {remote.REMOTE_ENV: server.url(), "XPU_ZEBIN_TRUSTED_KEYS": keys["farm_public"]}
+    stats = json.loads(_cli("remote", "stats", "--json", env=env).stdout)
+    assert stats["entries"] == 2
+    assert _cli("remote", "verify", env=env).returncode == 0
+    client = server.client()
+    name = sorted(client.keys(remote.PREFIX + "*"))[0]
+    value = client.get(name)
+    client.set(name, value[:-1] + bytes([value[-1] ^ 1]))
+    bad = _cli("remote", "verify", "--json", env=env)
+    assert bad.returncode == 1 and len(json.loads(bad.stdout)["bad"]) == 1
+    purged = json.loads(_cli("remote", "purge", "--json", env=env).stdout)
+    assert purged["purged"] == 1 and client.dbsize() == 1
+    assert _cli("remote", "verify", env=env).returncode == 0
