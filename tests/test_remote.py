@@ -378,3 +378,73 @@ def test_cli_keys_and_the_store(server, keys, spirvs, system_ocloc, tmp_path, mo
     purged = json.loads(_cli("remote", "purge", "--json", env=env).stdout)
     assert purged["purged"] == 1 and client.dbsize() == 1
     assert _cli("remote", "verify", env=env).returncode == 0
+
+
+@pytest.fixture
+def fleet_triton_cache(monkeypatch):
+    """Triton's cache manager is this package's for the test (Triton keeps the class it
+    loaded in a module global: put back after)."""
+    import triton.runtime.cache as cache
+
+    from xpu_zebin.triton import fleet_cache
+
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "xpu_zebin.triton.fleet_cache:FleetCacheManager")
+    fleet_cache.host_identity.cache_clear()
+    yield
+    setattr(cache, "__cache_cls", cache.FileCacheManager)
+    setattr(cache, "__cache_cls_nme", "DEFAULT")
+    fleet_cache.host_identity.cache_clear()
+
+
+def _counting_front_end(monkeypatch) -> list:
+    """Count how often Triton's front end runs (its backend's stages are set up)."""
+    from triton.backends import backends
+
+    cls = backends["intel"].compiler
+    original, calls = cls.add_stages, []
+
+    def add_stages(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "add_stages", add_stages)
+    return calls
+
+
+def test_tritons_own_cache_through_the_signed_store(server, keys, tmp_path, monkeypatch,
+                                                    fleet_triton_cache, modern_ocloc):  # fmt: skip
+    """Node A compiles a real Triton kernel: its IRs, SPIR-V and metadata go to the store,
+    signed. Node B (a fresh Triton cache, read-only, trusting A's key) gets the kernel with
+    no front end at all; a tampered file makes B compile it itself; a node with another
+    compiler release never sees A's entries."""
+    from triton_helpers import ADD_SIG, add_kernel, compile_triton, triton_on_cpu
+
+    from xpu_zebin.triton import fleet_cache
+
+    front_end = _counting_front_end(monkeypatch)
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
+    with triton_on_cpu(str(tmp_path / "triton-a")):
+        a = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
+    assert len(front_end) == 1 and remote.counts()["published"] >= 3
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    with triton_on_cpu(str(tmp_path / "triton-b")):
+        b = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
+    assert len(front_end) == 1, "node B ran Triton's front end"
+    assert b.asm["spv"] == a.asm["spv"] and remote.counts().get("hits", 0) >= 3
+    # A flipped byte in the stored SPIR-V: node C compiles the kernel itself.
+    client = server.client()
+    (spv,) = [k for k in client.keys(fleet_cache.PREFIX + "*") if k.endswith(b".spv")]
+    value = client.get(spv)
+    client.set(spv, value[:-1] + bytes([value[-1] ^ 1]))
+    _node(monkeypatch, tmp_path, "c", server.url(), trusted=keys["farm_public"])
+    with triton_on_cpu(str(tmp_path / "triton-c")):
+        c = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
+    assert len(front_end) == 2 and c.asm["spv"] == a.asm["spv"]
+    assert remote.counts().get("untrusted") == 1
+    # Another compiler release on node D: other keys, nothing found.
+    _node(monkeypatch, tmp_path, "d", server.url(), trusted=keys["farm_public"])
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", modern_ocloc)
+    fleet_cache.host_identity.cache_clear()
+    with triton_on_cpu(str(tmp_path / "triton-d")):
+        compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
+    assert len(front_end) == 3 and "hits" not in remote.counts()

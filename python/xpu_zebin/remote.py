@@ -327,3 +327,65 @@ def check(value: Optional[bytes]) -> Optional[str]:
     except ValueError as e:
         return str(e)
     return None if trusted(header, entry) else f"not signed by a trusted key ({header['signer']})"
+
+
+# --- signed values of other kinds (Triton's own cache entries) ---------------------------
+
+
+def fetch_signed(cfg: Config, rkey: str, identity: str) -> Optional[bytes]:
+    """The bytes stored at ``rkey`` when a trusted key signed them for ``rkey`` and
+    ``identity`` (what they were built with); None otherwise (absent, untrusted: counted,
+    warned once; a store that fails: one warning, then left alone for a while)."""
+    if not _usable(cfg):
+        return None
+    if not _core.trusted_keys_set():
+        _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
+                  "can be trusted, so nothing is loaded from it", REMOTE_ENV,
+                  _core.TRUSTED_KEYS_ENV)  # fmt: skip
+        return None
+    try:
+        value = _read(cfg, rkey)
+    except TooLarge:
+        return None
+    except Exception as e:
+        _failed(cfg, e)
+        return None
+    if value is None:
+        _count("misses")
+        return None
+    try:
+        header, data = unpack(value)
+        if (header["key"], header["compiler"]) != (rkey, identity) or not trusted(header, data):
+            raise ValueError("no trusted key signed it for this key")
+    except ValueError as e:
+        _count("untrusted")
+        _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
+                  "built locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
+        return None
+    _count("hits")
+    return data
+
+
+def publish_signed(cfg: Config, rkey: str, identity: str, data: bytes) -> bool:
+    """``data`` signed for ``rkey`` and ``identity`` into the store (a read-write node with
+    a signing key); True when written."""
+    if not cfg.read_write or not _usable(cfg):
+        return False
+    signed = _core.sign(signed_message(rkey, "", identity, data))
+    if signed is None:
+        _say_once("no-key", "xpu-zebin: %s=read-write but %s is not set: nothing is "
+                  "published (an unsigned entry would never be loaded)", MODE_ENV,
+                  _core.SIGNING_KEY_ENV)  # fmt: skip
+        return False
+    header = {"key": rkey, "device": "", "compiler": identity, "signer": signed[0],
+              "signature": signed[1]}  # fmt: skip
+    value = pack(header, data)
+    if len(value) > cfg.max_bytes:
+        return False
+    try:
+        _client(cfg).set(rkey, value, ex=cfg.ttl or None)
+    except Exception as e:
+        _failed(cfg, e)
+        return False
+    _count("published")
+    return True

@@ -1,0 +1,115 @@
+"""Triton's own cache in the fleet's signed store: ``TRITON_CACHE_MANAGER=
+xpu_zebin.triton.fleet_cache:FleetCacheManager``.
+
+Triton's file cache stays the local level (``TRITON_CACHE_DIR``); behind it, the store of
+``XPU_ZEBIN_REMOTE`` (:mod:`xpu_zebin.remote`) holds Triton's entries, IRs, SPIR-V,
+metadata and native binaries alike, each signed (``XPU_ZEBIN_SIGNING_KEY``) and taken only
+when a trusted key (``XPU_ZEBIN_TRUSTED_KEYS``) signed it. A fresh node thus skips Triton's
+front end too. Unlike Triton's ``RemoteCacheManager``, which writes the remote bytes
+straight into its file cache, nothing unsigned is ever materialized; and the store's keys
+add this host's compiler identity and Level Zero driver version to Triton's key (which
+for XPU omits them), so a fleet of two releases never shares native code. A native
+binary from the store is still tried in a worker before the driver loads it, where the
+drop-in ``load_binary`` is installed."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from typing import Dict, Optional
+
+from triton.runtime.cache import CacheManager, FileCacheManager
+
+from .. import _core, remote
+from ..errors import BuildError
+
+logger = logging.getLogger("xpu_zebin.triton")
+
+PREFIX = "xpu-zebin:triton:v1:"
+
+
+@functools.lru_cache(maxsize=1)
+def host_identity() -> str:
+    """This host's compiler and driver, as the store's keys hold them ("none" for either
+    the host does not have)."""
+    try:
+        compiler = _core.compiler_identity(None)
+    except BuildError:
+        compiler = "none"
+    try:
+        import xpu_zebin
+
+        driver = str(xpu_zebin.devices()[0]["driver"])
+    except (BuildError, IndexError, KeyError):
+        driver = "none"
+    return f"{compiler}|driver {driver}"
+
+
+class FleetCacheManager(CacheManager):
+    """Triton's ``CacheManager``: Triton's file cache first, then the signed store."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._local = FileCacheManager(key, override=override, dump=dump)
+        self.cache_dir = self._local.cache_dir
+        self._store = None if (override or dump) else remote.config()
+
+    def _rkey(self, filename: str) -> str:
+        tag = hashlib.sha256(host_identity().encode()).hexdigest()[:16]
+        return f"{PREFIX}{tag}:{self.key}:{filename}"
+
+    def _fetch(self, filename: str) -> Optional[bytes]:
+        if self._store is None:
+            return None
+        return remote.fetch_signed(self._store, self._rkey(filename), host_identity())
+
+    def _publish(self, filename: str, data: bytes) -> None:
+        if self._store is not None:
+            remote.publish_signed(self._store, self._rkey(filename), host_identity(), data)
+
+    def get_file(self, filename: str) -> Optional[str]:
+        path = self._local.get_file(filename)
+        if path is not None:
+            return path
+        data = self._fetch(filename)
+        return None if data is None else self._local.put(data, filename, binary=True)
+
+    def put(self, data, filename: str, binary: bool = True) -> str:
+        path = self._local.put(data, filename, binary=binary)
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        self._publish(filename, raw)
+        return path
+
+    def get_group(self, filename: str) -> Optional[Dict[str, str]]:
+        group = self._local.get_group(filename)
+        if group is not None or self._store is None:
+            return group
+        listed = self._fetch(f"__grp__{filename}")
+        if listed is None:
+            return None
+        try:
+            names = json.loads(listed)["child_paths"]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError("not a list of names")
+        except (ValueError, KeyError, TypeError) as e:
+            logger.warning("Triton cache group %s from the store is malformed (%s)", filename, e)
+            return None
+        found = {}
+        for name in names:  # every file of the group, or none of them
+            if "/" in name or name.startswith("."):
+                return None
+            data = self._fetch(name)
+            if data is None:
+                return None
+            found[name] = data
+        group = {name: self._local.put(data, name, binary=True) for name, data in found.items()}
+        self._local.put_group(filename, group)
+        return group
+
+    def put_group(self, filename: str, group: Dict[str, str]):
+        path = self._local.put_group(filename, group)
+        listed = json.dumps({"child_paths": sorted(group)}).encode()
+        self._publish(f"__grp__{filename}", listed)
+        return path
