@@ -37,3 +37,18 @@ def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
     assert report["peak_rss_mb"]["package_workers"] > 0
     assert "ze_isolation_overhead_percent" in report and "dask_overhead_percent" in report
     assert "| PTSS kernel, needs large GRF" in run.stdout
+
+
+def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
+    """benches/fleet.py on a few kernels, a real Redis: every key it promises, and no
+    tampered entry loaded (that one is a count, not a timing)."""
+    fleet = BENCH.parent / "fleet.py"
+    run = subprocess.run(
+        [sys.executable, str(fleet), "--ocloc", system_ocloc, "--kernels", "4", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in ("fleet_speedup", "triton_fleet_speedup", "vs_triton_remote"):
+        assert report[key] > 0, key
+    assert report["b_sources"] == {"remote": 4} and report["tampered_loaded"] == 0

@@ -1,0 +1,202 @@
+"""A fleet sharing native code through a real Redis, signed entries.
+
+Node A (a fresh process, read-write, a signing key) compiles the model's kernels
+(``model_kernels.py``, real Triton SPIR-V) and publishes them; node B (a fresh process, a
+fresh local cache, read-only, A's key trusted) gets the same kernels. Reported, each a ratio
+measured in this run:
+
+- ``fleet_speedup``: B compiling from scratch over B with the store;
+- ``triton_fleet_speedup``: the same through Triton's own front end, with the package's
+  cache manager (``FleetCacheManager``) against no shared cache;
+- ``vs_triton_remote``: B's time with the package's manager over B's time with Triton's own
+  ``RemoteCacheManager`` and ``RedisRemoteCacheBackend`` serving the same kernels (which
+  checks nothing it loads);
+- ``tampered_loaded``: entries loaded by a node after one byte of each was flipped (0).
+
+A cold start here is a first run on a node: modern Level Zero drivers keep their own JIT
+output per node (``NEO_CACHE_PERSISTENT``, on by default), so a second run on the same node
+is not cold; a new node, a fresh container or a mixed fleet is. (The simulated PVC's 22.43
+driver keeps none.)
+
+    python benches/fleet.py --ocloc <ocloc> [--kernels N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
+
+HERE = Path(__file__).resolve().parent
+MANAGER = "xpu_zebin.triton.fleet_cache:FleetCacheManager"
+
+
+def _node_env(work: Path, name: str, url: str, **extra: str) -> Dict[str, str]:
+    dropped = ("XPU_ZEBIN_REMOTE", "TRITON_CACHE_MANAGER")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    env.update(XPU_ZEBIN_CACHE_DIR=str(work / f"cache-{name}"),
+               TRITON_CACHE_DIR=str(work / f"triton-{name}"), **extra)  # fmt: skip
+    if url:
+        env["XPU_ZEBIN_REMOTE"] = url
+    return env
+
+
+def child(mode: str, count: int, ocloc: str, kernels_file: str) -> None:
+    """One node in a fresh process: ``native`` compiles the kernels' SPIR-V with the
+    package (the store per the environment), timed alone; ``triton`` runs Triton's front
+    end on them (its cache manager per the environment). Prints seconds and where code
+    came from."""
+    sys.path.insert(0, str(HERE))
+    import pickle
+
+    import xpu_zebin
+
+    sources: Dict[str, int] = {}
+    if mode == "native":
+        kernels = pickle.loads(Path(kernels_file).read_bytes())[:count]
+        started = time.perf_counter()
+        for k in kernels:
+            r = xpu_zebin.compile(k["spirv"], device="pvc", ocloc=ocloc, kernel_name=k["name"])
+            sources[r.source] = sources.get(r.source, 0) + 1
+        print(json.dumps({"seconds": time.perf_counter() - started, "sources": sources}))
+        return
+    import model_kernels
+    import triton
+
+    from xpu_zebin import targets
+
+    model_kernels.stub_arch_parser()
+    target = targets.local().gpu_target()
+    started = time.perf_counter()
+    for fn, constants, warps in model_kernels._configs()[:count]:
+        triton.compile(model_kernels.source(fn, constants), target=target,
+                       options={"num_warps": warps})  # fmt: skip
+    print(json.dumps({"seconds": time.perf_counter() - started, "sources": sources}))
+
+
+KERNELS_FILE = ""
+
+
+def run_node(mode: str, env: Dict[str, str], count: int, ocloc: str) -> Dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", mode, str(count), ocloc,
+                          KERNELS_FILE], env=env, capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"node ({mode}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def start_redis(work: Path) -> Tuple[subprocess.Popen, int]:
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit("redis-server not found (scripts/prereqs.sh installs it)")
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(work)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            redis.Redis(port=port, socket_timeout=2).ping()
+            return proc, port
+        except redis.exceptions.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ocloc", default=None)
+    p.add_argument("--kernels", type=int, default=1000, help="at most this many pairs")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.child[2], args.child[3])
+        return 0
+    import redis
+
+    import xpu_zebin
+    from xpu_zebin import remote
+
+    global KERNELS_FILE
+    import pickle
+
+    sys.path.insert(0, str(HERE))
+    import model_kernels
+
+    from xpu_zebin import targets
+
+    ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
+    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-fleet-"))
+    os.environ["TRITON_CACHE_DIR"] = str(work / "front-end")
+    kernels = model_kernels.model_spirv(targets.local().gpu_target())[: args.kernels]
+    KERNELS_FILE = str(work / "kernels.pkl")
+    Path(KERNELS_FILE).write_bytes(pickle.dumps(kernels))
+    proc, port = start_redis(work)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        key = work / "farm.key"
+        public = xpu_zebin._core.key_generate(str(key), "farm")
+        signer = {"XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_REMOTE_MODE": "read-write"}
+        trust = {"XPU_ZEBIN_TRUSTED_KEYS": public}
+        n = args.kernels
+        r: Dict[str, Any] = {}
+        # Native code: A publishes, B compiles from scratch, B takes it from the store.
+        run_node("native", _node_env(work, "a", url, **signer), n, ocloc)
+        scratch = run_node("native", _node_env(work, "b0", ""), n, ocloc)
+        shared = run_node("native", _node_env(work, "b1", url, **trust), n, ocloc)
+        r["kernels"] = sum(shared["sources"].values())
+        r["fleet_speedup"] = round(scratch["seconds"] / shared["seconds"], 2)
+        r["b_scratch_s"] = round(scratch["seconds"], 2)
+        r["b_remote_s"] = round(shared["seconds"], 3)
+        r["b_sources"] = shared["sources"]
+        # Triton's front end: the package's manager against none, and against Triton's own.
+        manager = {"TRITON_CACHE_MANAGER": MANAGER}
+        run_node("triton", _node_env(work, "ta", url, **signer, **manager), n, ocloc)
+        t_scratch = run_node("triton", _node_env(work, "tb0", ""), n, ocloc)
+        t_ours = run_node("triton", _node_env(work, "tb1", url, **trust, **manager), n, ocloc)
+        theirs = {"TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
+                  "TRITON_REMOTE_CACHE_BACKEND": "triton.runtime.cache:RedisRemoteCacheBackend",
+                  "TRITON_REDIS_HOST": "127.0.0.1", "TRITON_REDIS_PORT": str(port)}  # fmt: skip
+        run_node("triton", _node_env(work, "tc0", "", **theirs), n, ocloc)  # fills its store
+        t_theirs = run_node("triton", _node_env(work, "tc1", "", **theirs), n, ocloc)
+        r["triton_fleet_speedup"] = round(t_scratch["seconds"] / t_ours["seconds"], 2)
+        r["vs_triton_remote"] = round(t_ours["seconds"] / t_theirs["seconds"], 2)
+        # Every entry tampered with (one byte flipped): nothing of it is loaded.
+        client = redis.Redis(port=port)
+        for name in client.scan_iter(match=remote.PREFIX + "*"):
+            value = client.get(name)
+            client.set(name, value[:-1] + bytes([value[-1] ^ 1]))
+        tampered = run_node("native", _node_env(work, "b2", url, **trust), n, ocloc)
+        r["tampered_loaded"] = tampered["sources"].get("remote", 0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"fleet of {r['kernels']} kernel-config pairs on a real Redis (first run on a node): "
+          f"B from scratch {r['b_scratch_s']} s, from the store {r['b_remote_s']} s "
+          f"({r['fleet_speedup']}x); Triton front end skipped {r['triton_fleet_speedup']}x; "
+          f"against Triton's own remote cache {r['vs_triton_remote']}x; tampered entries "
+          f"loaded {r['tampered_loaded']}", file=sys.stderr)  # fmt: skip
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
