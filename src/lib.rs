@@ -42,8 +42,8 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::bundle::{
         bundle_checksum, bundle_copy, bundle_key, bundle_lookup, bundle_pack, bundle_read,
-        bundle_triton_files, bundle_unpack, bundle_usable, bundle_verify, bundle_write,
-        bundles_dir, compiler_identity,
+        bundle_sign, bundle_triton_files, bundle_unpack, bundle_usable, bundle_verify,
+        bundle_write, bundles_dir, compiler_identity,
     };
     #[pymodule_export]
     use crate::bindings::level_zero::{

@@ -448,3 +448,51 @@ def test_tritons_own_cache_through_the_signed_store(server, keys, tmp_path, monk
     with triton_on_cpu(str(tmp_path / "triton-d")):
         compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
     assert len(front_end) == 3 and "hits" not in remote.counts()
+
+
+def test_signed_bundles(keys, system_ocloc, spirvs, tmp_path, monkeypatch):
+    """A farm signs its bundle (XPU_ZEBIN_SIGNING_KEY, or `bundle sign` after); a node that
+    trusts keys imports and looks up only bundles one of them signed; any change to the
+    manifest after signing breaks it."""
+    from xpu_zebin import bundle, targets
+
+    pvc = targets.local()
+    out = tmp_path / "b"
+    monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(keys["farm"]))
+    bundle.precompile([{"spirv": spirvs["add"], "name": "add"}], [pvc], out, ocloc=system_ocloc)
+    monkeypatch.delenv("XPU_ZEBIN_SIGNING_KEY")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["signature"]["signer"] == keys["farm_public"]
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["farm_public"])
+    assert bundle.verify(out)["bad"] == []
+    assert bundle.import_bundle(out, tmp_path / "into").exists()
+    from xpu_zebin.build_options import load_binary_options
+
+    options = load_binary_options("add", "", "pvc")
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    assert bundle.find("add", spirvs["add"], options, 0) is not None
+    # Trusting another key only: a lookup skips the bundle, an import refuses it.
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["other_public"])
+    assert bundle.find("add", spirvs["add"], options, 0) is None
+    monkeypatch.delenv("XPU_ZEBIN_BUNDLE")
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["other_public"])
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not a trusted key"):
+        bundle.import_bundle(out, tmp_path / "into2")
+    assert [k for k, _ in bundle.verify(out)["bad"]] == ["signature"]
+    # A changed manifest (a build flag rewritten) no longer matches its signature.
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["farm_public"])
+    manifest["entries"][0]["build_flags"] = "-cl-intel-256-GRF-per-thread"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="does not match"):
+        bundle.import_bundle(out, tmp_path / "into3")
+    # `bundle sign` signs it again; unsigned, a trusting node refuses it; untrusting, uses it.
+    out2 = tmp_path / "b2"
+    bundle.precompile([{"spirv": spirvs["add"], "name": "add"}], [pvc], out2, ocloc=system_ocloc)
+    assert "signature" not in json.loads((out2 / "manifest.json").read_text())
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not signed"):
+        bundle.import_bundle(out2, tmp_path / "into4")
+    signed = _cli("bundle", "sign", str(out2), env={"XPU_ZEBIN_SIGNING_KEY": str(keys["farm"])})
+    assert signed.returncode == 0 and keys["farm_public"] in signed.stdout, signed.stderr
+    assert bundle.import_bundle(out2, tmp_path / "into5").exists()
+    monkeypatch.delenv("XPU_ZEBIN_TRUSTED_KEYS")
+    assert bundle.import_bundle(out, tmp_path / "into6").exists()  # no keys trusted: as before

@@ -96,11 +96,9 @@ def doctor(ocloc: Optional[PathLike] = None) -> dict:
     from .build_options import rules_report
 
     report = _core.doctor(None if ocloc is None else os.fspath(ocloc))
-    devices = report.get("level_zero_devices") or []
-    report["spill_rules"] = rules_report(devices[0].get("driver") if devices else None)
-    # (compiler, driver) pairs whose native code this host's driver refused: their kernels
-    # go to the driver's own compiler (`xpu-zebin doctor --forget-refusals` clears them).
-    report["refused_compilers"] = _core.compiler_refusals()
+    devices = report.get("level_zero_devices") or [{}]
+    report["spill_rules"] = rules_report(devices[0].get("driver"))
+    report["refused_compilers"] = _core.compiler_refusals()  # --forget-refusals clears them
     return report
 
 
@@ -128,11 +126,8 @@ def _warn_once_without_worker(ocloc: Optional[PathLike]) -> None:
             "no persistent compiler worker for %s (%s): every compile starts a new ocloc "
             "process and loads IGC again, 2-3x slower for small kernels. Fix: install "
             "libocloc.so beside it (Debian: intel-opencl-icd) or name it in %s.toolchain "
-            '(JSON: {"libocloc": "/path/libocloc.so"})',
-            path,
-            why,
-            path,
-        )
+            '(JSON: {"libocloc": "/path/libocloc.so"})', path, why, path,
+        )  # fmt: skip
 
 
 def error_kinds() -> List[tuple]:
@@ -252,23 +247,14 @@ def compile(
     build is accepted: the same answer, sooner. ``None`` (default) speculates only when a
     core is idle. ``timeout`` is per compiler run, in seconds.
 
-    With a remote store (``XPU_ZEBIN_REMOTE``, :mod:`xpu_zebin.remote`), a build the local
-    cache does not hold is taken from the store when a trusted key signed it, and a
-    read-write node publishes what it compiles. ``result.source`` says where the native
-    code came from: ``compiled``, ``cache`` or ``remote``.
+    With a remote store (``XPU_ZEBIN_REMOTE``, :mod:`xpu_zebin.remote`) a build a trusted
+    key signed is taken from it; ``result.source`` says where the native code came from:
+    ``compiled``, ``cache`` or ``remote``.
     """
     req = _request(spirv, device, options, **changes)
-    spirv, device, opts = req["spirv"], req["device"], req["options"]
-    store = remote.config()
-    fetched = store is not None and remote.fetch(spirv, device, opts, store)
-    result = _core.compile(spirv, device, opts)
-    if fetched and result.cached:
-        result = result.with_source("remote")
+    result = remote.compiled(req["spirv"], req["device"], req["options"], _core.compile)
     if not result.cached:
-        _warn_once_without_worker(opts.ocloc)
-        if store is not None:
-            remote.publish(spirv, device, opts, store)
-    logger.debug("kernel %r: native code from %s", result.kernel, result.source)
+        _warn_once_without_worker(req["options"].ocloc)
     return _report(result, result.kernel)
 
 

@@ -302,6 +302,21 @@ def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = Non
     return True
 
 
+def compiled(spirv: bytes, device: str, options: Any, compile: Any) -> Any:
+    """``compile(spirv, device, options)`` with the store as the level behind the local
+    cache: fetched first when the local cache cannot answer, published after a fresh
+    build (a read-write node); the result says where its native code came from."""
+    store = config()
+    fetched = store is not None and fetch(spirv, device, options, store)
+    result = compile(spirv, device, options)
+    if fetched and result.cached:
+        result = result.with_source("remote")
+    elif store is not None and not result.cached:
+        publish(spirv, device, options, store)
+    logger.debug("kernel %r: native code from %s", result.kernel, result.source)
+    return result
+
+
 # --- the CLI's view of the store ------------------------------------------------------------
 
 

@@ -237,3 +237,9 @@ pub fn bundles_dir(py: Python<'_>) -> PyResult<PathBuf> {
             to_pyerr(py, e.into())
         })
 }
+
+/// Sign the bundle at `dir` with `XPU_ZEBIN_SIGNING_KEY`; returns the signer's public key.
+#[pyfunction]
+pub fn bundle_sign(py: Python<'_>, dir: PathBuf) -> PyResult<String> {
+    bundle::sign(&dir).map_err(|e| to_pyerr(py, e.into()))
+}

@@ -102,7 +102,8 @@ pub fn unusable(dir: &Path, triton: Option<&str>) -> Option<String> {
     }
     match read_indexed(dir) {
         Ok(indexed) => match &indexed.manifest {
-            Ok(manifest) => other_triton(dir, manifest, triton),
+            Ok(manifest) => other_triton(dir, manifest, triton)
+                .or_else(|| super::check_trusted(dir, manifest).err().map(|e| e.message)),
             Err(e) => Some(e.message.clone()),
         },
         Err(e) => Some(e.message),
@@ -141,6 +142,10 @@ pub fn lookup(
         };
         if let Some(why) = other_triton(dir, manifest, triton) {
             skipped.push(why);
+            continue;
+        }
+        if let Err(e) = super::check_trusted(dir, manifest) {
+            skipped.push(e.message);
             continue;
         }
         if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {

@@ -79,6 +79,86 @@ pub struct Manifest {
     /// Triton cache entries (`triton.rs`), for Triton's own cache.
     #[serde(default)]
     pub triton_cache: Vec<TritonEntry>,
+    /// An Ed25519 signature over the rest of the manifest (`signing.rs`): with every
+    /// file's checksum listed, it covers every byte of the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<BundleSignature>,
+}
+
+/// Who signed a bundle's manifest, and the signature (hex).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BundleSignature {
+    pub signer: String,
+    pub signature: String,
+}
+
+const SIGNED_TAG: &[u8] = b"xpu-zebin/bundle-manifest/v1\0";
+
+/// What a bundle's signature covers: its manifest without the signature, as serialized.
+fn signed_message(manifest: &Manifest) -> Vec<u8> {
+    let mut unsigned = manifest.clone();
+    unsigned.signature = None;
+    let mut message = SIGNED_TAG.to_vec();
+    message.extend(serde_json::to_vec(&unsigned).unwrap_or_default());
+    message
+}
+
+/// Signed by `signer` (the manifest's signature set, or dropped without a key): a manifest
+/// that changes is signed again or not at all, never left with a stale signature.
+fn signed_by(mut manifest: Manifest, signer: Option<&crate::signing::Signer>) -> Manifest {
+    manifest.signature = None;
+    if let Some(signer) = signer {
+        let signature = signer.sign(&signed_message(&manifest));
+        manifest.signature = Some(BundleSignature {
+            signer: signer.public(),
+            signature,
+        });
+    }
+    manifest
+}
+
+/// When keys are trusted (`XPU_ZEBIN_TRUSTED_KEYS`), a bundle is used only when one of them
+/// signed its manifest; with none trusted, every bundle is (as before signatures).
+pub fn check_trusted(dir: &Path, manifest: &Manifest) -> Result<()> {
+    let trusted = crate::signing::Trusted::from_env()?;
+    if trusted.is_empty() {
+        return Ok(());
+    }
+    match &manifest.signature {
+        None => Err(bad(
+            dir,
+            format!(
+                "it is not signed, and {} is set: only bundles a trusted key signed are used                  (xpu-zebin bundle sign)",
+                crate::signing::TRUSTED_KEYS_ENV
+            ),
+        )),
+        Some(s) if trusted.verify(&s.signer, &signed_message(manifest), &s.signature) => Ok(()),
+        Some(s) => Err(bad(
+            dir,
+            format!(
+                "its signature ({}) is not a trusted key's, or does not match its manifest",
+                s.signer
+            ),
+        )),
+    }
+}
+
+/// Sign the bundle at `dir` with `XPU_ZEBIN_SIGNING_KEY`; returns the signer's public key.
+pub fn sign(dir: &Path) -> Result<String> {
+    let signer = crate::signing::Signer::from_env()?.ok_or_else(|| {
+        bad(
+            dir,
+            format!(
+                "{} is not set: no key to sign with",
+                crate::signing::SIGNING_KEY_ENV
+            ),
+        )
+    })?;
+    let _lock = lock_for_writing(dir).map_err(|e| bad(dir, e))?;
+    let manifest = signed_by(read(dir)?, Some(&signer));
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
+    persist(dir, &dir.join(MANIFEST), &text).map_err(|e| bad(dir, e))?;
+    Ok(signer.public())
 }
 
 fn bad(dir: &Path, why: impl std::fmt::Display) -> BuildError {
@@ -293,6 +373,9 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
             .retain(|t| (&t.target_id, &t.hash) != (&entry.target_id, &entry.hash));
         manifest.triton_cache.push(entry);
     }
+    // A farm with a signing key signs what it writes; a change without one drops the old
+    // signature (it would no longer match).
+    let manifest = signed_by(manifest, crate::signing::Signer::from_env()?.as_ref());
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
     persist(dir, &dir.join(MANIFEST), &text).map_err(io)?;
     Ok(manifest)
@@ -302,6 +385,7 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
 /// each read checked (size, checksum, a zebin holding its kernel), nothing else.
 pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
     let mut manifest = read(src)?;
+    check_trusted(src, &manifest)?;
     let io = |e: std::io::Error| bad(dest, e);
     std::fs::create_dir(dest).map_err(io)?;
     std::fs::create_dir(dest.join("native")).map_err(io)?;
@@ -330,6 +414,9 @@ pub struct Verified {
 pub fn verify(dir: &Path) -> Result<Verified> {
     let manifest = read(dir)?;
     let mut report = Verified::default();
+    if let Err(e) = check_trusted(dir, &manifest) {
+        report.bad.push(("signature".into(), e.message));
+    }
     for e in &manifest.entries {
         match entry_bytes(dir, e) {
             Ok(_) => report.ok.push(e.key.clone()),

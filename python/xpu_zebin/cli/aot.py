@@ -199,6 +199,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             return EXIT_OK if not report["bad"] else EXIT_BUILD_ERROR
         if args.action == "info":
             return _print_info(args, bundle.info(args.bundle))
+        if args.action == "sign":
+            signer = xpu_zebin._core.bundle_sign(os.fspath(args.bundle))
+            print(f"{args.bundle}: signed by {signer}")
+            return EXIT_OK
         if args.action == "pack":
             if not args.output:
                 raise UsageError("bundle pack needs -o ARCHIVE")
@@ -280,8 +284,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=cmd_precompile)
 
-    b = sub.add_parser("bundle", help="verify, show, import or pack a bundle")
-    b.add_argument("action", choices=["verify", "info", "import", "pack"])
+    b = sub.add_parser("bundle", help="verify, show, import, pack or sign a bundle")
+    b.add_argument("action", choices=["verify", "info", "import", "pack", "sign"],
+                   help="sign: with $XPU_ZEBIN_SIGNING_KEY (import and lookup then verify "
+                        "it where $XPU_ZEBIN_TRUSTED_KEYS is set)")  # fmt: skip
     b.add_argument("bundle", help="a bundle directory, or an archive of one")
     b.add_argument(
         "--into", default=None, help="a directory of bundles to import into (default: the cache's)"
