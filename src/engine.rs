@@ -172,18 +172,38 @@ fn cache_entry(
 /// The cache and key that would answer `req`, and its kernel (what `compile` computes
 /// before it looks).
 pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildError> {
+    entry_of(req).map(|e| (e.cache, e.key, e.kernel))
+}
+
+/// Where `req`'s answer is cached, with what was learned computing it.
+struct EntryOf {
+    cache: Cache,
+    key: String,
+    kernel: String,
+    own_grf: Option<spirv::GrfRequest>,
+    ocloc: std::path::PathBuf,
+}
+
+fn entry_of(req: &CompileRequest) -> Result<EntryOf, BuildError> {
     let o = &req.options;
     o.check(&[("device", &req.device)])?;
     let device = req.device.trim();
     let module = spirv::validate(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
+    let own_grf = module.grf_request(&kernel);
     let ladder = grf::own_mode_is_explicit(
         o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
-        module.grf_request(&kernel),
+        own_grf,
     );
-    let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
-    let (cache, key) = cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc_path)?;
-    Ok((cache, key, kernel))
+    let ocloc = ocloc::discover(o.ocloc.as_deref())?;
+    let (cache, key) = cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc)?;
+    Ok(EntryOf {
+        cache,
+        key,
+        kernel,
+        own_grf,
+        ocloc,
+    })
 }
 
 /// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
@@ -194,25 +214,55 @@ pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
     Ok(cache.remove(&key))
 }
 
-/// The local cache entry that answers `req`, as stored (checked), with its key: what a
-/// node shares with its fleet.
-pub fn cached_entry(req: &CompileRequest) -> Result<Option<(String, Vec<u8>)>, BuildError> {
+/// The key `req`'s answer is stored under, and the local cache entry that answers it, as
+/// stored (checked), if any: what a node shares with its fleet.
+pub fn cached_entry(req: &CompileRequest) -> Result<(String, Option<Vec<u8>>), BuildError> {
     let (cache, key, _) = entry_for(req)?;
-    Ok(cache.raw(&key).map(|bytes| (key, bytes)))
+    let bytes = cache.raw(&key);
+    Ok((key, bytes))
 }
 
 /// Take `entry` (another node's, already verified by its signature) into the local cache
-/// as `req`'s answer: it must decode under `req`'s own key (a checksum over key and body:
-/// an entry replayed under another key fails) and hold a zebin with `req`'s kernel.
-pub fn adopt_entry(req: &CompileRequest, entry: &[u8]) -> Result<(), BuildError> {
-    let (cache, key, kernel) = entry_for(req)?;
+/// as `req`'s answer, and answer with it: it must decode under `req`'s own key (a checksum
+/// over key and body: an entry replayed under another key fails) and hold a zebin with
+/// `req`'s kernel that links.
+pub fn adopt_entry(req: &CompileRequest, entry: &[u8]) -> Result<Compiled, BuildError> {
+    let EntryOf {
+        cache,
+        key,
+        kernel,
+        own_grf,
+        ocloc,
+    } = entry_of(req)?;
     let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&key, entry)
         .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
-    zebin::parse(&binary)?.kernel_spill(&kernel)?;
-    match cache.put(&key, &record, &binary) {
-        None => Ok(()),
-        Some(note) => Err(BuildError::new(ErrorKind::InvalidArgument, note)),
+    let info = zebin::parse(&binary)?;
+    if info.kernel_spill(&kernel)? != record.spill {
+        return Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            "the entry's record does not describe its binary",
+        ));
     }
+    let o = &req.options;
+    if !o.allow_unresolved && !info.undefined_symbols.is_empty() {
+        check_linked(&binary, &kernel, &ocloc)?;
+    }
+    let mut notes = Vec::new();
+    notes.extend(cache.put(&key, &record, &binary));
+    Ok(Compiled {
+        n_regs: grf::n_regs_with(&record.build_flags, own_grf, &binary, &kernel),
+        kernel,
+        device: req.device.trim().to_string(),
+        binary,
+        build_flags: record.build_flags,
+        grf_mode: o.grf_mode.clone(),
+        spill: record.spill,
+        recovered: record.recovered,
+        cached: true,
+        attempts: record.attempts,
+        log: record.log,
+        notes,
+    })
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).

@@ -58,8 +58,7 @@ mod _core {
     use crate::bindings::options::{spill_rules, PyOptions};
     #[pymodule_export]
     use crate::bindings::remote::{
-        adopt_entry, cached_entry, entry_key, key_generate, sign, signing_public, trusted_keys_set,
-        verify,
+        adopt_entry, cached_entry, key_generate, sign, signing_public, trusted_keys_set, verify,
     };
     #[pymodule_export]
     use crate::bindings::workers::{

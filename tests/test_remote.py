@@ -198,7 +198,7 @@ def test_an_entry_replayed_under_another_key_is_refused(server, keys, spirvs, sy
     client = server.client()
     (add_name,) = client.keys(remote.PREFIX + "*")
     options = xpu_zebin.Options(ocloc=system_ocloc)
-    spill_key = xpu_zebin._core.entry_key(spirvs["spill"], "pvc", options)
+    spill_key, _ = xpu_zebin._core.cached_entry(spirvs["spill"], "pvc", options)
     value = client.get(add_name)
     header, entry = remote.unpack(value)
     client.set(remote.PREFIX + spill_key, value)  # as it is

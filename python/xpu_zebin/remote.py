@@ -226,48 +226,49 @@ def _read(cfg: Config, rkey: str) -> Optional[bytes]:
 # --- the level itself -------------------------------------------------------------------
 
 
-def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None) -> bool:
+def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None) -> Any:
     """Before a compile: when the local cache cannot answer, take a trusted entry for this
-    request from the store into the local cache. True when one was taken."""
+    request from the store into the local cache, and answer with it (a CompileResult whose
+    ``source`` is ``remote``); None when there is none."""
     cfg = cfg or config()
     if cfg is None or not options.cache or not _usable(cfg):
-        return False
+        return None
     try:
-        if _core.cached_entry(spirv, device, options) is not None:
-            return False  # the local level answers first
-        key = _core.entry_key(spirv, device, options)
+        key, local = _core.cached_entry(spirv, device, options)
+        if local is not None:
+            return None  # the local level answers first
         compiler = _core.compiler_identity(options.ocloc)
     except BuildError:
-        return False  # the compile says why, as without a store
+        return None  # the compile says why, as without a store
     if not _core.trusted_keys_set():
         _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
                   "can be trusted, so nothing is loaded from it", REMOTE_ENV,
                   _core.TRUSTED_KEYS_ENV)  # fmt: skip
-        return False
+        return None
     try:
         value = _read(cfg, PREFIX + key)
     except TooLarge:
-        return False
+        return None
     except Exception as e:  # down, slow, refused, garbage: compile locally
         _failed(cfg, e)
-        return False
+        return None
     if value is None:
         _count("misses")
-        return False
+        return None
     try:
         header, entry = unpack(value)
         signed = (header["key"], header["device"], header["compiler"]) == (key, device, compiler)
         if not (signed and trusted(header, entry)):
             raise ValueError("no trusted key signed it for this request")
-        _core.adopt_entry(spirv, device, options, entry)
+        result = _core.adopt_entry(spirv, device, options, entry)
     except (ValueError, BuildError) as e:
         _count("untrusted")
         _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
                   "compiled locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
         logger.debug("remote entry %s refused: %s", key, e)
-        return False
+        return None
     _count("hits")
-    return True
+    return result
 
 
 def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None) -> bool:
@@ -276,10 +277,9 @@ def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = Non
     cfg = cfg or config()
     if cfg is None or not cfg.read_write or not options.cache or not _usable(cfg):
         return False
-    found = _core.cached_entry(spirv, device, options)
-    if found is None:
+    key, entry = _core.cached_entry(spirv, device, options)
+    if entry is None:
         return False
-    key, entry = found
     compiler = _core.compiler_identity(options.ocloc)
     signed = _core.sign(signed_message(key, device, compiler, entry))
     if signed is None:
@@ -307,12 +307,11 @@ def compiled(spirv: bytes, device: str, options: Any, compile: Any) -> Any:
     cache: fetched first when the local cache cannot answer, published after a fresh
     build (a read-write node); the result says where its native code came from."""
     store = config()
-    fetched = store is not None and fetch(spirv, device, options, store)
-    result = compile(spirv, device, options)
-    if fetched and result.cached:
-        result = result.with_source("remote")
-    elif store is not None and not result.cached:
-        publish(spirv, device, options, store)
+    result = fetch(spirv, device, options, store) if store is not None else None
+    if result is None:
+        result = compile(spirv, device, options)
+        if store is not None and not result.cached:
+            publish(spirv, device, options, store)
     logger.debug("kernel %r: native code from %s", result.kernel, result.source)
     return result
 

@@ -142,6 +142,14 @@ impl CompileResult {
     }
 }
 
+impl CompileResult {
+    /// The same result, said to come from `source`.
+    pub(crate) fn with_source_of(mut self, source: &str) -> Self {
+        self.source = source.to_string();
+        self
+    }
+}
+
 /// A result from its pickled fields (`CompileResult.__reduce__`).
 #[pyfunction]
 pub fn _compile_result(fields: ResultFields, source: String) -> CompileResult {
@@ -181,7 +189,7 @@ fn source_of(cached: bool) -> String {
     if cached { "cache" } else { "compiled" }.to_string()
 }
 
-fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
+pub(crate) fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
     CompileResult {
         binary: PyBytes::new(py, &c.binary).unbind(),
         kernel: c.kernel,

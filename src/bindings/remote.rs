@@ -1,6 +1,7 @@
 //! What a fleet shares: signing keys (`signing.rs`) and the local cache's entries as
 //! stored, taken from and given to the remote store (`python/xpu_zebin/remote.py`).
 
+use super::offline::CompileResult;
 use super::options::PyOptions;
 use super::to_pyerr;
 use crate::engine::{self, CompileRequest};
@@ -54,34 +55,23 @@ pub fn trusted_keys_set(py: Python<'_>) -> PyResult<bool> {
     Ok(!trusted.is_empty())
 }
 
-/// `(key, entry bytes)` of the local cache entry that answers this request, if any.
+/// `(key, entry bytes or None)`: the key this request's answer is stored under (local
+/// cache and remote store), and the local cache entry that answers it, if any.
 #[pyfunction]
 pub fn cached_entry<'py>(
     py: Python<'py>,
     spirv: Vec<u8>,
     device: String,
     options: PyRef<'_, PyOptions>,
-) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
-    let found = engine::cached_entry(&request(spirv, device, &options))
+) -> PyResult<(String, Option<Bound<'py, PyBytes>>)> {
+    let (key, bytes) = engine::cached_entry(&request(spirv, device, &options))
         .map_err(|e| to_pyerr(py, e.into()))?;
-    Ok(found.map(|(key, bytes)| (key, PyBytes::new(py, &bytes))))
-}
-
-/// The key this request's answer is stored under (local cache and remote store).
-#[pyfunction]
-pub fn entry_key(
-    py: Python<'_>,
-    spirv: Vec<u8>,
-    device: String,
-    options: PyRef<'_, PyOptions>,
-) -> PyResult<String> {
-    let (_, key, _) =
-        engine::entry_for(&request(spirv, device, &options)).map_err(|e| to_pyerr(py, e.into()))?;
-    Ok(key)
+    Ok((key, bytes.map(|b| PyBytes::new(py, &b))))
 }
 
 /// Take another node's entry (verified by its signature) into the local cache as this
-/// request's answer; an `InvalidArgumentError` when it is not one.
+/// request's answer, and answer with it (`source` "remote"); an `InvalidArgumentError`
+/// when it is not one.
 #[pyfunction]
 pub fn adopt_entry(
     py: Python<'_>,
@@ -89,7 +79,8 @@ pub fn adopt_entry(
     device: String,
     options: PyRef<'_, PyOptions>,
     entry: &[u8],
-) -> PyResult<()> {
-    engine::adopt_entry(&request(spirv, device, &options), entry)
-        .map_err(|e| to_pyerr(py, e.into()))
+) -> PyResult<CompileResult> {
+    let compiled = engine::adopt_entry(&request(spirv, device, &options), entry)
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(super::offline::to_result(py, compiled).with_source_of("remote"))
 }
