@@ -496,3 +496,43 @@ def test_signed_bundles(keys, system_ocloc, spirvs, tmp_path, monkeypatch):
     assert bundle.import_bundle(out2, tmp_path / "into5").exists()
     monkeypatch.delenv("XPU_ZEBIN_TRUSTED_KEYS")
     assert bundle.import_bundle(out, tmp_path / "into6").exists()  # no keys trusted: as before
+
+
+def test_a_batch_takes_what_the_store_holds(server, keys, spirvs, system_ocloc, tmp_path,
+                                            monkeypatch):  # fmt: skip
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    _node(monkeypatch, tmp_path, "b", server.url(), "read-write", keys["farm"],
+          keys["farm_public"])  # fmt: skip
+    done = []
+    reqs = [{"spirv": spirvs[n], "device": "pvc", "ocloc": system_ocloc} for n in ("spill", "add")]
+    results = xpu_zebin.compile_many(reqs, progress=done.append)
+    assert [r.source for r in results] == ["compiled", "remote"] and sorted(done) == [0, 1]
+    assert remote.counts() == {"hits": 1, "misses": 1, "published": 1}
+
+
+def test_where_native_code_came_from(spirvs, system_ocloc, tmp_path, monkeypatch):
+    """`source` on every result: the offline engine, Level Zero, the CLI's JSON, a bundle."""
+    from xpu_zebin import bundle, targets
+
+    first = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+    again = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+    assert (first.source, again.source) == ("compiled", "cache")
+    with xpu_zebin.compile_and_load(spirvs["add"], "add") as k:
+        assert k.source == "compiled"
+        native = k.native_binary
+    with xpu_zebin.compile_and_load(spirvs["add"], "add") as k:
+        assert k.source == "cache"
+    with xpu_zebin.compile_and_load(native, "add", is_spv=False) as k:
+        assert k.source == "native"
+    spv = tmp_path / "add.spv"
+    spv.write_bytes(spirvs["add"])
+    out = _cli("compile", str(spv), "--device", "pvc", "--ocloc", system_ocloc, "--json")
+    assert json.loads(out.stdout)["source"] == "cache"
+    import xpu_zebin.triton as xt
+
+    bundle.precompile([{"spirv": spirvs["add"], "name": "add"}], [targets.local()],
+                      tmp_path / "b", ocloc=system_ocloc)  # fmt: skip
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(tmp_path / "b"))
+    module, *_ = xt.load_binary("add", spirvs["add"], 0, "", True, 0)
+    with module:
+        assert module.source == "bundle"

@@ -287,7 +287,7 @@ def compile_many(
             return dask.compile_many(reqs, client, callback)
         if executor is not None:
             return _run_on_executor(executor, reqs, callback)
-        return _core.compile_many(reqs, jobs=_jobs(jobs), progress=callback)
+        return remote.compiled_many(reqs, _core.compile_many, _jobs(jobs), callback)
 
     results = _with_progress(len(reqs), progress, run)
     for ocloc in {r["options"].ocloc for r in reqs} if executor is None and client is None else ():

@@ -316,6 +316,31 @@ def compiled(spirv: bytes, device: str, options: Any, compile: Any) -> Any:
     return result
 
 
+def compiled_many(reqs: list, compile_many: Any, jobs: Any, progress: Any) -> list:
+    """``compile_many`` with the store behind the local cache: each request the store
+    answers (signed by a trusted key) is answered at once, the others compiled as one
+    batch and published (a read-write node); results in input order."""
+    store = config()
+    if store is None:
+        return compile_many(reqs, jobs=jobs, progress=progress)
+    answered = [fetch(r["spirv"], r["device"], r["options"], store) for r in reqs]
+    rest = [i for i, a in enumerate(answered) if a is None]
+    for i, a in enumerate(answered):
+        if a is not None and progress is not None:
+            progress(i)
+    built = compile_many(
+        [reqs[i] for i in rest],
+        jobs=jobs,
+        progress=None if progress is None else (lambda k: progress(rest[k])),
+    )
+    for i, result in zip(rest, built):
+        r = reqs[i]
+        if not isinstance(result, BaseException) and not result.cached:
+            publish(r["spirv"], r["device"], r["options"], store)
+        answered[i] = result
+    return answered
+
+
 # --- the CLI's view of the store ------------------------------------------------------------
 
 

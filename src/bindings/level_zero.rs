@@ -41,6 +41,9 @@ pub struct LoadedKernel {
     native_binary: Py<PyBytes>,
     #[pyo3(get)]
     notes: Vec<String>,
+    /// Where its native code came from: `compiled` (here, from SPIR-V), `cache`,
+    /// `native` (handed in), or what the caller says (`bundle`, by the Triton drop-in).
+    source: std::sync::Mutex<String>,
 }
 
 #[pymethods]
@@ -59,6 +62,16 @@ impl LoadedKernel {
         crate::sync::lock(&self.loaded)
             .as_ref()
             .map_or(0, |l| l.kernel.handle as usize)
+    }
+
+    #[getter]
+    fn source(&self) -> String {
+        crate::sync::lock(&self.source).clone()
+    }
+
+    /// Say where the native code came from (the Triton drop-in: `bundle`).
+    fn _set_source(&self, source: String) {
+        *crate::sync::lock(&self.source) = source;
     }
 
     #[getter]
@@ -112,6 +125,14 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
         cached: loaded.cached,
         native_binary: PyBytes::new(py, &native).unbind(),
         notes: std::mem::take(&mut loaded.notes),
+        source: std::sync::Mutex::new(
+            match (loaded.cached, loaded.from_spirv) {
+                (true, _) => "cache",
+                (false, true) => "compiled",
+                (false, false) => "native",
+            }
+            .to_string(),
+        ),
         loaded: std::sync::Mutex::new(Some(loaded)),
     }
 }

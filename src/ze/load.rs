@@ -63,6 +63,8 @@ pub struct Loaded {
     pub cached: bool,
     pub native_binary: Vec<u8>,
     pub notes: Vec<String>,
+    /// Built here from SPIR-V (else a native binary was handed in).
+    pub from_spirv: bool,
 }
 
 pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
@@ -357,5 +359,6 @@ fn load_inner(
         cached,
         native_binary,
         notes,
+        from_spirv: req.is_spv,
     })
 }

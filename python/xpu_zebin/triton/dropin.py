@@ -114,6 +114,7 @@ def load_binary(
                 found[0], name, is_spv=False, device=device,
                 options=options.replace(build_flags=found[1]),
             )  # fmt: skip
+            loaded._set_source("bundle")
         except BuildError as e:  # an entry that does not load here: compile instead
             logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
     try:
@@ -124,6 +125,7 @@ def load_binary(
     except BuildError as e:
         raise triton_error(e) from e
     _last_build_flags = loaded.build_flags
+    logger.debug("kernel %r: native code from %s", name, loaded.source)
     return loaded, loaded.kernel_handle, loaded.n_regs, loaded.n_spills, loaded.n_max_threads
 
 
