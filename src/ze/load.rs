@@ -272,6 +272,27 @@ impl Context<'_> {
 
 type Outcome = std::result::Result<Settled<Product>, Box<Failure>>;
 
+/// Where a SPIR-V load's native build is cached: the key holds the device and driver.
+fn jit_cache_entry(
+    req: &LoadRequest,
+    device: &DeviceInfo,
+    ladder: &[String],
+    rule: crate::spill::Rule,
+) -> (Cache, String) {
+    let target = device_target(device);
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    let key = KeyInputs {
+        purpose: Purpose::Jit,
+        input: &req.binary,
+        kernel: &req.kernel_name,
+        flags: ladder,
+        rule: Some(rule),
+        target: &target,
+    }
+    .key();
+    (Cache::open(req.options.cache_dir.as_deref()), key)
+}
+
 fn load_inner(
     req: &LoadRequest,
     cancel: &AtomicBool,
@@ -291,20 +312,7 @@ fn load_inner(
         vec![o.build_flags.clone()]
     };
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
-    let cache = (o.cache && req.is_spv).then(|| {
-        let target = device_target(&device);
-        let target: Vec<&str> = target.iter().map(String::as_str).collect();
-        let key = KeyInputs {
-            purpose: Purpose::Jit,
-            input: &req.binary,
-            kernel: &req.kernel_name,
-            flags: &ladder,
-            rule: Some(rule),
-            target: &target,
-        }
-        .key();
-        (Cache::open(o.cache_dir.as_deref()), key)
-    });
+    let cache = (o.cache && req.is_spv).then(|| jit_cache_entry(req, &device, &ladder, rule));
     let context = Context {
         req,
         rt,
