@@ -36,7 +36,9 @@ fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
     }
     let mut out = [0u8; N];
     for (i, pair) in text.chunks(2).enumerate() {
-        let digit = |c: u8| (c as char).to_digit(16);
+        // Lowercase only: one spelling per key and signature (an uppercase copy would be
+        // a changed value that still verifies).
+        let digit = |c: u8| (!c.is_ascii_uppercase()).then(|| (c as char).to_digit(16))?;
         out[i] = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
     }
     Some(out)
