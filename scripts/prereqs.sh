@@ -13,8 +13,9 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
 fi
 # The fleet's store: the tests start their own redis-server on a free port.
-if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ] && ! command -v redis-server >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+# (and openssl, which makes the TLS test's certificate).
+if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ] && ! { command -v redis-server && command -v openssl; } >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server openssl >/dev/null
 fi
 if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ]; then
   XPU_ZEBIN_MODERN_OCLOC="$(bash "$(dirname "${BASH_SOURCE[0]}")/install-toolchain.sh" | tail -n 1)"

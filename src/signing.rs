@@ -92,13 +92,20 @@ impl Signer {
     /// Read a secret key file: a regular file of this user's, readable by no one else.
     pub fn load(path: &Path) -> Result<Signer> {
         let what = format!("{SIGNING_KEY_ENV}={}", path.display());
-        let file = crate::private::open_file(path, false, false)
+        // A link is followed (secret mounts are links); the file it leads to is checked.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
             .map_err(|e| bad(format!("{what}: cannot read it: {e}")))?;
         let meta = file.metadata().map_err(|e| bad(format!("{what}: {e}")))?;
-        if meta.uid() != crate::private::uid() || meta.mode() & 0o077 != 0 {
+        if !meta.file_type().is_file()
+            || meta.uid() != crate::private::uid()
+            || meta.mode() & 0o077 != 0
+        {
             return Err(bad(format!(
-                "{what}: a secret key must be this user's and readable by no one else \
-                 (chmod 600)"
+                "{what}: a secret key must be a regular file of this user's, readable by no \
+                 one else (chmod 600)"
             )));
         }
         let bytes = crate::bounded::read(file, MAX_KEY_FILE_BYTES)
@@ -192,11 +199,21 @@ impl Trusted {
         Ok(Trusted { keys })
     }
 
-    /// `XPU_ZEBIN_TRUSTED_KEYS` (none when unset).
+    /// `XPU_ZEBIN_TRUSTED_KEYS` (none when unset). Set, it must name a key: a list that
+    /// parses to nothing (`,`) would quietly trust every unsigned bundle.
     pub fn from_env() -> Result<Trusted> {
         match crate::knobs::text_knob(TRUSTED_KEYS_ENV)? {
             None => Ok(Trusted::default()),
-            Some(text) => Trusted::parse(&text, TRUSTED_KEYS_ENV),
+            Some(text) => {
+                let trusted = Trusted::parse(&text, TRUSTED_KEYS_ENV)?;
+                if trusted.is_empty() && !text.trim().is_empty() {
+                    return Err(bad(format!(
+                        "{TRUSTED_KEYS_ENV}={text:?} names no key (NAME:64 hex digits, \
+                         comma- or blank-separated)"
+                    )));
+                }
+                Ok(trusted)
+            }
         }
     }
 

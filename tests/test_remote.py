@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -33,14 +36,20 @@ def _free_port() -> int:
 class RedisServer:
     """A real redis-server of its own, on a free port, in a temporary directory."""
 
-    def __init__(self, directory: Path, *extra: str) -> None:
+    def __init__(self, directory: Path, *extra: str, tls: Optional[Path] = None) -> None:
         server = shutil.which("redis-server")
         if server is None:
             pytest.fail("redis-server not found: scripts/prereqs.sh installs it")
         directory.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port, self.tls = _free_port(), tls
+        ports = ["--port", str(self.port)]
+        if tls is not None:  # TLS only: the plain port is off
+            cert, key = str(tls / "cert.pem"), str(tls / "key.pem")
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert,
+                     "--tls-key-file", key, "--tls-ca-cert-file", cert,
+                     "--tls-auth-clients", "no"]  # fmt: skip
         self.proc = subprocess.Popen(
-            [server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [server, *ports, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(directory), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -49,7 +58,7 @@ class RedisServer:
         deadline = time.monotonic() + 60
         while True:
             try:
-                redis.Redis(port=self.port, socket_timeout=2).ping()
+                self.client(socket_timeout=2).ping()
                 break
             except (redis.exceptions.AuthenticationError, redis.exceptions.ResponseError):
                 break  # it answers: only not to us
@@ -60,12 +69,17 @@ class RedisServer:
 
     def url(self, user: str = "", password: str = "") -> str:
         auth = f"{user}:{password}@" if password else ""
+        if self.tls is not None:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls / 'cert.pem'}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def client(self, **kw):
         import redis
 
-        return redis.Redis(port=self.port, socket_timeout=5, **kw)
+        kw.setdefault("socket_timeout", 5)
+        if self.tls is not None:
+            kw.update(ssl=True, ssl_ca_certs=str(self.tls / "cert.pem"))
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -291,13 +305,31 @@ class BadPeer:
                 continue
             conn.settimeout(30)
             try:
-                conn.recv(65536)
+                if self.behaviour != "bulk_lie":
+                    conn.recv(65536)
                 if self.behaviour == "garbage":
                     conn.sendall(b"\x00\xffnot RESP at all\r\n" * 100)
                 elif self.behaviour == "huge_length":  # a bulk that says 4 GiB, then hangs up
                     conn.sendall(b"$4294967296\r\n" + b"x" * 1024)
                 elif self.behaviour == "stall":
                     self.done.wait(30)
+                elif self.behaviour == "trickle":  # each byte within the read timeout
+                    for b in b":12345678901234567890" * 100:
+                        if self.done.wait(0.2):
+                            break
+                        conn.sendall(bytes([b]))
+                elif self.behaviour == "bulk_lie":  # says 10 bytes, then a 1 GB reply
+                    while request := conn.recv(65536):
+                        for command in re.split(rb"(?:^|\r\n)\*\d+\r\n", request)[1:]:
+                            if b"GETRANGE" in command.upper():
+                                conn.sendall(b"$1000000000\r\n" + b"x" * 65536)
+                            elif b"STRLEN" in command.upper():
+                                conn.sendall(b":10\r\n")
+                            else:
+                                conn.sendall(b"+OK\r\n")
+                        if b"GETRANGE" in request.upper():
+                            self.done.wait(30)
+                            break
             except OSError:
                 pass
             finally:
@@ -308,14 +340,15 @@ class BadPeer:
         self.sock.close()
 
 
-@pytest.mark.parametrize("behaviour", ["garbage", "huge_length", "stall", "nobody"])
+@pytest.mark.parametrize("behaviour", ["garbage", "huge_length", "stall", "nobody", "trickle",
+                                       "bulk_lie"])  # fmt: skip
 def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_path,
                                                 monkeypatch, caplog, behaviour):  # fmt: skip
     """Garbage, a lying length, a stall, a closed port: the compile goes on locally with one
     warning; the store is left alone after (no timeout paid per kernel)."""
     peer = BadPeer(behaviour) if behaviour != "nobody" else None
     port = peer.port if peer else _free_port()
-    monkeypatch.setenv(remote.TIMEOUT_ENV, "1")
+    monkeypatch.setenv(remote.TIMEOUT_ENV, "0.3" if behaviour == "trickle" else "1")
     _node(monkeypatch, tmp_path, "b", f"redis://127.0.0.1:{port}/0", "read-write", keys["farm"],
           keys["farm_public"])  # fmt: skip
     try:
@@ -326,7 +359,12 @@ def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_
         if peer:
             peer.stop()
     assert remote.counts() == {"errors": 1}
-    assert len([r for r in caplog.records if "unusable" in r.getMessage()]) == 1
+    said = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
+    assert len(said) == 1
+    if behaviour == "bulk_lie":  # refused before a byte of it was read
+        assert "over the bound" in said[0]
+    if behaviour == "trickle":  # the whole reply's deadline, not each byte's
+        assert "no whole reply within 3 s" in said[0]
 
 
 def test_a_mixed_fleet_never_shares_native_code(server, keys, spirvs, system_ocloc,
@@ -536,3 +574,117 @@ def test_where_native_code_came_from(spirvs, system_ocloc, tmp_path, monkeypatch
     module, *_ = xt.load_binary("add", spirvs["add"], 0, "", True, 0)
     with module:
         assert module.source == "bundle"
+
+
+def test_tls_with_the_servers_certificate(keys, spirvs, system_ocloc, tmp_path, monkeypatch,
+                                          caplog):  # fmt: skip
+    """rediss://: a store that speaks TLS (a certificate made here with openssl); a node
+    that does not trust the certificate compiles locally, one warning."""
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(tls / "key.pem"), "-out", str(tls / "cert.pem"),
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    server = RedisServer(tmp_path / "redis-tls", tls=tls)
+    try:
+        built = _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+        _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "remote" and got.binary == built.binary
+        plain_ca = f"rediss://127.0.0.1:{server.port}/0"  # the system's CAs: not this cert
+        _node(monkeypatch, tmp_path, "c", plain_ca, trusted=keys["farm_public"])
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "compiled" and remote.counts() == {"errors": 1}
+        assert "unusable" in caplog.text
+    finally:
+        server.stop()
+
+
+def test_a_forged_header_never_crashes_a_compile(server, keys, spirvs, system_ocloc, tmp_path,
+                                                 monkeypatch):  # fmt: skip
+    """Deeply nested JSON, a lone surrogate in a field: refused like any untrusted entry."""
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    client = server.client()
+    (name,) = client.keys(remote.PREFIX + "*")
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    for i, raw in enumerate([b"[" * 60000, json.dumps({"key": "\ud800"}).encode().replace(
+            b"\\\\", b"\\")]):  # fmt: skip
+        client.set(name, remote.MAGIC + struct.pack("<I", len(raw)) + raw + b"entry")
+        monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / f"cache-forged-{i}"))
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "compiled"
+    env = {remote.REMOTE_ENV: server.url(), "XPU_ZEBIN_TRUSTED_KEYS": keys["farm_public"]}
+    report = json.loads(_cli("remote", "verify", "--json", env=env).stdout)
+    assert len(report["bad"]) == 1 and "malformed" in report["bad"][0]["why"]
+
+
+def test_a_trusted_but_refused_entry_is_not_the_compilers_fault(server, keys, spirvs,
+                                                               system_ocloc, tmp_path,
+                                                               monkeypatch):  # fmt: skip
+    """An entry a trusted farm signed, whose binary the driver refuses (its .ze_info major
+    raised), reaches the driver's loader never: tried in a worker, removed, rebuilt fresh
+    here (not fetched again); no (compiler, driver) pair is remembered."""
+    import re as regex
+
+    from test_refusal_record import _forge
+    from triton_helpers import RecordingUtils
+
+    import xpu_zebin.triton as xt
+    from xpu_zebin.triton.fallback import compiler_pair
+
+    xpu_zebin._core.forget_compiler_refusals()
+    spirv = spirvs["add"]
+    options = xt.native_options("add", "", rule=xt.LOAD_BINARY_RULE, device_arch="pvc")
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
+    good = xpu_zebin.compile(spirv, device="pvc", options=options).binary
+    forged = regex.sub(rb"(version:[ ]*')1[.]", rb"\g<1>9.", good, count=1)
+    (entry,) = list((tmp_path / "cache-a" / "zebin-v1").glob("*.zeentry"))
+    _forge(entry, forged)
+    client = server.client()
+    client.flushdb()
+    _, raw = xpu_zebin._core.cached_entry(spirv, "pvc", options)
+    assert raw is not None and forged in raw
+    remote.publish(spirv, "pvc", options, remote.config())  # the farm signs the forged entry
+    _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
+    utils = xt.install(RecordingUtils(), backend=False)
+    try:
+        utils.load_binary("add", spirv, 0, "", True, 0)[0].close()
+    finally:
+        xt.uninstall()
+    assert [binary for _, binary, _, _, _ in utils.calls] == [good]
+    assert not xpu_zebin._core.compiler_refused(*compiler_pair(xpu_zebin.Options(), 0))
+    assert remote.counts() == {"hits": 1}
+
+
+def test_purge_needs_trusted_keys_and_an_empty_list_is_refused(server, keys, spirvs,
+                                                               system_ocloc, tmp_path,
+                                                               monkeypatch):  # fmt: skip
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    out = _cli("remote", "purge", env={remote.REMOTE_ENV: server.url(),
+                                       "XPU_ZEBIN_TRUSTED_KEYS": ""})  # fmt: skip
+    assert out.returncode == 2 and "needs XPU_ZEBIN_TRUSTED_KEYS" in out.stderr
+    assert server.client().dbsize() == 1
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", ",")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="names no key"):
+        xpu_zebin._core.trusted_keys_set()
+
+
+def test_a_farm_never_signs_what_it_did_not_write(keys, spirvs, system_ocloc, tmp_path,
+                                                  monkeypatch):  # fmt: skip
+    """A bundle directory someone seeded (unsigned entries): the farm's key adds to it only
+    after an explicit `bundle sign`; its Triton entries are not imported untrusted."""
+    from xpu_zebin import bundle, targets
+
+    out = tmp_path / "seeded"
+    bundle.precompile([{"spirv": spirvs["add"], "name": "add"}], [targets.local()], out,
+                      ocloc=system_ocloc)  # fmt: skip
+    monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(keys["farm"]))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="did not sign"):
+        bundle.precompile([{"spirv": spirvs["spill"], "name": "spill"}], [targets.local()], out,
+                          ocloc=system_ocloc)  # fmt: skip
+    monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["farm_public"])
+    ids = [targets.local().id]
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="not signed"):
+        xpu_zebin._core.bundle_triton_files(str(out), ids)

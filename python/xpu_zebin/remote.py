@@ -19,17 +19,33 @@ for a minute after a failure to reach it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from . import _core
+from . import _core, remote_client
 from .errors import BuildError, InvalidArgumentError
+from .remote_client import TooLarge
+from .remote_client import redacted as _redacted
+from .remote_format import (  # the value's format, used here and said as remote.*
+    MAGIC,
+    MAX_HEADER_BYTES,
+    NAMESPACES,
+    PREFIX,
+    SIGNED_TAG,
+    check,
+    pack,
+    signed_message,
+    trusted,
+    unpack,
+)
+
+__all__ = ["MAGIC", "NAMESPACES", "PREFIX", "SIGNED_TAG", "TooLarge", "check", "compiled",
+           "compiled_many", "config", "counts", "fetch", "pack", "publish", "signed_message",
+           "trusted", "unpack"]  # fmt: skip
 
 logger = logging.getLogger("xpu_zebin.remote")
 
@@ -39,17 +55,11 @@ TIMEOUT_ENV = "XPU_ZEBIN_REMOTE_TIMEOUT"
 TTL_ENV = "XPU_ZEBIN_REMOTE_TTL"
 MAX_BYTES_ENV = "XPU_ZEBIN_REMOTE_MAX_BYTES"
 
-#: The store's keys: one namespace, one format version.
-PREFIX = "xpu-zebin:v1:"
-MAGIC = b"XZREMOTE1\n"
-#: A header is a few hundred bytes; anything larger is not one of ours.
-MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BYTES = 256 << 20  # the local cache's own bound on an entry
 DEFAULT_TIMEOUT = 2.0
 DEFAULT_TTL = 30 * 24 * 3600
 #: After the store could not be reached, it is left alone this long (no timeout per kernel).
 BACKOFF_SECONDS = 60.0
-SIGNED_TAG = b"xpu-zebin/remote-entry/v1\0"
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,8 @@ def config() -> Optional[Config]:
         return None
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise InvalidArgumentError(
-            f"{REMOTE_ENV}={url!r} is not valid: expected redis://[user:password@]host:port/db "
+            f"{REMOTE_ENV}={_redacted(url)!r} is not valid: expected "
+            "redis://[user:password@]host:port/db "
             "(rediss:// for TLS)"
         )
     mode = os.environ.get(MODE_ENV, "").strip().lower() or "read-only"
@@ -105,7 +116,7 @@ def config() -> Optional[Config]:
 _lock = threading.Lock()
 _said: set = set()
 _counts: Dict[str, int] = {}
-_clients: Dict[Tuple[int, str, float], Any] = {}
+_clients = remote_client.CLIENTS
 _down_until: Dict[str, float] = {}
 
 
@@ -129,22 +140,6 @@ def _say_once(key: str, message: str, *args: Any) -> None:
     logger.warning(message, *args)
 
 
-def _client(cfg: Config) -> Any:
-    """One client per process and store (a forked child makes its own)."""
-    import redis
-
-    key = (os.getpid(), cfg.url, cfg.timeout)
-    with _lock:
-        client = _clients.get(key)
-        if client is None:
-            client = redis.Redis.from_url(
-                cfg.url, socket_timeout=cfg.timeout, socket_connect_timeout=cfg.timeout,
-                retry_on_timeout=False, health_check_interval=0,
-            )  # fmt: skip
-            _clients[key] = client
-    return client
-
-
 def _usable(cfg: Config) -> bool:
     with _lock:
         return _down_until.get(cfg.url, 0.0) <= time.monotonic()
@@ -159,68 +154,29 @@ def _failed(cfg: Config, e: BaseException) -> None:
               "locally", _redacted(cfg.url), type(e).__name__, e)  # fmt: skip
 
 
-def _redacted(url: str) -> str:
-    """The store's address without its password."""
-    scheme, _, rest = url.partition("://")
-    _credentials, at, host = rest.rpartition("@")
-    return f"{scheme}://{'***@' if at else ''}{host}"
-
-
 # --- the signed value -------------------------------------------------------------------
 
 
-def signed_message(key: str, device: str, compiler: str, entry: bytes) -> bytes:
-    """What a signature covers: the entry's key, the device and compiler it was built for,
-    and its bytes."""
-    return SIGNED_TAG + b"\0".join(x.encode() for x in (key, device, compiler)) + b"\0" + entry
+def _not_ours(e: BaseException) -> bool:
+    """A reply about the key, not the store: a value of another type (WRONGTYPE)."""
+    return "WRONGTYPE" in str(e)
 
 
-def pack(header: Dict[str, str], entry: bytes) -> bytes:
-    raw = json.dumps(header, sort_keys=True).encode()
-    return MAGIC + struct.pack("<I", len(raw)) + raw + entry
-
-
-def unpack(value: bytes) -> Tuple[Dict[str, str], bytes]:
-    """A stored value's header and entry; ValueError for anything else."""
-    if not value.startswith(MAGIC) or len(value) < len(MAGIC) + 4:
-        raise ValueError("not an xpu-zebin remote entry")
-    (size,) = struct.unpack_from("<I", value, len(MAGIC))
-    start = len(MAGIC) + 4
-    if size > MAX_HEADER_BYTES or start + size > len(value):
-        raise ValueError("its header is cut short or too large")
-    header = json.loads(value[start : start + size])
-    fields = ("key", "device", "compiler", "signer", "signature")
-    if not isinstance(header, dict) or not all(isinstance(header.get(f), str) for f in fields):
-        raise ValueError("its header lacks a field")
-    return header, value[start + size :]
-
-
-def trusted(header: Dict[str, str], entry: bytes) -> bool:
-    """Did a trusted key sign this entry, as its header describes it?"""
-    message = signed_message(header["key"], header["device"], header["compiler"], entry)
-    return _core.verify(header["signer"], message, header["signature"])
-
-
-class TooLarge(Exception):
-    """A value over the bound: never read."""
+def _client(cfg: Config) -> Any:
+    return remote_client.client(cfg.url, cfg.timeout, cfg.max_bytes + MAX_HEADER_BYTES)
 
 
 def _read(cfg: Config, rkey: str) -> Optional[bytes]:
-    """The value at ``rkey``, bounded: None when absent; :class:`TooLarge` when larger than
-    the bound (its size asked first, so it is never read)."""
-    client = _client(cfg)
-    size = client.strlen(rkey)
-    if not isinstance(size, int) or size <= 0:
-        return None
-    if size > cfg.max_bytes:
+    """The value at ``rkey``, bounded and within its deadline; :class:`TooLarge` (counted,
+    said once) when larger than the bound."""
+    try:
+        return remote_client.read_within_deadline(_client(cfg), rkey, cfg.max_bytes,
+                                                  10 * cfg.timeout)  # fmt: skip
+    except TooLarge as e:
         _count("too_large")
-        _say_once(f"large:{rkey}", "xpu-zebin: remote entry %s is %d bytes, more than %s=%d: "
-                  "not read", rkey, size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
-        raise TooLarge(rkey)
-    value = client.getrange(rkey, 0, cfg.max_bytes)
-    if not isinstance(value, bytes) or len(value) > cfg.max_bytes:
-        raise ValueError("the store answered something other than a bounded value")
-    return value
+        _say_once("large", "xpu-zebin: remote entry %s is %d bytes, more than %s=%d: "
+                  "not read", rkey, e.size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
+        raise
 
 
 # --- the level itself -------------------------------------------------------------------
@@ -250,6 +206,9 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
     except TooLarge:
         return None
     except Exception as e:  # down, slow, refused, garbage: compile locally
+        if _not_ours(e):
+            _count("untrusted")
+            return None
         _failed(cfg, e)
         return None
     if value is None:
@@ -257,11 +216,12 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
         return None
     try:
         header, entry = unpack(value)
-        signed = (header["key"], header["device"], header["compiler"]) == (key, device, compiler)
+        ours = (key, device.strip(), compiler)
+        signed = (header["key"], header["device"].strip(), header["compiler"]) == ours
         if not (signed and trusted(header, entry)):
             raise ValueError("no trusted key signed it for this request")
         result = _core.adopt_entry(spirv, device, options, entry)
-    except (ValueError, BuildError) as e:
+    except Exception as e:  # a forged value can raise anything parsing it: never loaded
         _count("untrusted")
         _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
                   "compiled locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
@@ -271,14 +231,16 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
     return result
 
 
-def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None) -> bool:
-    """After a fresh compile on a read-write node with a signing key: its local entry,
-    signed, into the store. True when it was written."""
+def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None,
+            binary: Optional[bytes] = None) -> bool:  # fmt: skip
+    """After a fresh compile (``binary``) on a read-write node with a signing key: its
+    local entry, signed, into the store; never an entry that does not hold ``binary``
+    (the local cache is read back, and it is shared). True when it was written."""
     cfg = cfg or config()
     if cfg is None or not cfg.read_write or not options.cache or not _usable(cfg):
         return False
     key, entry = _core.cached_entry(spirv, device, options)
-    if entry is None:
+    if entry is None or (binary is not None and binary not in entry):
         return False
     compiler = _core.compiler_identity(options.ocloc)
     signed = _core.sign(signed_message(key, device, compiler, entry))
@@ -311,7 +273,7 @@ def compiled(spirv: bytes, device: str, options: Any, compile: Any) -> Any:
     if result is None:
         result = compile(spirv, device, options)
         if store is not None and not result.cached:
-            publish(spirv, device, options, store)
+            publish(spirv, device, options, store, result.binary)
     logger.debug("kernel %r: native code from %s", result.kernel, result.source)
     return result
 
@@ -336,7 +298,7 @@ def compiled_many(reqs: list, compile_many: Any, jobs: Any, progress: Any) -> li
     for i, result in zip(rest, built):
         r = reqs[i]
         if not isinstance(result, BaseException) and not result.cached:
-            publish(r["spirv"], r["device"], r["options"], store)
+            publish(r["spirv"], r["device"], r["options"], store, result.binary)
         answered[i] = result
     return answered
 
@@ -344,28 +306,25 @@ def compiled_many(reqs: list, compile_many: Any, jobs: Any, progress: Any) -> li
 # --- the CLI's view of the store ------------------------------------------------------------
 
 
-def entries(cfg: Config, limit: Optional[int] = None) -> Iterator[Tuple[str, Optional[bytes]]]:
-    """Every key of the store's namespace and its value (None when too large to read)."""
+def entries(cfg: Config) -> Iterator[Tuple[bytes, Optional[bytes]]]:
+    """Every key of the store's namespaces (native entries and Triton's), as bytes, and its
+    value (None when too large to read)."""
     client = _client(cfg)
-    for n, rkey in enumerate(client.scan_iter(match=PREFIX + "*", count=256)):
-        if limit is not None and n >= limit:
-            return
-        name = rkey.decode(errors="replace") if isinstance(rkey, bytes) else str(rkey)
-        try:
-            yield name, _read(cfg, name)
-        except TooLarge:
-            yield name, None
+    for prefix in NAMESPACES:
+        for rkey in client.scan_iter(match=prefix + "*", count=256):
+            name = rkey if isinstance(rkey, bytes) else str(rkey).encode()
+            try:
+                yield name, _read(cfg, name.decode("utf-8", "surrogateescape"))
+            except TooLarge:
+                yield name, None
 
 
-def check(value: Optional[bytes]) -> Optional[str]:
-    """Why an entry fails verification (None: a trusted key signed it)."""
-    if value is None:
-        return "larger than the bound"
-    try:
-        header, entry = unpack(value)
-    except ValueError as e:
-        return str(e)
-    return None if trusted(header, entry) else f"not signed by a trusted key ({header['signer']})"
+def delete_if_unchanged(cfg: Config, name: bytes, value: bytes) -> int:
+    """Remove ``name`` only while it still holds ``value`` (a node may have published a
+    good entry there meanwhile)."""
+    script = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
+              "return redis.call('DEL', KEYS[1]) else return 0 end")  # fmt: skip
+    return int(_client(cfg).eval(script, 1, name, value) or 0)
 
 
 # --- signed values of other kinds (Triton's own cache entries) ---------------------------
@@ -387,6 +346,9 @@ def fetch_signed(cfg: Config, rkey: str, identity: str) -> Optional[bytes]:
     except TooLarge:
         return None
     except Exception as e:
+        if _not_ours(e):
+            _count("untrusted")
+            return None
         _failed(cfg, e)
         return None
     if value is None:
@@ -394,9 +356,10 @@ def fetch_signed(cfg: Config, rkey: str, identity: str) -> Optional[bytes]:
         return None
     try:
         header, data = unpack(value)
-        if (header["key"], header["compiler"]) != (rkey, identity) or not trusted(header, data):
+        ours = (header["key"], header["device"], header["compiler"]) == (rkey, "", identity)
+        if not ours or not trusted(header, data):
             raise ValueError("no trusted key signed it for this key")
-    except ValueError as e:
+    except Exception as e:  # a forged value can raise anything parsing it: never loaded
         _count("untrusted")
         _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
                   "built locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip

@@ -167,6 +167,7 @@ pub fn bundle_triton_files<'py>(
     let checked = py
         .detach(|| {
             let manifest = bundle::read(&dir)?;
+            bundle::check_trusted(&dir, &manifest)?;
             manifest
                 .triton_cache
                 .iter()

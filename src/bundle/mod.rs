@@ -128,7 +128,8 @@ pub fn check_trusted(dir: &Path, manifest: &Manifest) -> Result<()> {
         None => Err(bad(
             dir,
             format!(
-                "it is not signed, and {} is set: only bundles a trusted key signed are used                  (xpu-zebin bundle sign)",
+                "it is not signed, and {} is set: only bundles a trusted key signed are used \
+                 (xpu-zebin bundle sign)",
                 crate::signing::TRUSTED_KEYS_ENV
             ),
         )),
@@ -336,8 +337,31 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
     }
     let native = native_dir(dir)?;
     let _lock = lock_for_writing(dir).map_err(io)?;
+    let signer = crate::signing::Signer::from_env()?;
     let mut manifest = if dir.join(MANIFEST).exists() {
-        read(dir)?
+        let existing = read(dir)?;
+        // A farm signs what it adds to, so what is there must be its own signed work: a
+        // manifest someone seeded would otherwise be laundered under the farm's key.
+        if let Some(signer) = &signer {
+            let own = existing.signature.as_ref().is_some_and(|s| {
+                s.signer == signer.public()
+                    && crate::signing::Trusted::parse(&s.signer, "signer").is_ok_and(|t| {
+                        t.verify(&s.signer, &signed_message(&existing), &s.signature)
+                    })
+            });
+            let empty = existing.entries.is_empty() && existing.triton_cache.is_empty();
+            if !(own || empty) {
+                return Err(bad(
+                    dir,
+                    format!(
+                        "it holds entries this farm's key ({}) did not sign: add to a new \
+                         bundle, or sign it first (xpu-zebin bundle sign) if you vouch for it",
+                        signer.public()
+                    ),
+                ));
+            }
+        }
+        existing
     } else {
         Manifest::default()
     };
@@ -375,7 +399,7 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
     }
     // A farm with a signing key signs what it writes; a change without one drops the old
     // signature (it would no longer match).
-    let manifest = signed_by(manifest, crate::signing::Signer::from_env()?.as_ref());
+    let manifest = signed_by(manifest, signer.as_ref());
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
     persist(dir, &dir.join(MANIFEST), &text).map_err(io)?;
     Ok(manifest)

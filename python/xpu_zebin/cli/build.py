@@ -15,7 +15,15 @@ from typing import Any, Optional, Union
 import xpu_zebin
 from xpu_zebin import BuildError, CompileResult, samples
 
-from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError, read_file, read_input, timeout
+from .common import (
+    EXIT_BUILD_ERROR,
+    EXIT_OK,
+    UsageError,
+    printable,
+    read_file,
+    read_input,
+    timeout,
+)
 
 
 def _attempt_json(a: Any) -> dict:
@@ -276,10 +284,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"cores: {r['cores']} (not counted across processes: no usable slot directory)")
     for refusal in r["refused_compilers"]:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(refusal["when"]))
-        print(f"refused here: native code of {refusal['compiler'].split('|')[0]} by driver "
-              f"{refusal['driver']} (since {when}: {refusal['why'][:200]}); its kernels go to "
-              "the driver's own compiler (--forget-refusals clears this)")  # fmt: skip
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(refusal["when"]))
+        except (OverflowError, OSError, ValueError):
+            when = "an unknown time"
+        print(printable(f"refused here: native code of {refusal['compiler'].split('|')[0]} by "
+                        f"driver {refusal['driver']} (since {when}: {refusal['why'][:200]}); its "
+                        "kernels go to the driver's own compiler (--forget-refusals clears "
+                        "this)"))  # fmt: skip
     rules = r["spill_rules"]
     lts = rules["lts"]
     driver = f"driver {lts['driver'] or 'unknown'} is {'LTS' if lts['answer'] else 'rolling'}"

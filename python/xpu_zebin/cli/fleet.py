@@ -11,7 +11,7 @@ import sys
 import xpu_zebin
 
 from .. import remote
-from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError
+from .common import EXIT_BUILD_ERROR, EXIT_OK, UsageError, printable
 
 
 def cmd_key(args: argparse.Namespace) -> int:
@@ -26,6 +26,10 @@ def cmd_remote(args: argparse.Namespace) -> int:
     cfg = remote.config()
     if cfg is None:
         raise UsageError(f"{remote.REMOTE_ENV} is not set: no remote store to look at")
+    if args.action != "stats" and not xpu_zebin._core.trusted_keys_set():
+        # With no key trusted every entry fails: purge would empty the store.
+        raise UsageError(f"{args.action} needs {xpu_zebin._core.TRUSTED_KEYS_ENV}: the keys "
+                         "whose entries are good")  # fmt: skip
     report = {"entries": 0, "bytes": 0, "bad": [], "purged": 0}
     try:
         for name, value in remote.entries(cfg):
@@ -33,22 +37,23 @@ def cmd_remote(args: argparse.Namespace) -> int:
             report["bytes"] += len(value or b"")
             if args.action == "stats":
                 continue
-            why = remote.check(value)
+            why = remote.check(name, value)
             if why is None:
                 continue
-            report["bad"].append({"key": name, "why": why})
-            if args.action == "purge":
-                report["purged"] += int(remote._client(cfg).delete(name) or 0)
+            shown = name.decode("utf-8", "replace")
+            report["bad"].append({"key": shown, "why": why})
+            if args.action == "purge" and value is not None:
+                report["purged"] += remote.delete_if_unchanged(cfg, name, value)
     except Exception as e:
-        print(f"xpu-zebin: remote store {remote._redacted(cfg.url)}: {type(e).__name__}: {e}",
-              file=sys.stderr)  # fmt: skip
+        print(printable(f"xpu-zebin: remote store {remote._redacted(cfg.url)}: "
+                        f"{type(e).__name__}: {e}"), file=sys.stderr)  # fmt: skip
         return EXIT_BUILD_ERROR
     if args.json:
         print(json.dumps(report))
     else:
         print(f"{report['entries']} entries, {report['bytes']} bytes")
         for bad in report["bad"]:
-            print(f"  not trusted: {bad['key']}: {bad['why']}")
+            print(printable(f"  not trusted: {bad['key']}: {bad['why']}"))
         if args.action == "purge":
             print(f"purged {report['purged']} entries no trusted key signed")
     return EXIT_BUILD_ERROR if args.action == "verify" and report["bad"] else EXIT_OK

@@ -168,9 +168,10 @@ def _from_bundle(
 
 def _build_offline(
     name: str, spirv: bytes, options: xpu_zebin.Options, device: int
-) -> Tuple[bytes, str]:
-    """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags); a build
-    an autotune precompile made for this very request, when there is one."""
+) -> Tuple[bytes, str, bool]:
+    """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags, made by
+    this process's compiler just now); a build an autotune precompile made for this very
+    request, when there is one."""
     arch = ocloc_arch(device, options.device_arch)
     prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
     if prebuilt is not None and prebuilt.error is not None:
@@ -179,11 +180,11 @@ def _build_offline(
         try:
             if prebuilt.untrusted:  # another machine's, or the cache's: tried first
                 trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
-            return prebuilt.binary, prebuilt.build_flags
+            return prebuilt.binary, prebuilt.build_flags, not prebuilt.untrusted
         except Exception as e:  # built here instead, as if it had not been made
             logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
     result = compile_trusting_no_cache(name, spirv, options, arch, device)
-    return result.binary, result.build_flags
+    return result.binary, result.build_flags, result.source == "compiled"
 
 
 def forget_cached(name: str, spirv: bytes, options: xpu_zebin.Options, arch: str) -> bool:
@@ -212,9 +213,13 @@ def compile_trusting_no_cache(
         return result
     except Exception as e:
         removed = forget_cached(name, spirv, options, arch)
-        logger.warning("kernel %r: cached zebin did not load here (%s); %s and rebuilt fresh",
-                       name, e, "removed" if removed else "skipped")  # fmt: skip
-    return xpu_zebin.compile(spirv, device=arch, options=options.replace(cache=removed))
+        logger.warning("kernel %r: cached zebin (from the %s) did not load here (%s); %s and "
+                       "rebuilt fresh", name, result.source, e,
+                       "removed" if removed else "skipped")  # fmt: skip
+    # This process's compiler, never the store again (it would hand the same bytes back):
+    # written back to the local cache where the entry was removed.
+    fresh = xpu_zebin._core.compile(spirv, arch, options.replace(cache=removed))
+    return xpu_zebin._report(fresh, fresh.kernel)
 
 
 def _instead(
@@ -263,7 +268,7 @@ def load_spirv(
         native, flags = jit_native(name, spirv, options, device)
         return load(native, flags), flags
     try:
-        native, flags = _build_offline(name, spirv, options, device)
+        native, flags, fresh = _build_offline(name, spirv, options, device)
     except BuildError as e:
         if e.kind in FINAL_OFFLINE_KINDS:
             raise
@@ -277,7 +282,8 @@ def load_spirv(
             refusal = _driver_refusal(name, native, flags, device, e)
             if refusal is None:
                 raise
-            why, refused = refusal, native
+            # Only a fresh build of this process's compiler speaks for the compiler.
+            why, refused = refusal, (native if fresh else None)
     native, flags = _instead(name, spirv, options, device, why, pair, refused)
     return load(native, flags), flags
 
@@ -328,5 +334,6 @@ def native_the_driver_takes(
             refusal = package_error(e)
             if refusal is None or refusal.kind not in REFUSAL_KINDS:
                 raise
-            why, refused = refusal, result.binary  # a fresh build: its refusal counts
+            # Only a fresh build of this process's compiler speaks for the compiler.
+            why, refused = refusal, (result.binary if result.source == "compiled" else None)
     return _instead(name, spirv, options, 0, why, pair, refused, arch)

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 from typing import Dict, Optional
 
 from triton.runtime.cache import CacheManager, FileCacheManager
@@ -28,6 +29,10 @@ from ..errors import BuildError
 logger = logging.getLogger("xpu_zebin.triton")
 
 PREFIX = "xpu-zebin:triton:v1:"
+#: A Triton cache group holds a kernel's IRs, binary and metadata: a handful of files.
+MAX_GROUP_FILES = 64
+#: A file of Triton's cache: a plain name (no path, no hidden file).
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,17 +96,19 @@ class FleetCacheManager(CacheManager):
             return None
         try:
             names = json.loads(listed)["child_paths"]
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ValueError("not a list of names")
-        except (ValueError, KeyError, TypeError) as e:
+            if not isinstance(names, list) or len(names) > MAX_GROUP_FILES:
+                raise ValueError(f"not a list of at most {MAX_GROUP_FILES} names")
+            if not all(isinstance(n, str) and FILE_NAME.fullmatch(n) for n in names):
+                raise ValueError("a name that is not a plain file name")
+        except Exception as e:  # a signed but malformed list: Triton compiles instead
             logger.warning("Triton cache group %s from the store is malformed (%s)", filename, e)
             return None
-        found = {}
-        for name in names:  # every file of the group, or none of them
-            if "/" in name or name.startswith("."):
-                return None
+        found: Dict[str, bytes] = {}
+        total = 0
+        for name in dict.fromkeys(names):  # every file of the group, or none of them
             data = self._fetch(name)
-            if data is None:
+            total += len(data or b"")
+            if data is None or total > self._store.max_bytes:
                 return None
             found[name] = data
         group = {name: self._local.put(data, name, binary=True) for name, data in found.items()}

@@ -1,0 +1,135 @@
+"""The fleet's store as a client sees it: redis-py (the client Inductor uses), with what a
+hostile or broken server must not get past: a reply part over the bound refused before it
+is read (an extended RESP2 parser), the value's size asked first, an overall deadline on
+a read, and addresses said without their credentials."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+#: A reply's parts the store may send: a bulk over the value bound, or more items than a
+#: SCAN page holds, is refused before it is read (a hostile server cannot fill memory).
+MAX_REPLY_ITEMS = 100_000
+
+_lock = threading.Lock()
+#: One client per process, address, timeout and bound (a forked child makes its own).
+CLIENTS: Dict[Tuple[int, str, float, int], Any] = {}
+_pools: Dict[int, Any] = {}
+
+
+class TooLarge(Exception):
+    """A value over the bound: never read."""
+
+    def __init__(self, key: str, size: int) -> None:
+        super().__init__(f"{key}: {size} bytes")
+        self.size = size
+
+
+#: A reply's parts the store may send: a bulk over the value bound, or more items than a
+#: SCAN page holds, is refused before it is read (a hostile server cannot fill memory).
+MAX_REPLY_ITEMS = 100_000
+
+
+def bounded_parser(max_bulk: int) -> Any:
+    """redis-py's RESP2 parser, refusing a bulk longer than ``max_bulk`` or a multi-bulk
+    of more than :data:`MAX_REPLY_ITEMS` (or nested) before reading it; None when this
+    redis-py has no such parser to extend (then the server is trusted to send what it
+    is asked: the value's size is asked first)."""
+    try:
+        from redis._parsers.resp2 import _RESP2Parser
+        from redis.exceptions import InvalidResponse
+    except ImportError:
+        return None
+
+    class Bounded(_RESP2Parser):
+        def _read_response(self, disable_decoding=False, **kwargs):
+            raw = self._buffer.readline(**kwargs)
+            if not raw:
+                raise ConnectionError("the store closed the connection")
+            if raw[:1] in (b"$", b"*") and raw[1:] != b"-1":
+                try:
+                    n = int(raw[1:])
+                except ValueError:
+                    n = -2
+                if n < 0 or n > (max_bulk if raw[:1] == b"$" else MAX_REPLY_ITEMS):
+                    raise InvalidResponse(f"reply part of {raw[1:64]!r} refused: over the bound")
+            self._buffer.rewind(self._buffer.get_pos() - len(raw) - 2)  # let Redis parse it
+            return super()._read_response(disable_decoding=disable_decoding, **kwargs)
+
+    return Bounded
+
+
+def client(url: str, timeout: float, max_bulk: int) -> Any:
+    """One client per process and store (a forked child makes its own)."""
+    import redis
+
+    key = (os.getpid(), url, timeout, max_bulk)
+    with _lock:
+        found = CLIENTS.get(key)
+        if found is None:
+            extra: Dict[str, Any] = {}
+            parser = bounded_parser(max_bulk)
+            if parser is not None:  # RESP2, whose parser is extended (RESP3 pushes: none)
+                extra.update(parser_class=parser, protocol=2)
+                try:
+                    from redis.maint_notifications import MaintNotificationsConfig
+
+                    extra["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+                except ImportError:
+                    pass
+            found = redis.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry_on_timeout=False, health_check_interval=0, **extra,
+            )  # fmt: skip
+            CLIENTS[key] = found
+    return found
+
+
+def redacted(url: str) -> str:
+    """The store's address without its credentials (user info and query, where redis-py
+    also takes a password)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<an address that does not parse>"
+    who = "***@" if "@" in parts.netloc else ""
+    return f"{parts.scheme}://{who}{host}{port}{parts.path}{'?***' if parts.query else ''}"
+
+
+def read(store: Any, key: str, max_bytes: int) -> Optional[bytes]:
+    """The value at ``key``: None when absent; :class:`TooLarge` when its size (asked
+    first) is over ``max_bytes``, so it is never read; a range read up to the bound."""
+    size = store.strlen(key)
+    if not isinstance(size, int) or size <= 0:
+        return None
+    if size > max_bytes:
+        raise TooLarge(key, size)
+    value = store.getrange(key, 0, max_bytes)
+    if not isinstance(value, bytes) or len(value) > max_bytes:
+        raise ValueError("the store answered something other than a bounded value")
+    return value
+
+
+def read_within_deadline(store: Any, key: str, max_bytes: int, seconds: float) -> Optional[bytes]:
+    """:func:`read` with an overall deadline: a store that trickles its reply byte by
+    byte, each within the read timeout, still ends (its connections are dropped)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Late
+
+    with _lock:
+        pool = _pools.get(os.getpid())
+        if pool is None:
+            pool = ThreadPoolExecutor(4, thread_name_prefix="xpu-zebin-remote")
+            _pools[os.getpid()] = pool
+    future = pool.submit(read, store, key, max_bytes)
+    try:
+        return future.result(timeout=seconds)
+    except Late:
+        store.connection_pool.disconnect()
+        raise TimeoutError(f"no whole reply within {seconds:g} s") from None
