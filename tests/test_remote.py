@@ -688,3 +688,25 @@ def test_a_farm_never_signs_what_it_did_not_write(keys, spirvs, system_ocloc, tm
     ids = [targets.local().id]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not signed"):
         xpu_zebin._core.bundle_triton_files(str(out), ids)
+
+
+def test_a_full_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_path, monkeypatch,
+                                              caplog):  # fmt: skip
+    """A store out of memory (maxmemory, no eviction) refuses writes: the node compiles,
+    says so once, and nothing half-written is left."""
+    server = RedisServer(tmp_path / "redis-full", "--maxmemory", "4mb",
+                         "--maxmemory-policy", "noeviction")  # fmt: skip
+    try:
+        import redis
+
+        filler = server.client()
+        for size in (256 << 10, 1 << 10):  # until not even a small value fits
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                for i in range(10000):
+                    filler.set(f"filler:{size}:{i}", b"x" * size)
+        _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
+        got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
+        assert got.source == "compiled" and remote.counts() == {"errors": 1}
+        assert "OutOfMemoryError" in caplog.text and server.client().keys(remote.PREFIX + "*") == []
+    finally:
+        server.stop()
