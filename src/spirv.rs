@@ -265,8 +265,9 @@ impl Consumer for Collector {
                 _ => return self.fail("OpEntryPoint without an execution model and a name".into()),
             },
             Op::ExecutionMode | Op::ExecutionModeId => self.grf_mode(&inst.operands),
-            Op::Constant => {
-                // Only constants an execution mode named are kept: a bounded table.
+            // Only constants an execution mode named are kept: a bounded table (and none
+            // looked up in a module that names none: the common case stays free).
+            Op::Constant if !self.grf_constants.is_empty() => {
                 if let (Some(id), Some(Operand::LiteralBit32(value))) =
                     (inst.result_id, inst.operands.first())
                 {
