@@ -182,6 +182,46 @@ def _read(cfg: Config, rkey: str) -> Optional[bytes]:
 # --- the level itself -------------------------------------------------------------------
 
 
+def _untrusted(e: BaseException, rkey: str) -> None:
+    _count("untrusted")
+    _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
+              "built locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
+    logger.debug("remote entry %s refused: %s", rkey, e)
+
+
+def _signed_value(cfg: Config, rkey: str, key: str, device: str, compiler: str) -> Optional[bytes]:
+    """The bytes stored at ``rkey`` when a trusted key signed them as ``key``'s, built for
+    ``device`` with ``compiler``; None otherwise: absent (a miss), untrusted (counted,
+    warned once), or the store failing (one warning, then left alone for a while)."""
+    if not _core.trusted_keys_set():
+        _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
+                  "can be trusted, so nothing is loaded from it", REMOTE_ENV,
+                  _core.TRUSTED_KEYS_ENV)  # fmt: skip
+        return None
+    try:
+        value = _read(cfg, rkey)
+    except TooLarge:
+        return None
+    except Exception as e:  # down, slow, refused, garbage: built locally
+        if _not_ours(e):
+            _count("untrusted")
+        else:
+            _failed(cfg, e)
+        return None
+    if value is None:
+        _count("misses")
+        return None
+    try:
+        header, data = unpack(value)
+        signed = (header["key"], header["device"].strip(), header["compiler"])
+        if signed != (key, device.strip(), compiler) or not trusted(header, data):
+            raise ValueError("no trusted key signed it for this request")
+    except Exception as e:  # a forged value can raise anything parsing it: never loaded
+        _untrusted(e, rkey)
+        return None
+    return data
+
+
 def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None) -> Any:
     """Before a compile: when the local cache cannot answer, take a trusted entry for this
     request from the store into the local cache, and answer with it (a CompileResult whose
@@ -196,36 +236,13 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
         compiler = _core.compiler_identity(options.ocloc)
     except BuildError:
         return None  # the compile says why, as without a store
-    if not _core.trusted_keys_set():
-        _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
-                  "can be trusted, so nothing is loaded from it", REMOTE_ENV,
-                  _core.TRUSTED_KEYS_ENV)  # fmt: skip
+    entry = _signed_value(cfg, PREFIX + key, key, device, compiler)
+    if entry is None:
         return None
     try:
-        value = _read(cfg, PREFIX + key)
-    except TooLarge:
-        return None
-    except Exception as e:  # down, slow, refused, garbage: compile locally
-        if _not_ours(e):
-            _count("untrusted")
-            return None
-        _failed(cfg, e)
-        return None
-    if value is None:
-        _count("misses")
-        return None
-    try:
-        header, entry = unpack(value)
-        ours = (key, device.strip(), compiler)
-        signed = (header["key"], header["device"].strip(), header["compiler"]) == ours
-        if not (signed and trusted(header, entry)):
-            raise ValueError("no trusted key signed it for this request")
         result = _core.adopt_entry(spirv, device, options, entry)
-    except Exception as e:  # a forged value can raise anything parsing it: never loaded
-        _count("untrusted")
-        _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
-                  "compiled locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
-        logger.debug("remote entry %s refused: %s", key, e)
+    except BuildError as e:  # signed, yet not this request's entry: never loaded
+        _untrusted(e, key)
         return None
     _count("hits")
     return result
@@ -243,20 +260,25 @@ def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = Non
     if entry is None or (binary is not None and binary not in entry):
         return False
     compiler = _core.compiler_identity(options.ocloc)
-    signed = _core.sign(signed_message(key, device, compiler, entry))
+    return _put_signed(cfg, PREFIX + key, key, device, compiler, entry)
+
+
+def _put_signed(cfg: Config, rkey: str, key: str, device: str, compiler: str, data: bytes) -> bool:
+    """``data``, signed as ``key``'s built for ``device`` with ``compiler``, at ``rkey``
+    (with the store's TTL); True when written."""
+    signed = _core.sign(signed_message(key, device, compiler, data))
     if signed is None:
         _say_once("no-key", "xpu-zebin: %s=read-write but %s is not set: nothing is "
                   "published (an unsigned entry would never be loaded)", MODE_ENV,
                   _core.SIGNING_KEY_ENV)  # fmt: skip
         return False
-    signer, signature = signed
-    header = {"key": key, "device": device, "compiler": compiler, "signer": signer,
-              "signature": signature}  # fmt: skip
-    value = pack(header, entry)
+    header = {"key": key, "device": device, "compiler": compiler, "signer": signed[0],
+              "signature": signed[1]}  # fmt: skip
+    value = pack(header, data)
     if len(value) > cfg.max_bytes:
         return False
     try:
-        _client(cfg).set(PREFIX + key, value, ex=cfg.ttl or None)
+        _client(cfg).set(rkey, value, ex=cfg.ttl or None)
     except Exception as e:
         _failed(cfg, e)
         return False
@@ -332,39 +354,12 @@ def delete_if_unchanged(cfg: Config, name: bytes, value: bytes) -> int:
 
 def fetch_signed(cfg: Config, rkey: str, identity: str) -> Optional[bytes]:
     """The bytes stored at ``rkey`` when a trusted key signed them for ``rkey`` and
-    ``identity`` (what they were built with); None otherwise (absent, untrusted: counted,
-    warned once; a store that fails: one warning, then left alone for a while)."""
+    ``identity`` (what they were built with); None otherwise (as :func:`_signed_value`)."""
     if not _usable(cfg):
         return None
-    if not _core.trusted_keys_set():
-        _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
-                  "can be trusted, so nothing is loaded from it", REMOTE_ENV,
-                  _core.TRUSTED_KEYS_ENV)  # fmt: skip
-        return None
-    try:
-        value = _read(cfg, rkey)
-    except TooLarge:
-        return None
-    except Exception as e:
-        if _not_ours(e):
-            _count("untrusted")
-            return None
-        _failed(cfg, e)
-        return None
-    if value is None:
-        _count("misses")
-        return None
-    try:
-        header, data = unpack(value)
-        ours = (header["key"], header["device"], header["compiler"]) == (rkey, "", identity)
-        if not ours or not trusted(header, data):
-            raise ValueError("no trusted key signed it for this key")
-    except Exception as e:  # a forged value can raise anything parsing it: never loaded
-        _count("untrusted")
-        _say_once("untrusted", "xpu-zebin: an entry of the remote store was not loaded (%s); "
-                  "built locally (xpu-zebin remote verify lists such entries)", e)  # fmt: skip
-        return None
-    _count("hits")
+    data = _signed_value(cfg, rkey, rkey, "", identity)
+    if data is not None:
+        _count("hits")
     return data
 
 
@@ -373,21 +368,4 @@ def publish_signed(cfg: Config, rkey: str, identity: str, data: bytes) -> bool:
     a signing key); True when written."""
     if not cfg.read_write or not _usable(cfg):
         return False
-    signed = _core.sign(signed_message(rkey, "", identity, data))
-    if signed is None:
-        _say_once("no-key", "xpu-zebin: %s=read-write but %s is not set: nothing is "
-                  "published (an unsigned entry would never be loaded)", MODE_ENV,
-                  _core.SIGNING_KEY_ENV)  # fmt: skip
-        return False
-    header = {"key": rkey, "device": "", "compiler": identity, "signer": signed[0],
-              "signature": signed[1]}  # fmt: skip
-    value = pack(header, data)
-    if len(value) > cfg.max_bytes:
-        return False
-    try:
-        _client(cfg).set(rkey, value, ex=cfg.ttl or None)
-    except Exception as e:
-        _failed(cfg, e)
-        return False
-    _count("published")
-    return True
+    return _put_signed(cfg, rkey, rkey, "", identity, data)

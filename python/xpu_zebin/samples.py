@@ -22,23 +22,7 @@ __kernel void add(__global const float* a, __global const float* b, __global flo
 
 def register_pressure_kernel(values: int, name: str = "pressure") -> str:
     """OpenCL C for a SIMD32 kernel that keeps ``values`` floats live across a loop."""
-    if values < 2:
-        raise ValueError("values must be at least 2")
-    lines = [
-        "__attribute__((intel_reqd_sub_group_size(32)))",
-        f"__kernel void {name}(__global const float* in, __global float* out, int n) {{",
-        "  int gid = get_global_id(0);",
-    ]
-    lines += [f"  float v{j} = in[gid + {j}];" for j in range(values)]
-    lines.append("  for (int it = 0; it < n; ++it) {")
-    lines += [
-        f"    v{j} = fma(v{j}, v{(j + 1) % values}, v{(j + 7) % values});" for j in range(values)
-    ]
-    lines.append("  }")
-    lines.append("  float s = 0.0f;")
-    lines += [f"  s += v{j};" for j in range(values)]
-    lines += ["  out[gid] = s;", "}"]
-    return "\n".join(lines) + "\n"
+    return band_kernel(0, values, name)
 
 
 def band_kernel(extra: int, values: int = 54, name: str = "band") -> str:
