@@ -215,6 +215,22 @@ impl Cache {
 
     /// Store an entry; returns a note when it could not (the compile still succeeds).
     pub fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
+        self.put_with(key, meta, binary, true)
+    }
+
+    /// Store a copy of an entry that lives elsewhere (the fleet's store): not synced to
+    /// disk, since one lost or torn by a crash is a checksum miss, fetched again.
+    pub fn put_copy<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
+        self.put_with(key, meta, binary, false)
+    }
+
+    fn put_with<M: Serialize>(
+        &self,
+        key: &str,
+        meta: &M,
+        binary: &[u8],
+        durable: bool,
+    ) -> Option<String> {
         if self.refused.is_some() {
             return None;
         }
@@ -237,7 +253,9 @@ impl Cache {
                 .tempfile_in(&self.dir)?;
             use std::io::Write;
             tmp.write_all(&encode(key, meta, binary)?)?;
-            tmp.as_file().sync_data()?;
+            if durable {
+                tmp.as_file().sync_data()?;
+            }
             tmp.persist(self.path(key)).map_err(|e| e.error)?;
             Ok(())
         })();

@@ -248,7 +248,7 @@ pub fn adopt_entry(req: &CompileRequest, entry: &[u8]) -> Result<Compiled, Build
         check_linked(&binary, &kernel, &ocloc)?;
     }
     let mut notes = Vec::new();
-    notes.extend(cache.put(&key, &record, &binary));
+    notes.extend(cache.put_copy(&key, &record, &binary));
     Ok(Compiled {
         n_regs: grf::n_regs_with(&record.build_flags, own_grf, &binary, &kernel),
         kernel,
