@@ -147,15 +147,15 @@ fn check_linked(binary: &[u8], kernel: &str, ocloc: &std::path::Path) -> Result<
     ))
 }
 
-/// Where a request's build is cached: the cache and the entry's key. The key needs the
-/// compiler's identity (a version and build of IGC).
+/// Where a request's build is cached: the cache, the entry's key and the compiler's
+/// identity (a version and build of IGC) the key holds.
 fn cache_entry(
     req: &CompileRequest,
     kernel: &str,
     ladder: &[String],
     rule: crate::spill::Rule,
     ocloc_path: &std::path::Path,
-) -> Result<(Cache, String), BuildError> {
+) -> Result<(Cache, String, String), BuildError> {
     let identity = ocloc::identity(ocloc_path)?;
     let key = KeyInputs {
         purpose: Purpose::Offline,
@@ -166,25 +166,30 @@ fn cache_entry(
         target: &[req.device.trim(), &identity],
     }
     .key();
-    Ok((Cache::open(req.options.cache_dir.as_deref()), key))
+    Ok((Cache::open(req.options.cache_dir.as_deref()), key, identity))
 }
 
 /// The cache and key that would answer `req`, and its kernel (what `compile` computes
 /// before it looks).
 pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildError> {
-    entry_of(req).map(|e| (e.cache, e.key, e.kernel))
+    slot(req).map(|e| (e.cache, e.key, e.kernel))
 }
 
-/// Where `req`'s answer is cached, with what was learned computing it.
-struct EntryOf {
+/// Where `req`'s answer is cached, with what was learned computing it (the SPIR-V checked
+/// once: a fleet's node looks locally, then takes the store's entry, with one slot).
+pub struct Slot {
     cache: Cache,
     key: String,
+    compiler: String,
     kernel: String,
     own_grf: Option<spirv::GrfRequest>,
     ocloc: std::path::PathBuf,
+    device: String,
+    options: Options,
 }
 
-fn entry_of(req: &CompileRequest) -> Result<EntryOf, BuildError> {
+/// The slot that answers `req`: its SPIR-V validated, its kernel chosen, its key computed.
+pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
     let o = &req.options;
     o.check(&[("device", &req.device)])?;
     let device = req.device.trim();
@@ -196,13 +201,17 @@ fn entry_of(req: &CompileRequest) -> Result<EntryOf, BuildError> {
         own_grf,
     );
     let ocloc = ocloc::discover(o.ocloc.as_deref())?;
-    let (cache, key) = cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc)?;
-    Ok(EntryOf {
+    let (cache, key, compiler) =
+        cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc)?;
+    Ok(Slot {
         cache,
         key,
+        compiler,
         kernel,
         own_grf,
         ocloc,
+        device: device.to_string(),
+        options: o.clone(),
     })
 }
 
@@ -214,55 +223,59 @@ pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
     Ok(cache.remove(&key))
 }
 
-/// The key `req`'s answer is stored under, and the local cache entry that answers it, as
-/// stored (checked), if any: what a node shares with its fleet.
-pub fn cached_entry(req: &CompileRequest) -> Result<(String, Option<Vec<u8>>), BuildError> {
-    let (cache, key, _) = entry_for(req)?;
-    let bytes = cache.raw(&key);
-    Ok((key, bytes))
-}
+impl Slot {
+    /// The key the answer is stored under (local cache and remote store).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
 
-/// Take `entry` (another node's, already verified by its signature) into the local cache
-/// as `req`'s answer, and answer with it: it must decode under `req`'s own key (a checksum
-/// over key and body: an entry replayed under another key fails) and hold a zebin with
-/// `req`'s kernel that links.
-pub fn adopt_entry(req: &CompileRequest, entry: &[u8]) -> Result<Compiled, BuildError> {
-    let EntryOf {
-        cache,
-        key,
-        kernel,
-        own_grf,
-        ocloc,
-    } = entry_of(req)?;
-    let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&key, entry)
-        .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
-    let info = zebin::parse(&binary)?;
-    if info.kernel_spill(&kernel)? != record.spill {
-        return Err(BuildError::new(
-            ErrorKind::InvalidArgument,
-            "the entry's record does not describe its binary",
-        ));
+    /// The identity of the compiler the key holds.
+    pub fn compiler(&self) -> &str {
+        &self.compiler
     }
-    let o = &req.options;
-    if !o.allow_unresolved && !info.undefined_symbols.is_empty() {
-        check_linked(&binary, &kernel, &ocloc)?;
+
+    /// The local cache entry that answers, as stored (checked), if any: what a node
+    /// shares with its fleet.
+    pub fn local(&self) -> Option<Vec<u8>> {
+        self.cache.raw(&self.key)
     }
-    let mut notes = Vec::new();
-    notes.extend(cache.put_copy(&key, &record, &binary));
-    Ok(Compiled {
-        n_regs: grf::n_regs_with(&record.build_flags, own_grf, &binary, &kernel),
-        kernel,
-        device: req.device.trim().to_string(),
-        binary,
-        build_flags: record.build_flags,
-        grf_mode: o.grf_mode.clone(),
-        spill: record.spill,
-        recovered: record.recovered,
-        cached: true,
-        attempts: record.attempts,
-        log: record.log,
-        notes,
-    })
+
+    /// Take `entry` (another node's, already verified by its signature) into the local
+    /// cache as this slot's answer, and answer with it: it must decode under the slot's
+    /// own key (a checksum over key and body: an entry replayed under another key fails)
+    /// and hold a zebin with this kernel whose record describes it.
+    pub fn adopt(&self, entry: &[u8]) -> Result<Compiled, BuildError> {
+        let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
+            .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
+        let kernel = &self.kernel;
+        let info = zebin::parse(&binary)?;
+        if info.kernel_spill(kernel)? != record.spill {
+            return Err(BuildError::new(
+                ErrorKind::InvalidArgument,
+                "the entry's record does not describe its binary",
+            ));
+        }
+        let o = &self.options;
+        if !o.allow_unresolved && !info.undefined_symbols.is_empty() {
+            check_linked(&binary, kernel, &self.ocloc)?;
+        }
+        let mut notes = Vec::new();
+        notes.extend(self.cache.put_copy(&self.key, &record, &binary));
+        Ok(Compiled {
+            n_regs: grf::n_regs_with(&record.build_flags, self.own_grf, &binary, kernel),
+            kernel: kernel.clone(),
+            device: self.device.clone(),
+            binary,
+            build_flags: record.build_flags,
+            grf_mode: o.grf_mode.clone(),
+            spill: record.spill,
+            recovered: record.recovered,
+            cached: true,
+            attempts: record.attempts,
+            log: record.log,
+            notes,
+        })
+    }
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
@@ -298,7 +311,8 @@ fn compile_inner(
     );
     let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
     let cache = if o.cache {
-        Some(cache_entry(req, &kernel, &ladder, rule, &ocloc_path)?)
+        let (cache, key, _) = cache_entry(req, &kernel, &ladder, rule, &ocloc_path)?;
+        Some((cache, key))
     } else {
         None
     };

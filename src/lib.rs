@@ -58,12 +58,12 @@ mod _core {
     use crate::bindings::options::{spill_rules, PyOptions};
     #[pymodule_export]
     use crate::bindings::remote::{
-        adopt_entry, cached_entry, key_generate, sign, signing_public, trusted_keys_set, verify,
+        cache_slot, key_generate, sign, signing_public, trusted_keys_set, verify, CacheSlot,
     };
     #[pymodule_export]
     use crate::bindings::workers::{
         bool_knob, broken_workers, compiler_refusals, compiler_refused, configure_workers, doctor,
-        forget_compiler_refusals, join_multiprocess_batch, ocloc_worker_unavailable,
+        forget_compiler_refusals, join_multiprocess_batch, knobs, ocloc_worker_unavailable,
         remember_compiler_refused, serve_worker, shutdown_workers,
     };
     #[pymodule_export]

@@ -212,7 +212,7 @@ def test_an_entry_replayed_under_another_key_is_refused(server, keys, spirvs, sy
     client = server.client()
     (add_name,) = client.keys(remote.PREFIX + "*")
     options = xpu_zebin.Options(ocloc=system_ocloc)
-    spill_key, _ = xpu_zebin._core.cached_entry(spirvs["spill"], "pvc", options)
+    spill_key = xpu_zebin._core.cache_slot(spirvs["spill"], "pvc", options).key
     value = client.get(add_name)
     header, entry = remote.unpack(value)
     client.set(remote.PREFIX + spill_key, value)  # as it is
@@ -644,7 +644,7 @@ def test_a_trusted_but_refused_entry_is_not_the_compilers_fault(server, keys, sp
     _forge(entry, forged)
     client = server.client()
     client.flushdb()
-    _, raw = xpu_zebin._core.cached_entry(spirv, "pvc", options)
+    raw = xpu_zebin._core.cache_slot(spirv, "pvc", options).local()
     assert raw is not None and forged in raw
     remote.publish(spirv, "pvc", options, remote.config())  # the farm signs the forged entry
     _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])

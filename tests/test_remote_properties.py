@@ -80,7 +80,7 @@ def test_any_entry_is_adopted_only_when_it_is_one(add, system_ocloc, entry):
     """A forged entry (any bytes) never reaches the local cache: a BuildError."""
     options = xpu_zebin.Options(ocloc=system_ocloc)
     with pytest.raises(xpu_zebin.BuildError):
-        xpu_zebin._core.adopt_entry(add, "pvc", options, entry)
+        xpu_zebin._core.cache_slot(add, "pvc", options).adopt(entry)
 
 
 def test_a_real_entry_with_any_one_byte_changed_is_refused(add, system_ocloc, signed, tmp_path,
@@ -90,8 +90,8 @@ def test_a_real_entry_with_any_one_byte_changed_is_refused(add, system_ocloc, si
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "c"))
     options = xpu_zebin.Options(ocloc=system_ocloc)
     xpu_zebin.compile(add, device="pvc", options=options)
-    key, entry = xpu_zebin._core.cached_entry(add, "pvc", options)
-    compiler = xpu_zebin._core.compiler_identity(system_ocloc)
+    slot = xpu_zebin._core.cache_slot(add, "pvc", options)
+    key, entry, compiler = slot.key, slot.local(), slot.compiler
     monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(signed["path"]))
     signer, sig = xpu_zebin._core.sign(remote.signed_message(key, "pvc", compiler, entry))
     value = remote.pack({"key": key, "device": "pvc", "compiler": compiler, "signer": signer,

@@ -230,19 +230,18 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
     if cfg is None or not options.cache or not _usable(cfg):
         return None
     try:
-        key, local = _core.cached_entry(spirv, device, options)
-        if local is not None:
+        slot = _core.cache_slot(spirv, device, options)
+        if slot.local() is not None:
             return None  # the local level answers first
-        compiler = _core.compiler_identity(options.ocloc)
     except BuildError:
         return None  # the compile says why, as without a store
-    entry = _signed_value(cfg, PREFIX + key, key, device, compiler)
+    entry = _signed_value(cfg, PREFIX + slot.key, slot.key, device, slot.compiler)
     if entry is None:
         return None
     try:
-        result = _core.adopt_entry(spirv, device, options, entry)
+        result = slot.adopt(entry)
     except BuildError as e:  # signed, yet not this request's entry: never loaded
-        _untrusted(e, key)
+        _untrusted(e, slot.key)
         return None
     _count("hits")
     return result
@@ -256,11 +255,11 @@ def publish(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = Non
     cfg = cfg or config()
     if cfg is None or not cfg.read_write or not options.cache or not _usable(cfg):
         return False
-    key, entry = _core.cached_entry(spirv, device, options)
+    slot = _core.cache_slot(spirv, device, options)
+    entry = slot.local()
     if entry is None or (binary is not None and binary not in entry):
         return False
-    compiler = _core.compiler_identity(options.ocloc)
-    return _put_signed(cfg, PREFIX + key, key, device, compiler, entry)
+    return _put_signed(cfg, PREFIX + slot.key, slot.key, device, slot.compiler, entry)
 
 
 def _put_signed(cfg: Config, rkey: str, key: str, device: str, compiler: str, data: bytes) -> bool:

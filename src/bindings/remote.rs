@@ -55,32 +55,55 @@ pub fn trusted_keys_set(py: Python<'_>) -> PyResult<bool> {
     Ok(!trusted.is_empty())
 }
 
-/// `(key, entry bytes or None)`: the key this request's answer is stored under (local
-/// cache and remote store), and the local cache entry that answers it, if any.
-#[pyfunction]
-pub fn cached_entry<'py>(
-    py: Python<'py>,
-    spirv: Vec<u8>,
-    device: String,
-    options: PyRef<'_, PyOptions>,
-) -> PyResult<(String, Option<Bound<'py, PyBytes>>)> {
-    let (key, bytes) = engine::cached_entry(&request(spirv, device, &options))
-        .map_err(|e| to_pyerr(py, e.into()))?;
-    Ok((key, bytes.map(|b| PyBytes::new(py, &b))))
+/// Where a request's answer is cached (`engine::Slot`): its SPIR-V validated once, then
+/// looked up locally and, on a miss, given another node's entry.
+#[pyclass(frozen, module = "xpu_zebin._core")]
+pub struct CacheSlot {
+    inner: engine::Slot,
 }
 
-/// Take another node's entry (verified by its signature) into the local cache as this
-/// request's answer, and answer with it (`source` "remote"); an `InvalidArgumentError`
-/// when it is not one.
+/// The slot of this request: an error when the request itself is bad (as `compile`'s).
 #[pyfunction]
-pub fn adopt_entry(
+pub fn cache_slot(
     py: Python<'_>,
     spirv: Vec<u8>,
     device: String,
     options: PyRef<'_, PyOptions>,
-    entry: &[u8],
-) -> PyResult<CompileResult> {
-    let compiled = engine::adopt_entry(&request(spirv, device, &options), entry)
+) -> PyResult<CacheSlot> {
+    let req = request(spirv, device, &options);
+    let inner = py
+        .detach(|| engine::slot(&req))
         .map_err(|e| to_pyerr(py, e.into()))?;
-    Ok(super::offline::to_result(py, compiled).with_source_of("remote"))
+    Ok(CacheSlot { inner })
+}
+
+#[pymethods]
+impl CacheSlot {
+    /// The key the answer is stored under (local cache and remote store).
+    #[getter]
+    fn key(&self) -> &str {
+        self.inner.key()
+    }
+
+    /// The identity of the compiler the key holds.
+    #[getter]
+    fn compiler(&self) -> &str {
+        self.inner.compiler()
+    }
+
+    /// The local cache entry that answers, as stored (checked); None when there is none.
+    fn local<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        let bytes = py.detach(|| self.inner.local());
+        bytes.map(|b| PyBytes::new(py, &b))
+    }
+
+    /// Take another node's entry (verified by its signature) into the local cache as the
+    /// answer, and answer with it (`source` "remote"); an `InvalidArgumentError` when it
+    /// is not this request's entry.
+    fn adopt(&self, py: Python<'_>, entry: &[u8]) -> PyResult<CompileResult> {
+        let compiled = py
+            .detach(|| self.inner.adopt(entry))
+            .map_err(|e| to_pyerr(py, e.into()))?;
+        Ok(super::offline::to_result(py, compiled).with_source_of("remote"))
+    }
 }

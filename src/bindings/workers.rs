@@ -100,3 +100,29 @@ pub fn compiler_refusals(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 pub fn forget_compiler_refusals() -> usize {
     crate::trusted::forget_refusals()
 }
+
+/// Every environment variable the package reads (`knobs/table.rs`): name, kind, who reads
+/// it, default, meaning, and what an unusable value gets; the documentation is made of it.
+#[pyfunction]
+pub fn knobs(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyDict>>> {
+    use crate::knobs::{Reader, KNOBS};
+    KNOBS
+        .iter()
+        .map(|k| {
+            let d = pyo3::types::PyDict::new(py);
+            d.set_item("name", k.name)?;
+            d.set_item("kind", k.kind.name())?;
+            let reader = match k.reader {
+                Reader::Engine => "engine",
+                Reader::Python => "python",
+                Reader::Triton => "triton",
+                Reader::Internal => "internal",
+            };
+            d.set_item("reader", reader)?;
+            d.set_item("default", k.default)?;
+            d.set_item("meaning", k.meaning)?;
+            d.set_item("unusable", k.unusable)?;
+            Ok(d)
+        })
+        .collect()
+}

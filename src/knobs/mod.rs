@@ -23,30 +23,26 @@ pub enum Kind {
     Text,
     /// A spill policy name (`spill.rs`).
     SpillPolicy,
+    /// A whole number of things (jobs).
+    Count,
 }
 
-/// Every knob the package reads, with what it holds.
-pub const KNOBS: &[(&str, Kind)] = &[
-    ("XPU_ZEBIN_TIMEOUT", Kind::Seconds),
-    ("XPU_ZEBIN_CACHE_MAX_BYTES", Kind::Bytes),
-    ("XPU_ZEBIN_PERSISTENT", Kind::Bool),
-    ("XPU_ZEBIN_ISOLATED", Kind::Bool),
-    ("XPU_ZEBIN_WORKER_IDLE_SECONDS", Kind::Seconds),
-    ("XPU_ZEBIN_WORKER_RETRY_SECONDS", Kind::Seconds),
-    ("XPU_ZEBIN_OCLOC", Kind::Text),
-    ("XPU_ZEBIN_CACHE_DIR", Kind::Text),
-    ("XPU_ZEBIN_CORE_SLOTS_DIR", Kind::Text),
-    ("XPU_ZEBIN_SIMULATED_DEVICE", Kind::Text),
-    ("XPU_ZEBIN_SPILL_POLICY", Kind::SpillPolicy),
-    ("XPU_ZEBIN_BUNDLE", Kind::Text),
-    ("XPU_ZEBIN_SIGNING_KEY", Kind::Text),
-    ("XPU_ZEBIN_TRUSTED_KEYS", Kind::Text),
-    ("XPU_ZEBIN_REMOTE", Kind::Text),
-    ("XPU_ZEBIN_REMOTE_MODE", Kind::Text),
-    ("XPU_ZEBIN_REMOTE_TIMEOUT", Kind::Seconds),
-    ("XPU_ZEBIN_REMOTE_TTL", Kind::Seconds),
-    ("XPU_ZEBIN_REMOTE_MAX_BYTES", Kind::Bytes),
-];
+impl Kind {
+    /// How the documentation names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Bool => "boolean",
+            Kind::Bytes => "bytes",
+            Kind::Seconds => "seconds",
+            Kind::Text => "text",
+            Kind::SpillPolicy => "spill policy",
+            Kind::Count => "count",
+        }
+    }
+}
+
+mod table;
+pub use table::{Knob, Reader, KNOBS};
 
 fn bad(name: &str, value: &str, expected: &str) -> BuildError {
     BuildError::new(
@@ -137,7 +133,7 @@ fn check_one(name: &str, kind: Kind) -> Result<()> {
         Kind::Bytes => bytes_knob(name, 0).map(drop),
         Kind::Seconds => seconds_knob(name, Duration::ZERO).map(drop),
         // Paths: any bytes Linux allows (a path cannot even hold a NUL).
-        Kind::Text => Ok(()),
+        Kind::Text | Kind::Count => Ok(()),
         Kind::SpillPolicy => match raw(name)? {
             Some(text) => crate::spill::SpillPolicy::parse(&text, name).map(drop),
             None => Ok(()),
@@ -149,7 +145,8 @@ fn check_one(name: &str, kind: Kind) -> Result<()> {
 pub fn check() -> Result<()> {
     KNOBS
         .iter()
-        .try_for_each(|&(name, kind)| check_one(name, kind))
+        .filter(|k| k.reader == Reader::Engine)
+        .try_for_each(|k| check_one(k.name, k.kind))
 }
 
 /// Environment variable for the default compile timeout in seconds (0: none).

@@ -1,0 +1,280 @@
+//! The one table of environment variables the package reads: what each holds, its
+//! default, what it does and what an unusable value gets. The engine checks its own knobs
+//! from it before every request (`knobs::check`); the documentation's environment page is
+//! generated from it (`_core.knobs()`), and its build fails on a variable the code reads
+//! that this table does not describe.
+
+use super::Kind;
+
+/// Who reads a variable, which decides what an unusable value gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// The engine: checked before every request; a bad value fails the request.
+    Engine,
+    /// The Python package, where it says what a bad value gets.
+    Python,
+    /// Triton's own variable, which the drop-ins follow as Triton does.
+    Triton,
+    /// Set by the package for its own worker processes: never set it yourself.
+    Internal,
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, Copy)]
+pub struct Knob {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub reader: Reader,
+    /// The value in force when it is unset or blank.
+    pub default: &'static str,
+    /// What it does.
+    pub meaning: &'static str,
+    /// What a value that does not parse gets (the engine's knobs: an error, always).
+    pub unusable: &'static str,
+}
+
+const FAILS: &str = "an `InvalidArgumentError` naming the variable and its value, before \
+                     anything runs";
+const FAILS_THERE: &str = "an `InvalidArgumentError` naming the variable and its value, \
+                           where it is read";
+const ANY_TEXT: &str = "any text is taken; a path that does not work is named by the step \
+                        that uses it";
+
+const fn engine(
+    name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    meaning: &'static str,
+) -> Knob {
+    Knob {
+        name,
+        kind,
+        reader: Reader::Engine,
+        default,
+        meaning,
+        unusable: match kind {
+            Kind::Text => ANY_TEXT,
+            _ => FAILS,
+        },
+    }
+}
+
+/// Every variable the package reads.
+pub const KNOBS: &[Knob] = &[
+    engine(
+        "XPU_ZEBIN_OCLOC",
+        Kind::Text,
+        "`ocloc` on `PATH`",
+        "the ocloc to use when none is passed",
+    ),
+    engine(
+        "XPU_ZEBIN_CACHE_DIR",
+        Kind::Text,
+        "`~/.cache/xpu-zebin`",
+        "the binary cache's directory (without a home, `cache` in the private directory); \
+         it must be this user's and not writable by others",
+    ),
+    engine(
+        "XPU_ZEBIN_CACHE_MAX_BYTES",
+        Kind::Bytes,
+        "1073741824 (1 GiB)",
+        "the cache's size bound in bytes; least recently used entries are evicted",
+    ),
+    engine(
+        "XPU_ZEBIN_TIMEOUT",
+        Kind::Seconds,
+        "900",
+        "seconds per compiler run (0: no limit; at most 1e9)",
+    ),
+    engine(
+        "XPU_ZEBIN_PERSISTENT",
+        Kind::Bool,
+        "true",
+        "false: one `ocloc` process per compile, no persistent workers",
+    ),
+    engine(
+        "XPU_ZEBIN_ISOLATED",
+        Kind::Bool,
+        "true",
+        "false: Level Zero compiles SPIR-V and loads native binaries in the calling process \
+         (an input that crashes IGC or the loader ends it)",
+    ),
+    engine(
+        "XPU_ZEBIN_WORKER_IDLE_SECONDS",
+        Kind::Seconds,
+        "300",
+        "an idle persistent worker exits after this long (0: each ends after its job); at \
+         most 8 idle per compiler",
+    ),
+    engine(
+        "XPU_ZEBIN_WORKER_RETRY_SECONDS",
+        Kind::Seconds,
+        "5",
+        "a worker kind that failed to start 3 times in a row is tried again after this long \
+         (doubling with each such failure, at most an hour); meanwhile ocloc runs one \
+         process per compile",
+    ),
+    engine(
+        "XPU_ZEBIN_CORE_SLOTS_DIR",
+        Kind::Text,
+        "`cores` in the private directory",
+        "where the host's core slots are; this user's processes sharing it share the cores \
+         (it must be this user's and not writable by others)",
+    ),
+    engine(
+        "XPU_ZEBIN_SIMULATED_DEVICE",
+        Kind::Text,
+        "unset: the real devices",
+        "`pvc`: Level Zero on a simulated device (development and CI only; set before \
+         import)",
+    ),
+    engine(
+        "XPU_ZEBIN_SPILL_POLICY",
+        Kind::SpillPolicy,
+        "`upstream`",
+        "when spills call for the large-GRF retry: `upstream` (upstream's current line, or \
+         the installed backend's own gate), `upstream@LINE[:PATH]`, `any`, `never`, \
+         `slots:N`, `bytes:N`, `min-bytes:N` (see GRF and spill rules)",
+    ),
+    engine(
+        "XPU_ZEBIN_BUNDLE",
+        Kind::Text,
+        "none (imported bundles are used)",
+        "bundle directories (`:`-separated) the Triton drop-ins load native code from",
+    ),
+    engine(
+        "XPU_ZEBIN_SIGNING_KEY",
+        Kind::Text,
+        "none",
+        "the secret key file a farm signs with (`xpu-zebin key generate`; owner-only)",
+    ),
+    engine(
+        "XPU_ZEBIN_TRUSTED_KEYS",
+        Kind::Text,
+        "none",
+        "the public keys (`name:hex`, comma- or blank-separated) whose store entries and \
+         bundles this node takes; set but empty, or malformed, is an error",
+    ),
+    Knob {
+        unusable: FAILS_THERE,
+        ..engine(
+            "XPU_ZEBIN_REMOTE",
+            Kind::Text,
+            "none: no store",
+            "the fleet's store: `redis://[user:password@]host:port/db` (`rediss://`: TLS)",
+        )
+    },
+    Knob {
+        unusable: FAILS_THERE,
+        ..engine(
+            "XPU_ZEBIN_REMOTE_MODE",
+            Kind::Text,
+            "`read-only`",
+            "`read-only` or `read-write` (publish what this node compiles, signed)",
+        )
+    },
+    engine(
+        "XPU_ZEBIN_REMOTE_TIMEOUT",
+        Kind::Seconds,
+        "2",
+        "the store's connect and read timeout in seconds; a whole read has ten of them",
+    ),
+    engine(
+        "XPU_ZEBIN_REMOTE_TTL",
+        Kind::Seconds,
+        "2592000 (30 days)",
+        "seconds a published entry lives (0: no expiry)",
+    ),
+    engine(
+        "XPU_ZEBIN_REMOTE_MAX_BYTES",
+        Kind::Bytes,
+        "268435456 (256 MiB)",
+        "the largest value read from the store",
+    ),
+    Knob {
+        name: "XPU_ZEBIN_TRITON",
+        kind: Kind::Bool,
+        reader: Reader::Python,
+        default: "false",
+        meaning: "true: Triton's XPU backend and driver use this package in every process \
+                  (read at interpreter start by the `.pth` hook)",
+        unusable: "one WARNING; the drop-in stays off",
+    },
+    Knob {
+        name: "XPU_ZEBIN_AUTOTUNE_JOBS",
+        kind: Kind::Count,
+        reader: Reader::Python,
+        default: "0: as many as cores (else `TRITON_AUTOTUNING_COMPILE_WORKERS`)",
+        meaning: "autotune configs compiled at once (1: off, Triton's own order)",
+        unusable: "one WARNING; configs are compiled one by one, as Triton does",
+    },
+    Knob {
+        name: "XPU_ZEBIN_AUTOTUNE_PIPELINE",
+        kind: Kind::Bool,
+        reader: Reader::Python,
+        default: "false",
+        meaning: "true: each autotune config is benchmarked as soon as it is built",
+        unusable: FAILS_THERE,
+    },
+    Knob {
+        name: "XPU_ZEBIN_AUTOTUNE_SCHEDULER",
+        kind: Kind::Text,
+        reader: Reader::Python,
+        default: "none",
+        meaning: "a Dask scheduler's address: autotune configs' native builds run on that \
+                  cluster",
+        unusable: "a scheduler that cannot be reached: one WARNING, the builds run here",
+    },
+    Knob {
+        name: "XPU_ZEBIN_WORKER_AUB_DIR",
+        kind: Kind::Text,
+        reader: Reader::Internal,
+        default: "none",
+        meaning: "where a worker on the simulated device writes its captures (set by the \
+                  package for its workers)",
+        unusable: ANY_TEXT,
+    },
+    Knob {
+        name: "TRITON_INTEL_DEVICE_ARCH",
+        kind: Kind::Text,
+        reader: Reader::Triton,
+        default: "the device's own",
+        meaning: "the architecture Triton builds for; the GRF ladder and the rules follow it",
+        unusable: ANY_TEXT,
+    },
+    Knob {
+        name: "TRITON_INTEL_ENABLE_IGC_SHADER_DUMP",
+        kind: Kind::Bool,
+        reader: Reader::Triton,
+        default: "false",
+        meaning: "`make_zebin` has IGC dump its shaders into the kernel's Triton cache \
+                  directory (`knobs.intel.dump_shader_info`)",
+        unusable: "anything but a true word is false, as in Triton",
+    },
+    Knob {
+        name: "TRITON_AUTOTUNING_COMPILE_WORKERS",
+        kind: Kind::Count,
+        reader: Reader::Triton,
+        default: "unset",
+        meaning: "upstream's parallel autotune compiles: at most 4 and half the cores, when \
+                  `XPU_ZEBIN_AUTOTUNE_JOBS` is unset",
+        unusable: "one WARNING; configs are compiled one by one, as Triton does",
+    },
+    Knob {
+        name: "TRITON_XPU_GEN_NATIVE_CODE",
+        kind: Kind::Bool,
+        reader: Reader::Triton,
+        default: "false",
+        meaning: "turned on by the drop-in before its first load, and left on: Triton's \
+                  driver then gets native binaries only",
+        unusable: "anything but a true word is false, as in Triton",
+    },
+    Knob {
+        name: "TRITON_DEBUG",
+        kind: Kind::Bool,
+        reader: Reader::Triton,
+        default: "false",
+        meaning: "the package's DEBUG log on stderr too, as Triton's own",
+        unusable: "anything but a true word is false, as in Triton",
+    },
+];
