@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import record
+
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent / "tests"
 
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 configs (the tests' run)")
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask row")
     parser.add_argument("--json", action="store_true", help="one line of JSON last")
+    record.add_output_argument(parser)
     args = parser.parse_args()
     on = {"XPU_ZEBIN_TRITON": "1"}
     if args.ocloc:
@@ -192,6 +195,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     for key, value in report.items():
         print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    record.write(args.output, "autotune", report, args.ocloc)
     if args.json:
         print(json.dumps(report))
 

@@ -29,6 +29,8 @@ from typing import Any, Dict, List
 
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
+import record
+
 import xpu_zebin
 from xpu_zebin import bundle, targets
 
@@ -160,6 +162,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dask", action="store_true", help="also build on a 2-worker LocalCluster")
     p.add_argument("--json", action="store_true")
+    record.add_output_argument(p)
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--child-model", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -220,6 +223,7 @@ def main() -> int:
     )  # fmt: skip
     results.update(model_start(work, profiles, ocloc, args.repeat))
     report(results, len(kernels), len(profiles), cores)
+    record.write(args.output, "cold_start", results, ocloc)
     if args.json:
         print(json.dumps(results))
     return 0

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
+import record
 import triton
 import triton.language as tl
 from triton.backends import backends
@@ -294,17 +295,20 @@ class Bench:
         self.repeat = repeat
         self.rows: list = []
         self.results: Dict[str, Any] = {}
+        self.times: list = []  # each row's measured seconds, both columns
 
     def compare(self, metric: str, label: str, base: Callable, pkg: Callable) -> None:
         b, p = timed(base, self.repeat), timed(pkg, self.repeat)
         ratio = statistics.median(b) / statistics.median(p)
         self.results[metric] = round(ratio, 2)
         self.rows.append((label, summary(b), summary(p), ratio))
+        self.times.append({"metric": metric, "label": label, "baseline_s": b, "package_s": p})
         print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
 
     def row(self, metric: str, label: str, base: list, pkg: list, ratio: float) -> None:
         self.results[metric] = round(ratio, 1)
         self.rows.append((label, summary(base), summary(pkg), ratio))
+        self.times.append({"metric": metric, "label": label, "baseline_s": base, "package_s": pkg})
 
 
 def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
@@ -426,6 +430,7 @@ def main() -> int:
     parser.add_argument(
         "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
     )
+    record.add_output_argument(parser)
     parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
     parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -449,8 +454,9 @@ def main() -> int:
     _core.shutdown_workers()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print_report(bench, ocloc, machine)
+    bench.results.update(compiler=ocloc, machine=machine, repeat=bench.repeat)
+    record.write(args.output, "compare", {**bench.results, "rows": bench.times}, ocloc)
     if args.json:
-        bench.results.update(compiler=ocloc, machine=machine, repeat=bench.repeat)
         print(json.dumps(bench.results))
     return 0
 

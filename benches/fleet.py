@@ -38,6 +38,8 @@ from typing import Any, Dict, Tuple
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
 HERE = Path(__file__).resolve().parent
+import record  # noqa: E402  (benches/, beside this file)
+
 MANAGER = "xpu_zebin.triton.fleet_cache:FleetCacheManager"
 
 
@@ -124,6 +126,7 @@ def main() -> int:
     p.add_argument("--kernels", type=int, default=1000, help="at most this many pairs")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    record.add_output_argument(p)
     args = p.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2], args.child[3])
@@ -193,6 +196,7 @@ def main() -> int:
           f"({r['fleet_speedup']}x); Triton front end skipped {r['triton_fleet_speedup']}x; "
           f"against Triton's own remote cache {r['vs_triton_remote']}x; tampered entries "
           f"loaded {r['tampered_loaded']}", file=sys.stderr)  # fmt: skip
+    record.write(args.output, "fleet", r, ocloc)
     if args.json:
         print(json.dumps(r))
     return 0

@@ -24,7 +24,7 @@ VENV="$ROOT/.test-venv"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q "${wheel}[test]" >/dev/null
+"$VENV/bin/python" -m pip install -q "${wheel}[test,docs]" >/dev/null
 NO_RUST_PATH="$VENV/bin:$(tr ':' '\n' <<<"$PATH" | grep -v -e '\.cargo' -e 'rustup' | paste -sd: -)"
 if PATH="$NO_RUST_PATH" command -v cargo >/dev/null 2>&1; then
   echo "test: cargo is still on PATH for the installed-wheel tests" >&2
@@ -32,8 +32,8 @@ if PATH="$NO_RUST_PATH" command -v cargo >/dev/null 2>&1; then
 fi
 
 echo "== ruff" >&2
-PATH="$NO_RUST_PATH" ruff check python tests benches
-PATH="$NO_RUST_PATH" ruff format --check python tests benches
+PATH="$NO_RUST_PATH" ruff check python tests benches scripts docs
+PATH="$NO_RUST_PATH" ruff format --check python tests benches scripts docs
 
 echo "== pytest on the installed wheel (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
 # pytest exits 5 when it collected no tests: set -e turns that into a failure too.

@@ -2,7 +2,7 @@
 
 Each row is an input, upstream's answer as its sources define it (the PR cited), and what
 the drop-in must return: the flags tried, the flags chosen, ``n_regs``, and for the JIT
-path ``n_spills`` in upstream's unit. README's conformance table is this table.
+path ``n_spills`` in upstream's unit. The conformance table (docs/grf-rules.md) is this table.
 ``make_zebin`` runs the modern ocloc (IGC 2.x, which has the PTSS check); ``load_binary``
 runs the Level Zero driver's JIT on the simulated PVC (IGC 1.x)."""
 

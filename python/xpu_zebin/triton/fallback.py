@@ -45,7 +45,7 @@ def _say_once(key: Any, message: str, *args: Any) -> None:
 def note_kept_default(name: str, result: Any) -> None:
     """A default-GRF build that spilled, whose large-GRF rebuild failed, is kept: upstream's
     make_zebin raises the rebuild's error there, the package keeps the working build (never
-    worse than upstream; README's conformance table). Said once per process."""
+    worse than upstream; the conformance table, docs/grf-rules.md). Said once per process."""
     attempts = getattr(result, "attempts", [])
     if len(attempts) == 2 and attempts[0].ok and not attempts[1].ok:
         _say_once(

@@ -1,0 +1,155 @@
+"""The benchmarks' JSON (``--output`` of each bench, kept in ``benches/results/``) as charts
+(SVG, matplotlib) and tables, for the documentation's benchmarks page.
+
+    python benches/plot.py [RESULTS_DIR] [--out DIR]   # writes DIR/<bench>.svg
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(results_dir: Path = HERE / "results") -> Dict[str, dict]:
+    """Every bench's latest record in ``results_dir``, by bench name."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("*.json"))}
+
+
+def _svg(fig) -> bytes:
+    out = io.BytesIO()
+    fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return out.getvalue()
+
+
+def _bars(title: str, xlabel: str, labels: List[str], series: List[Tuple[str, List[float]]],
+          log: bool = False) -> bytes:  # fmt: skip
+    """Horizontal bars, one group per label, one bar per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "xpu-zebin"  # the same SVG for the same data
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(labels) * max(1, len(series))))
+    height = 0.8 / len(series)
+    for i, (name, values) in enumerate(series):
+        ys = [j + i * height for j in range(len(labels))]
+        ax.barh(ys, values, height=height, label=name)
+        for y, v in zip(ys, values):
+            ax.annotate(f"{v:.3g}", (v, y), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=8)  # fmt: skip
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(labels))], labels)
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    svg = _svg(fig)
+    plt.close(fig)
+    return svg
+
+
+def _spread(seconds: List[float]) -> str:
+    return f"{statistics.median(seconds):.3f} [{min(seconds):.3f}-{max(seconds):.3f}]"
+
+
+def _compare(r: dict) -> Tuple[bytes, str]:
+    rows = r["results"]["rows"]
+    labels = [row["label"] for row in rows]
+    ratios = [statistics.median(row["baseline_s"]) / statistics.median(row["package_s"])
+              for row in rows]  # fmt: skip
+    chart = _bars("xpu-zebin against upstream's way (higher is better)", "speedup (log scale)",
+                  labels, [("speedup", ratios)], log=True)  # fmt: skip
+    table = ["| case | baseline, median [min-max] s | xpu-zebin, median [min-max] s | ratio |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    for row, ratio in zip(rows, ratios):
+        b, p = (_spread(row["baseline_s"]), _spread(row["package_s"]))
+        table.append(f"| {row['label']} | {b} | {p} | {ratio:.1f} |")
+    return chart, "\n".join(table)
+
+
+def _fleet(r: dict) -> Tuple[bytes, str]:
+    x = r["results"]
+    chart = _bars("A fresh node's time for the model's kernels (lower is better)", "seconds (log)",
+                  ["compile from scratch", "from the signed store"],
+                  [("seconds", [x["b_scratch_s"], x["b_remote_s"]])], log=True)  # fmt: skip
+    table = ["| measure | value |", "| --- | --- |",
+             f"| kernel-config pairs | {x['kernels']} |",
+             f"| node B from scratch / from the store "
+             f"| {x['b_scratch_s']} s / {x['b_remote_s']} s |",
+             f"| `fleet_speedup` (target: at least 50) | {x['fleet_speedup']} |",
+             f"| `triton_fleet_speedup` (Triton's front end skipped) "
+             f"| {x['triton_fleet_speedup']} |",
+             f"| `vs_triton_remote` (against Triton's own Redis cache; target: within 1.2) "
+             f"| {x['vs_triton_remote']} |",
+             f"| `tampered_loaded` (must be 0) | {x['tampered_loaded']} |"]  # fmt: skip
+    return chart, "\n".join(table)
+
+
+def _cold_start(r: dict) -> Tuple[bytes, str]:
+    x = r["results"]
+    labels = ["load every kernel: JIT / bundle"]
+    series = [("upstream's way", [x["jit_load_s"]]), ("xpu-zebin", [x["bundle_load_s"]])]
+    if "model_start_s" in x and "model_start_imported_s" in x:
+        labels.append("model start: nothing / after bundle import")
+        series[0][1].append(x["model_start_s"])
+        series[1][1].append(x["model_start_imported_s"])
+    chart = _bars("A cold start on a new node (lower is better)", "seconds (log)", labels, series,
+                  log=True)  # fmt: skip
+    table = ["| measure | value |", "| --- | --- |"]
+    table += [f"| `{k}` | {v} |" for k, v in sorted(x.items()) if not isinstance(v, (dict, list))]
+    return chart, "\n".join(table)
+
+
+def _autotune(r: dict) -> Tuple[bytes, str]:
+    x = r["results"]
+    runs = [(k[: -len("_seconds")], v) for k, v in x.items()
+            if k.endswith("_seconds") and isinstance(v, (int, float))]  # fmt: skip
+    chart = _bars("An autotuner's first call (lower is better)", "seconds",
+                  [k for k, _ in runs], [("seconds", [v for _, v in runs])])  # fmt: skip
+    table = ["| measure | value |", "| --- | --- |"]
+    table += [f"| `{k}` | {v:.3f} |" if isinstance(v, float) else f"| `{k}` | {v} |"
+              for k, v in sorted(x.items()) if not isinstance(v, (dict, list))]  # fmt: skip
+    return chart, "\n".join(table)
+
+
+#: Each bench's chart and table, and the page's words for it.
+FIGURES: Dict[str, Tuple[str, Callable[[dict], Tuple[bytes, str]]]] = {
+    "compare": ("Against upstream's way: `benches/compare.py`", _compare),
+    "fleet": ("A fleet through a real Redis: `benches/fleet.py`", _fleet),
+    "cold_start": ("Cold start on a new node: `benches/cold_start.py`", _cold_start),
+    "autotune": ("Autotuning at full width: `benches/autotune.py`", _autotune),
+}
+
+
+def machine_line(record: dict) -> str:
+    m = record.get("machine", {})
+    return (f"Measured {record.get('date', '?')} on {m.get('cpu', '?')}, {m.get('cores', '?')} "
+            f"cores, {m.get('memory_gib', '?')} GiB, {m.get('os', '?')}, Python "
+            f"{m.get('python', '?')}, xpu-zebin {m.get('xpu_zebin', '?')}; GPU: "
+            f"{m.get('gpu', '?')}; compiler: `{m.get('compiler', '?')}`.")  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="?", default=str(HERE / "results"))
+    p.add_argument("--out", default=".")
+    args = p.parse_args()
+    for name, record in load(Path(args.results)).items():
+        if name in FIGURES:
+            chart, _ = FIGURES[name][1](record)
+            (Path(args.out) / f"{name}.svg").write_bytes(chart)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
