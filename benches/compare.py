@@ -204,11 +204,12 @@ def rss_probe(side: str, ocloc: str, spirv_path: str) -> int:
     return 0
 
 
-def dask_batch(ocloc: str, batch: List[bytes], repeat: int, rows: list, results: dict) -> None:
+def dask_batch(ocloc: str, batch: List[bytes], bench: Bench) -> None:
     """The mixed batch on a 2-worker Dask LocalCluster (workers warm, as a standing cluster
     has them) against the local compile_many and the sequential baseline, same run."""
     from xpu_zebin.dask import cluster_client
 
+    repeat, results = bench.repeat, bench.results
     reqs = [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
     with cluster_client(local_workers=2) as client:
         xpu_zebin.compile_many(reqs[:2], client=client)  # start each worker's compilers
@@ -218,20 +219,20 @@ def dask_batch(ocloc: str, batch: List[bytes], repeat: int, rows: list, results:
     med = statistics.median
     results["dask_batch_speedup"] = round(med(base) / med(on_dask), 2)
     results["dask_overhead_percent"] = round(100 * (med(on_dask) / med(local) - 1), 1)
-    rows.append((f"batch of {len(batch)} on 2 Dask workers", summary(base), summary(on_dask),
-                 med(base) / med(on_dask)))  # fmt: skip
+    bench.add(f"batch of {len(batch)} on 2 Dask workers", base, on_dask, med(base) / med(on_dask))
     overhead = results["dask_overhead_percent"]
     print(f"  Dask batch: {results['dask_batch_speedup']:.2f}x, {overhead}% over local",
           file=sys.stderr)  # fmt: skip
 
 
-def sweep(ocloc: str, repeat: int, rows: list, results: dict) -> None:
+def sweep(ocloc: str, bench: Bench) -> None:
     """An autotune sweep of 6 configs (num_warps 1..32) of a register-heavy kernel: as
     Triton's autotuner compiles it (one config after another, upstream make_zebin: one
     ocloc per attempt, the ladder in sequence) against compile_configs, each from a cold
     Triton cache and a cold binary cache."""
     import xpu_zebin.triton as xt
 
+    repeat, results = bench.repeat, bench.results
     sig = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
     configs = [triton.Config({"BLOCK": 16384}, num_warps=w) for w in (1, 2, 4, 8, 16, 32)]
     target = GPUTarget("xpu", ARCH, 32)
@@ -279,7 +280,7 @@ def sweep(ocloc: str, repeat: int, rows: list, results: dict) -> None:
     results["sweep_baseline_split_s"] = {
         k: round(statistics.median(v), 2) for k, v in split.items()
     }
-    rows.append((f"autotune sweep of {len(configs)} configs", summary(b), summary(p), ratio))
+    bench.add(f"autotune sweep of {len(configs)} configs", b, p, ratio)
     print(f"  autotune sweep: {ratio:.2f}x", file=sys.stderr)
     for key, value in saved.items():
         if value is None:
@@ -301,14 +302,17 @@ class Bench:
         b, p = timed(base, self.repeat), timed(pkg, self.repeat)
         ratio = statistics.median(b) / statistics.median(p)
         self.results[metric] = round(ratio, 2)
-        self.rows.append((label, summary(b), summary(p), ratio))
-        self.times.append({"metric": metric, "label": label, "baseline_s": b, "package_s": p})
+        self.add(label, b, p, ratio)
         print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
 
     def row(self, metric: str, label: str, base: list, pkg: list, ratio: float) -> None:
         self.results[metric] = round(ratio, 1)
+        self.add(label, base, pkg, ratio)
+
+    def add(self, label: str, base: list, pkg: list, ratio: float) -> None:
+        """One row of the table and of the JSON (each side's seconds, and the ratio)."""
         self.rows.append((label, summary(base), summary(pkg), ratio))
-        self.times.append({"metric": metric, "label": label, "baseline_s": base, "package_s": pkg})
+        self.times.append({"label": label, "baseline_s": base, "package_s": pkg, "ratio": ratio})
 
 
 def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
@@ -334,7 +338,7 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
         ),
     )  # fmt: skip
     if dask:
-        dask_batch(ocloc, batch, bench.repeat, bench.rows, bench.results)
+        dask_batch(ocloc, batch, bench)
     bench.compare(
         "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
         lambda: [baseline_compile(ocloc, s) for s in small],
@@ -396,8 +400,8 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
     small_isolated = timed(lambda: ze(kernels["add1024"]), max(repeat, 20))
     overhead = statistics.median(small_isolated) / statistics.median(small_in_process) - 1
     bench.results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
-    bench.rows.append(("Level Zero small kernel: in-process/isolated", summary(small_in_process),
-                       summary(small_isolated), 1 / (1 + overhead)))  # fmt: skip
+    bench.add("Level Zero small kernel: in-process/isolated", small_in_process, small_isolated,
+              1 / (1 + overhead))  # fmt: skip
 
 
 def print_report(bench: Bench, ocloc: str, machine: str) -> None:
@@ -444,7 +448,7 @@ def main() -> int:
     batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
     offline_cases(bench, ocloc, kernels, batch, args.dask)
     level_zero_cases(bench, kernels, batch)
-    sweep(ocloc, bench.repeat, bench.rows, bench.results)
+    sweep(ocloc, bench)
     spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
     spv_path.write_bytes(kernels["matmul128"])
     bench.results["peak_rss_mb"] = {

@@ -69,4 +69,5 @@ def write(
         "machine": machine(compiler),
         "results": results,
     }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -5,8 +5,8 @@ both backends and ``compile_many``, and what the process holds before and after.
 Reports open file descriptors, live child processes (everything the package started:
 workers, ocloc), the package's temp files and RSS at the start (after a warm-up) and at the
 end, every result's kind, and lost results (a request with neither a result nor a
-classified ``BuildError``: must be zero). Not a test: run it by hand, figures go in the
-README.
+classified ``BuildError``: must be zero). Not a test: run it by hand; its figures are in
+docs/benchmarks.md.
 
     python benches/soak.py --ocloc ~/.cache/xpu-zebin/toolchain/modern/bin/ocloc --count 2000
 """

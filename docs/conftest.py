@@ -1,23 +1,34 @@
-"""The pages' examples run as tests (``pytest --markdown-docs docs``, in the README's test
-command) against the installed package, the real compilers and the real Level Zero driver
-on the simulated PVC. Only what cannot exist on a machine without an Intel GPU stands in:
-Triton's active driver (``tests/triton_helpers.CpuDriver``: kernels load through the real
-driver, launches are recorded), so that Triton's front end runs on the CPU. Examples write
-their files in a temporary directory of their own."""
+"""The pages' examples run as tests (``pytest --markdown-docs docs``, which
+``tests/test_docs.py`` runs in the README's test command) against the installed package,
+the real compilers and the real Level Zero driver on the simulated PVC. Only what cannot
+exist on a machine without an Intel GPU stands in: Triton's active driver
+(``tests/triton_helpers.CpuDriver``: kernels load through the real driver, launches are
+recorded), so that Triton's front end runs on the CPU. The examples write their files,
+caches and the package's private directory in a temporary directory of their own, removed
+at exit, and never reach a store, bundle, policy or drop-in setting of the user's."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
+#: What the examples may take from the environment: the compiler to use.
+KEPT = ("XPU_ZEBIN_OCLOC",)
+for name in [n for n in os.environ if n.startswith(("XPU_ZEBIN_", "TRITON_")) and n not in KEPT]:
+    del os.environ[name]
+os.environ["XPU_ZEBIN_SIMULATED_DEVICE"] = "pvc"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 WORK = Path(tempfile.mkdtemp(prefix="xpu-zebin-docs-"))
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 os.chdir(WORK)
-os.environ["XPU_ZEBIN_CACHE_DIR"] = str(WORK / "cache")  # never the user's own cache
+os.environ["XPU_ZEBIN_CACHE_DIR"] = str(WORK / "cache")
+os.environ["TMPDIR"] = str(WORK)  # the package's private directory is the examples' own
+tempfile.tempdir = None
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

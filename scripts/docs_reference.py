@@ -13,12 +13,17 @@ from typing import Dict, Iterable, List
 ROOT = Path(__file__).resolve().parent.parent
 #: The package's own variables: every name the code spells like this must be in the table.
 KNOB_NAME = re.compile(r"\bXPU_ZEBIN_[A-Z0-9_]*[A-Z0-9]\b")
+#: Triton's variables the code reads or sets (its docstrings name many more it does not).
+TRITON_READ = re.compile(
+    r"""(?:environ(?:\.get|\.pop|\.setdefault)?\s*[\[(]|getenv\(|_ENV\s*=)\s*["'](TRITON_[A-Z0-9_]+)["']"""
+)
 FIELDS = ("name", "kind", "reader", "default", "meaning", "unusable")
 READERS = {
     "engine": "Read by the engine, checked before every request",
     "python": "Read by the Python package",
     "triton": "Triton's own variables, which the drop-ins follow",
     "internal": "Set by the package for its own processes (never set them yourself)",
+    "system": "Standard variables the package follows",
 }
 
 
@@ -35,11 +40,19 @@ def _sources(root: Path) -> Iterable[Path]:
         yield from sorted((root / "python").rglob(pattern))
 
 
+def _code(path: Path) -> str:
+    """A source file's text; a Rust file's unit tests (from ``#[cfg(test)]`` on) left out."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return text.split("#[cfg(test)]", 1)[0] if path.suffix == ".rs" else text
+
+
 def names_in_code(root: Path = ROOT) -> Dict[str, str]:
-    """Every ``XPU_ZEBIN_*`` name the code spells, with one file that does."""
+    """Every ``XPU_ZEBIN_*`` name the code spells, and every ``TRITON_*`` variable it reads
+    or sets, with one file that does."""
     found: Dict[str, str] = {}
     for path in _sources(root):
-        for name in KNOB_NAME.findall(path.read_text(encoding="utf-8", errors="replace")):
+        text = _code(path)
+        for name in KNOB_NAME.findall(text) + TRITON_READ.findall(text):
             found.setdefault(name, str(path.relative_to(root)))
     return found
 
@@ -55,9 +68,13 @@ def check(knobs: List[dict], root: Path = ROOT) -> None:
         if k.get("reader") not in READERS:
             problems.append(f"{k.get('name', '?')}: read by {k.get('reader')!r}, unknown")
     known = {k.get("name") for k in knobs}
-    for name, where in sorted(names_in_code(root).items()):
+    named = names_in_code(root)
+    for name, where in sorted(named.items()):
         if name not in known:
             problems.append(f"{name} (read in {where}) is not in src/knobs/table.rs")
+    code = "\n".join(_code(p) for p in _sources(root))
+    for name in sorted(n for n in known if n and n not in named and n not in code):
+        problems.append(f"{name} is in src/knobs/table.rs but no code reads it")
     if problems:
         raise Undocumented("undocumented environment variables:\n  " + "\n  ".join(problems))
 

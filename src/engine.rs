@@ -175,6 +175,21 @@ pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildE
     slot(req).map(|e| (e.cache, e.key, e.kernel))
 }
 
+/// The request's device (trimmed) and time limit, checked as every path checks them
+/// before anything runs.
+fn checked(req: &CompileRequest) -> Result<(&str, Option<Duration>), BuildError> {
+    req.options.check(&[("device", &req.device)])?;
+    let timeout = crate::knobs::effective_timeout(req.options.timeout)?;
+    let device = req.device.trim();
+    if device.is_empty() {
+        return Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            "device is empty: name a target such as pvc",
+        ));
+    }
+    Ok((device, timeout))
+}
+
 /// Where `req`'s answer is cached, with what was learned computing it (the SPIR-V checked
 /// once: a fleet's node looks locally, then takes the store's entry, with one slot).
 pub struct Slot {
@@ -188,11 +203,11 @@ pub struct Slot {
     options: Options,
 }
 
-/// The slot that answers `req`: its SPIR-V validated, its kernel chosen, its key computed.
+/// The slot that answers `req`: its SPIR-V validated, its kernel chosen, its key computed;
+/// a request `compile` would refuse is refused here too.
 pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
     let o = &req.options;
-    o.check(&[("device", &req.device)])?;
-    let device = req.device.trim();
+    let (device, _) = checked(req)?;
     let module = spirv::validate(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
@@ -245,6 +260,12 @@ impl Slot {
     /// own key (a checksum over key and body: an entry replayed under another key fails)
     /// and hold a zebin with this kernel whose record describes it.
     pub fn adopt(&self, entry: &[u8]) -> Result<Compiled, BuildError> {
+        if !self.options.cache {
+            return Err(BuildError::new(
+                ErrorKind::InvalidArgument,
+                "the cache is off for this request: nothing is taken into it",
+            ));
+        }
         let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
         let kernel = &self.kernel;
@@ -291,19 +312,10 @@ fn compile_inner(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let o = &req.options;
-    o.check(&[("device", &req.device)])?;
-    let device = req.device.trim();
-    let timeout = crate::knobs::effective_timeout(o.timeout)?;
+    let (device, timeout) = checked(req)?;
     let module = spirv::validate(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
-    if device.is_empty() {
-        return Err(BuildError::new(
-            ErrorKind::InvalidArgument,
-            "device is empty: name a target such as pvc",
-        )
-        .into());
-    }
     let rule = o.rule(Path::Offline)?;
     let ladder = grf::own_mode_is_explicit(
         o.ladder(o.device_arch.as_deref().unwrap_or(device))?,

@@ -9,11 +9,33 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "benches" / "compare.py"
+sys.path.insert(0, str(BENCH.parent))
+import plot  # noqa: E402  (benches/plot.py: the JSON a bench writes, drawn for the docs)
+
+
+def _drawn(results_dir: Path, bench: str) -> dict:
+    """The bench's ``--output`` record, with the machine, as the docs draw it."""
+    record = plot.load(results_dir)[bench]
+    assert record["machine"]["cores"] and record["machine"]["compiler"]
+    chart, table = plot.FIGURES[bench][1](record)
+    assert chart.startswith(b"<?xml") and b"<svg" in chart and table.count("\n") >= 2
+    return record
 
 
 def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--ocloc", modern_ocloc, "--repeat", "1", "--json", "--dask"],
+        [
+            sys.executable,
+            str(BENCH),
+            "--ocloc",
+            modern_ocloc,
+            "--repeat",
+            "1",
+            "--json",
+            "--dask",
+            "--output",
+            str(tmp_path / "out" / "compare.json"),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -37,6 +59,9 @@ def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
     assert report["peak_rss_mb"]["package_workers"] > 0
     assert "ze_isolation_overhead_percent" in report and "dask_overhead_percent" in report
     assert "| PTSS kernel, needs large GRF" in run.stdout
+    rows = _drawn(tmp_path / "out", "compare")["results"]["rows"]
+    printed = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == len(printed) - 1  # every printed row (less the header) is recorded
 
 
 def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
@@ -44,7 +69,8 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     tampered entry loaded (that one is a count, not a timing)."""
     fleet = BENCH.parent / "fleet.py"
     run = subprocess.run(
-        [sys.executable, str(fleet), "--ocloc", system_ocloc, "--kernels", "4", "--json"],
+        [sys.executable, str(fleet), "--ocloc", system_ocloc, "--kernels", "4", "--json",
+         "--output", str(tmp_path / "out" / "fleet.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
@@ -52,3 +78,4 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     for key in ("fleet_speedup", "triton_fleet_speedup", "vs_triton_remote"):
         assert report[key] > 0, key
     assert report["b_sources"] == {"remote": 4} and report["tampered_loaded"] == 0
+    assert _drawn(tmp_path / "out", "fleet")["results"] == report

@@ -84,13 +84,24 @@ def test_a_variable_with_an_empty_description_is_refused(field):
     docs_reference.check(xpu_zebin._core.knobs())
 
 
-def test_the_pages_examples_run_on_the_installed_package():
-    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-    fences = sum(len(re.findall(r"^```python", p.read_text(), re.M)) for p in pages)
+def _fences(text: str) -> list:
+    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+
+
+def test_the_readmes_example_is_the_quick_starts():
+    """The README's example runs as the quick start's (under docs/conftest.py's isolation)."""
+    (readme,) = _fences((ROOT / "README.md").read_text())
+    assert readme in _fences((ROOT / "docs" / "quickstart.md").read_text())
+
+
+def test_the_pages_examples_run_on_the_installed_package(tmp_path):
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    fences = sum(len(_fences(p.read_text())) for p in pages)
     ran = subprocess.run(
         [sys.executable, "-m", "pytest", "--markdown-docs", "-p", "no:randomly", "-q",
          "-p", "no:cacheprovider", *map(str, pages)],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # docs/conftest.py isolates the rest
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
     assert re.search(rf"\b{fences} passed\b", ran.stdout), (fences, ran.stdout[-2000:])

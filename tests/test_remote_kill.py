@@ -21,6 +21,9 @@ from xpu_zebin import remote
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+MARKER = b"\r\nSET\r\n"  # a SET command's name, as RESP sends it
+
+
 class HoldingProxy:
     """Forwards a node's bytes to Redis until its first SET is under way, then forwards
     only part of that command and holds the rest back (``held`` is set)."""
@@ -29,6 +32,7 @@ class HoldingProxy:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
+        self.sock.settimeout(600)  # accept() never waits past the test's own deadlines
         self.port = self.sock.getsockname()[1]
         self.upstream_port, self.keep = upstream_port, keep
         self.held = threading.Event()
@@ -37,10 +41,14 @@ class HoldingProxy:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
-        conn, _ = self.sock.accept()
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:  # stopped, or nobody came: the test says why
+            self.closed.set()
+            return
         up = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=60)
         threading.Thread(target=self._back, args=(up, conn), daemon=True).start()
-        pending, sent_of_set = b"", None
+        pending, tail, sent_of_set = b"", b"", None
         try:
             while chunk := conn.recv(65536):
                 if self.held.is_set():
@@ -48,13 +56,14 @@ class HoldingProxy:
                     continue
                 pending += chunk
                 if sent_of_set is None:
-                    at = pending.find(b"\r\nSET\r\n")
-                    if at < 0:
+                    # The marker may start in bytes already forwarded (a split read).
+                    at = (tail + pending).find(MARKER) - len(tail)
+                    if at < -len(tail):
                         up.sendall(pending)
-                        pending = b""
+                        tail, pending = (tail + pending)[-len(MARKER) :], b""
                         continue
-                    up.sendall(pending[:at])
-                    pending, sent_of_set = pending[at:], 0
+                    up.sendall(pending[: max(at, 0)])
+                    pending, sent_of_set = pending[max(at, 0) :], max(-at, 0)
                 room = self.keep - sent_of_set  # the command's start, part of its value
                 up.sendall(pending[:room])
                 sent_of_set += min(room, len(pending))
@@ -78,6 +87,10 @@ class HoldingProxy:
             pass
 
     def stop(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes an accept() still waiting
+        except OSError:
+            pass
         self.sock.close()
 
 
@@ -109,7 +122,8 @@ def test_a_node_killed_mid_write_leaves_nothing_half_written(keys, spirvs, syste
         node_a = subprocess.Popen([sys.executable, "-c", NODE, str(spirv_file), system_ocloc],
                                   env=env)  # fmt: skip
         try:
-            assert proxy.held.wait(300), "node A never wrote to the store"
+            while not proxy.held.wait(0.5):  # node A's exit, if it ends first, says why
+                assert node_a.poll() is None, f"node A ended ({node_a.returncode}) unwritten"
             os.kill(node_a.pid, signal.SIGKILL)
             assert node_a.wait(timeout=60) == -signal.SIGKILL
         finally:

@@ -20,6 +20,7 @@ for a minute after a failure to reach it."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -106,7 +107,7 @@ def config() -> Optional[Config]:
         url=url,
         read_write=mode == "read-write",
         timeout=_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT) or DEFAULT_TIMEOUT,
-        ttl=int(_seconds(TTL_ENV, DEFAULT_TTL)),
+        ttl=math.ceil(_seconds(TTL_ENV, DEFAULT_TTL)),  # 0.5 s lives a second, not forever
         max_bytes=int(max_text) if max_text else DEFAULT_MAX_BYTES,
     )
 

@@ -117,6 +117,7 @@ pub fn knobs(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyDict>>> {
                 Reader::Python => "python",
                 Reader::Triton => "triton",
                 Reader::Internal => "internal",
+                Reader::System => "system",
             };
             d.set_item("reader", reader)?;
             d.set_item("default", k.default)?;

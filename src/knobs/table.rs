@@ -17,6 +17,8 @@ pub enum Reader {
     Triton,
     /// Set by the package for its own worker processes: never set it yourself.
     Internal,
+    /// A standard variable of the system the package follows.
+    System,
 }
 
 /// One environment variable.
@@ -70,7 +72,7 @@ pub const KNOBS: &[Knob] = &[
     engine(
         "XPU_ZEBIN_CACHE_DIR",
         Kind::Text,
-        "`~/.cache/xpu-zebin`",
+        "`$XDG_CACHE_HOME/xpu-zebin`, else `~/.cache/xpu-zebin`",
         "the binary cache's directory (without a home, `cache` in the private directory); \
          it must be this user's and not writable by others",
     ),
@@ -148,13 +150,17 @@ pub const KNOBS: &[Knob] = &[
         "none",
         "the secret key file a farm signs with (`xpu-zebin key generate`; owner-only)",
     ),
-    engine(
-        "XPU_ZEBIN_TRUSTED_KEYS",
-        Kind::Text,
-        "none",
-        "the public keys (`name:hex`, comma- or blank-separated) whose store entries and \
-         bundles this node takes; set but empty, or malformed, is an error",
-    ),
+    Knob {
+        unusable: FAILS_THERE,
+        ..engine(
+            "XPU_ZEBIN_TRUSTED_KEYS",
+            Kind::Text,
+            "none",
+            "the public keys (`name:hex`, comma- or blank-separated) whose store entries \
+             and bundles this node takes; a list that names no key (`,`) or a malformed key \
+             is an error, never \"trust nothing\"",
+        )
+    },
     Knob {
         unusable: FAILS_THERE,
         ..engine(
@@ -177,13 +183,14 @@ pub const KNOBS: &[Knob] = &[
         "XPU_ZEBIN_REMOTE_TIMEOUT",
         Kind::Seconds,
         "2",
-        "the store's connect and read timeout in seconds; a whole read has ten of them",
+        "the store's connect and read timeout in seconds (0: the default); a whole read \
+         has ten of them",
     ),
     engine(
         "XPU_ZEBIN_REMOTE_TTL",
         Kind::Seconds,
         "2592000 (30 days)",
-        "seconds a published entry lives (0: no expiry)",
+        "seconds a published entry lives, rounded up to whole seconds (0: no expiry)",
     ),
     engine(
         "XPU_ZEBIN_REMOTE_MAX_BYTES",
@@ -256,8 +263,8 @@ pub const KNOBS: &[Knob] = &[
         kind: Kind::Count,
         reader: Reader::Triton,
         default: "unset",
-        meaning: "upstream's parallel autotune compiles: at most 4 and half the cores, when \
-                  `XPU_ZEBIN_AUTOTUNE_JOBS` is unset",
+        meaning: "upstream's parallel autotune compiles, when `XPU_ZEBIN_AUTOTUNE_JOBS` is \
+                  unset: N at once (0: half the cores, at most 4, as upstream's PR)",
         unusable: "one WARNING; configs are compiled one by one, as Triton does",
     },
     Knob {
@@ -268,6 +275,43 @@ pub const KNOBS: &[Knob] = &[
         meaning: "turned on by the drop-in before its first load, and left on: Triton's \
                   driver then gets native binaries only",
         unusable: "anything but a true word is false, as in Triton",
+    },
+    Knob {
+        name: "TRITON_CACHE_DIR",
+        kind: Kind::Text,
+        reader: Reader::Triton,
+        default: "Triton's (`~/.triton/cache`)",
+        meaning: "Triton's cache; `precompile` points it at a directory of its own while it \
+                  runs Triton's front end, and `bundle import` writes Triton's entries there",
+        unusable: ANY_TEXT,
+    },
+    Knob {
+        name: "TRITON_CACHE_MANAGER",
+        kind: Kind::Text,
+        reader: Reader::Triton,
+        default: "Triton's file cache",
+        meaning: "`xpu_zebin.triton.fleet_cache:FleetCacheManager` keeps Triton's entries in \
+                  the fleet's signed store; with one set, `precompile` uses its cache rather than \
+                  a private one",
+        unusable: "Triton's own error when it imports the class",
+    },
+    Knob {
+        name: "XDG_CACHE_HOME",
+        kind: Kind::Text,
+        reader: Reader::System,
+        default: "`~/.cache`",
+        meaning: "where the binary cache goes when `XPU_ZEBIN_CACHE_DIR` is unset",
+        unusable: ANY_TEXT,
+    },
+    Knob {
+        name: "TMPDIR",
+        kind: Kind::Text,
+        reader: Reader::System,
+        default: "`/tmp`",
+        meaning: "holds the package's private directory (`xpu-zebin-<uid>`: core slots, the \
+                  record of binaries that loaded safely and of refused compilers)",
+        unusable: "a private directory someone else made: one WARNING, the package goes on \
+                   without it",
     },
     Knob {
         name: "TRITON_DEBUG",
