@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
     p.add_argument("--kernels", type=int, default=1000, help="at most this many pairs")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="fresh node B processes per case, alternated: medians")  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     record.add_output_argument(p)
@@ -157,29 +160,38 @@ def main() -> int:
         public = xpu_zebin._core.key_generate(str(key), "farm")
         signer = {"XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_REMOTE_MODE": "read-write"}
         trust = {"XPU_ZEBIN_TRUSTED_KEYS": public}
-        n = args.kernels
-        r: Dict[str, Any] = {}
-        # Native code: A publishes, B compiles from scratch, B takes it from the store.
+        n, repeat = args.kernels, max(1, args.repeat)
+        r: Dict[str, Any] = {"repeat": repeat}
+        med = lambda runs: statistics.median(x["seconds"] for x in runs)  # noqa: E731
+        # Native code: A publishes; B, fresh each time, compiles from scratch or takes it
+        # from the store (alternated, so that the machine's drift hits both alike).
         run_node("native", _node_env(work, "a", url, **signer), n, ocloc)
-        scratch = run_node("native", _node_env(work, "b0", ""), n, ocloc)
-        shared = run_node("native", _node_env(work, "b1", url, **trust), n, ocloc)
-        r["kernels"] = sum(shared["sources"].values())
-        r["fleet_speedup"] = round(scratch["seconds"] / shared["seconds"], 2)
-        r["b_scratch_s"] = round(scratch["seconds"], 2)
-        r["b_remote_s"] = round(shared["seconds"], 3)
-        r["b_sources"] = shared["sources"]
+        scratch, shared = [], []
+        for i in range(repeat):
+            scratch.append(run_node("native", _node_env(work, f"b0-{i}", ""), n, ocloc))
+            shared.append(run_node("native", _node_env(work, f"b1-{i}", url, **trust), n, ocloc))
+        r["kernels"] = sum(shared[0]["sources"].values())
+        r["fleet_speedup"] = round(med(scratch) / med(shared), 2)
+        r["b_scratch_s"] = round(med(scratch), 2)
+        r["b_remote_s"] = round(med(shared), 3)
+        r["b_sources"] = shared[0]["sources"]
         # Triton's front end: the package's manager against none, and against Triton's own.
         manager = {"TRITON_CACHE_MANAGER": MANAGER}
-        run_node("triton", _node_env(work, "ta", url, **signer, **manager), n, ocloc)
-        t_scratch = run_node("triton", _node_env(work, "tb0", ""), n, ocloc)
-        t_ours = run_node("triton", _node_env(work, "tb1", url, **trust, **manager), n, ocloc)
         theirs = {"TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
                   "TRITON_REMOTE_CACHE_BACKEND": "triton.runtime.cache:RedisRemoteCacheBackend",
                   "TRITON_REDIS_HOST": "127.0.0.1", "TRITON_REDIS_PORT": str(port)}  # fmt: skip
-        run_node("triton", _node_env(work, "tc0", "", **theirs), n, ocloc)  # fills its store
-        t_theirs = run_node("triton", _node_env(work, "tc1", "", **theirs), n, ocloc)
-        r["triton_fleet_speedup"] = round(t_scratch["seconds"] / t_ours["seconds"], 2)
-        r["vs_triton_remote"] = round(t_ours["seconds"] / t_theirs["seconds"], 2)
+        run_node("triton", _node_env(work, "ta", url, **signer, **manager), n, ocloc)
+        run_node("triton", _node_env(work, "tc", "", **theirs), n, ocloc)  # fills its store
+        t_scratch, t_ours, t_theirs = [], [], []
+        for i in range(repeat):
+            t_scratch.append(run_node("triton", _node_env(work, f"tb0-{i}", ""), n, ocloc))
+            t_ours.append(run_node("triton", _node_env(work, f"tb1-{i}", url, **trust, **manager),
+                                   n, ocloc))  # fmt: skip
+            t_theirs.append(run_node("triton", _node_env(work, f"tc-{i}", "", **theirs), n, ocloc))
+        r["triton_fleet_speedup"] = round(med(t_scratch) / med(t_ours), 2)
+        r["vs_triton_remote"] = round(med(t_ours) / med(t_theirs), 2)
+        r["triton_ours_s"] = round(med(t_ours), 3)
+        r["triton_theirs_s"] = round(med(t_theirs), 3)
         # Every entry tampered with (one byte flipped): nothing of it is loaded.
         client = redis.Redis(port=port)
         for name in client.scan_iter(match=remote.PREFIX + "*"):

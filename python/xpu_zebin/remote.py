@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _core, remote_client
 from .errors import BuildError, InvalidArgumentError
@@ -167,16 +167,16 @@ def _client(cfg: Config) -> Any:
     return remote_client.client(cfg.url, cfg.timeout, cfg.max_bytes + MAX_HEADER_BYTES)
 
 
-def _read(cfg: Config, rkey: str) -> Optional[bytes]:
-    """The value at ``rkey``, bounded and within its deadline; :class:`TooLarge` (counted,
-    said once) when larger than the bound."""
+def _read(cfg: Config, rkeys: List[str]) -> List[Optional[bytes]]:
+    """The values at ``rkeys``, bounded together and within one deadline;
+    :class:`TooLarge` (counted, said once) when larger than the bound."""
     try:
-        return remote_client.read_within_deadline(_client(cfg), rkey, cfg.max_bytes,
+        return remote_client.read_within_deadline(_client(cfg), rkeys, cfg.max_bytes,
                                                   10 * cfg.timeout)  # fmt: skip
     except TooLarge as e:
         _count("too_large")
         _say_once("large", "xpu-zebin: remote entry %s is %d bytes, more than %s=%d: "
-                  "not read", rkey, e.size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
+                  "not read", e.args[0], e.size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
         raise
 
 
@@ -190,25 +190,37 @@ def _untrusted(e: BaseException, rkey: str) -> None:
     logger.debug("remote entry %s refused: %s", rkey, e)
 
 
-def _signed_value(cfg: Config, rkey: str, key: str, device: str, compiler: str) -> Optional[bytes]:
-    """The bytes stored at ``rkey`` when a trusted key signed them as ``key``'s, built for
-    ``device`` with ``compiler``; None otherwise: absent (a miss), untrusted (counted,
-    warned once), or the store failing (one warning, then left alone for a while)."""
+#: What a value must have been signed as: its store key, entry key, device and compiler.
+Wanted = Tuple[str, str, str, str]
+
+
+def _signed_values(cfg: Config, wanted: List[Wanted]) -> List[Optional[bytes]]:
+    """For each ``(rkey, key, device, compiler)``, the bytes stored at ``rkey`` when a
+    trusted key signed them as ``key``'s, built for ``device`` with ``compiler``; None
+    otherwise: absent (a miss), untrusted (counted, warned once), or the store failing
+    (one warning, then left alone for a while). One read for all of them."""
     if not _core.trusted_keys_set():
         _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
                   "can be trusted, so nothing is loaded from it", REMOTE_ENV,
                   _core.TRUSTED_KEYS_ENV)  # fmt: skip
-        return None
+        return [None] * len(wanted)
     try:
-        value = _read(cfg, rkey)
+        values = _read(cfg, [w[0] for w in wanted])
     except TooLarge:
-        return None
+        return [None] * len(wanted)
     except Exception as e:  # down, slow, refused, garbage: built locally
         if _not_ours(e):
             _count("untrusted")
         else:
             _failed(cfg, e)
-        return None
+        return [None] * len(wanted)
+    return [_signed(value, *w) for value, w in zip(values, wanted)]
+
+
+def _signed(
+    value: Optional[bytes], rkey: str, key: str, device: str, compiler: str
+) -> Optional[bytes]:
+    """The entry in ``value`` when a trusted key signed it as asked (see above)."""
     if value is None:
         _count("misses")
         return None
@@ -236,7 +248,7 @@ def fetch(spirv: bytes, device: str, options: Any, cfg: Optional[Config] = None)
             return None  # the local level answers first
     except BuildError:
         return None  # the compile says why, as without a store
-    entry = _signed_value(cfg, PREFIX + slot.key, slot.key, device, slot.compiler)
+    (entry,) = _signed_values(cfg, [(PREFIX + slot.key, slot.key, device, slot.compiler)])
     if entry is None:
         return None
     try:
@@ -336,7 +348,7 @@ def entries(cfg: Config) -> Iterator[Tuple[bytes, Optional[bytes]]]:
         for rkey in client.scan_iter(match=prefix + "*", count=256):
             name = rkey if isinstance(rkey, bytes) else str(rkey).encode()
             try:
-                yield name, _read(cfg, name.decode("utf-8", "surrogateescape"))
+                yield name, _read(cfg, [name.decode("utf-8", "surrogateescape")])[0]
             except TooLarge:
                 yield name, None
 
@@ -352,15 +364,17 @@ def delete_if_unchanged(cfg: Config, name: bytes, value: bytes) -> int:
 # --- signed values of other kinds (Triton's own cache entries) ---------------------------
 
 
-def fetch_signed(cfg: Config, rkey: str, identity: str) -> Optional[bytes]:
-    """The bytes stored at ``rkey`` when a trusted key signed them for ``rkey`` and
-    ``identity`` (what they were built with); None otherwise (as :func:`_signed_value`)."""
+def fetch_signed(cfg: Config, rkeys: List[str], identity: str) -> List[Optional[bytes]]:
+    """The bytes stored at each of ``rkeys`` when a trusted key signed them for that key
+    and ``identity`` (what they were built with), in one read; None for each other (as
+    :func:`_signed_values`)."""
     if not _usable(cfg):
-        return None
-    data = _signed_value(cfg, rkey, rkey, "", identity)
-    if data is not None:
-        _count("hits")
-    return data
+        return [None] * len(rkeys)
+    found = _signed_values(cfg, [(rkey, rkey, "", identity) for rkey in rkeys])
+    for data in found:
+        if data is not None:
+            _count("hits")
+    return found
 
 
 def publish_signed(cfg: Config, rkey: str, identity: str, data: bytes) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 #: A reply's parts the store may send: a bulk over the value bound, or more items than a
 #: SCAN page holds, is refused before it is read (a hostile server cannot fill memory).
@@ -25,11 +25,6 @@ class TooLarge(Exception):
     def __init__(self, key: str, size: int) -> None:
         super().__init__(f"{key}: {size} bytes")
         self.size = size
-
-
-#: A reply's parts the store may send: a bulk over the value bound, or more items than a
-#: SCAN page holds, is refused before it is read (a hostile server cannot fill memory).
-MAX_REPLY_ITEMS = 100_000
 
 
 def bounded_parser(max_bulk: int) -> Any:
@@ -102,21 +97,32 @@ def redacted(url: str) -> str:
     return f"{parts.scheme}://{who}{host}{port}{parts.path}{'?***' if parts.query else ''}"
 
 
-def read(store: Any, key: str, max_bytes: int) -> Optional[bytes]:
-    """The value at ``key``: None when absent; :class:`TooLarge` when its size (asked
-    first) is over ``max_bytes``, so it is never read; a range read up to the bound."""
-    size = store.strlen(key)
-    if not isinstance(size, int) or size <= 0:
-        return None
-    if size > max_bytes:
-        raise TooLarge(key, size)
-    value = store.getrange(key, 0, max_bytes)
-    if not isinstance(value, bytes) or len(value) > max_bytes:
-        raise ValueError("the store answered something other than a bounded value")
-    return value
+def read(store: Any, keys: List[str], max_bytes: int) -> List[Optional[bytes]]:
+    """The values at ``keys`` (None where absent), in two round trips however many: their
+    sizes asked first (:class:`TooLarge` when they add up to more than ``max_bytes``, so
+    nothing is read), then a range read of each up to the bound."""
+    sizes_of = store.pipeline(transaction=False)
+    for key in keys:
+        sizes_of.strlen(key)
+    sizes = sizes_of.execute()
+    if len(sizes) != len(keys) or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        raise ValueError("the store answered something other than sizes")
+    if sum(sizes) > max_bytes:
+        raise TooLarge(keys[0] if len(keys) == 1 else f"{len(keys)} keys", sum(sizes))
+    present = [key for key, n in zip(keys, sizes) if n > 0]
+    read_of = store.pipeline(transaction=False)
+    for key in present:
+        read_of.getrange(key, 0, max_bytes)
+    values = dict(zip(present, read_of.execute())) if present else {}
+    if len(values) != len(present) or not all(isinstance(v, bytes) for v in values.values()):
+        raise ValueError("the store answered something other than values")
+    if sum(len(v) for v in values.values()) > max_bytes:
+        raise ValueError("the store answered more than the bound")
+    return [values.get(key) or None for key in keys]
 
 
-def read_within_deadline(store: Any, key: str, max_bytes: int, seconds: float) -> Optional[bytes]:
+def read_within_deadline(store: Any, keys: List[str], max_bytes: int,
+                         seconds: float) -> List[Optional[bytes]]:  # fmt: skip
     """:func:`read` with an overall deadline: a store that trickles its reply byte by
     byte, each within the read timeout, still ends (its connections are dropped)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -127,7 +133,7 @@ def read_within_deadline(store: Any, key: str, max_bytes: int, seconds: float) -
         if pool is None:
             pool = ThreadPoolExecutor(4, thread_name_prefix="xpu-zebin-remote")
             _pools[os.getpid()] = pool
-    future = pool.submit(read, store, key, max_bytes)
+    future = pool.submit(read, store, keys, max_bytes)
     try:
         return future.result(timeout=seconds)
     except Late:

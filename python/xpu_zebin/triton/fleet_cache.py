@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import re
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
@@ -65,10 +65,12 @@ class FleetCacheManager(CacheManager):
         tag = hashlib.sha256(host_identity().encode()).hexdigest()[:16]
         return f"{PREFIX}{tag}:{self.key}:{filename}"
 
-    def _fetch(self, filename: str) -> Optional[bytes]:
+    def _fetch(self, *filenames: str) -> List[Optional[bytes]]:
+        """The files from the store, signed for this host, in one read."""
         if self._store is None:
-            return None
-        return remote.fetch_signed(self._store, self._rkey(filename), host_identity())
+            return [None] * len(filenames)
+        rkeys = [self._rkey(f) for f in filenames]
+        return remote.fetch_signed(self._store, rkeys, host_identity())
 
     def _publish(self, filename: str, data: bytes) -> None:
         if self._store is not None:
@@ -78,7 +80,7 @@ class FleetCacheManager(CacheManager):
         path = self._local.get_file(filename)
         if path is not None:
             return path
-        data = self._fetch(filename)
+        (data,) = self._fetch(filename)
         return None if data is None else self._local.put(data, filename, binary=True)
 
     def put(self, data, filename: str, binary: bool = True) -> str:
@@ -91,7 +93,7 @@ class FleetCacheManager(CacheManager):
         group = self._local.get_group(filename)
         if group is not None or self._store is None:
             return group
-        listed = self._fetch(f"__grp__{filename}")
+        (listed,) = self._fetch(f"__grp__{filename}")
         if listed is None:
             return None
         try:
@@ -103,15 +105,11 @@ class FleetCacheManager(CacheManager):
         except Exception as e:  # a signed but malformed list: Triton compiles instead
             logger.warning("Triton cache group %s from the store is malformed (%s)", filename, e)
             return None
-        found: Dict[str, bytes] = {}
-        total = 0
-        for name in dict.fromkeys(names):  # every file of the group, or none of them
-            data = self._fetch(name)
-            total += len(data or b"")
-            if data is None or total > self._store.max_bytes:
-                return None
-            found[name] = data
-        group = {name: self._local.put(data, name, binary=True) for name, data in found.items()}
+        names = list(dict.fromkeys(names))
+        found = self._fetch(*names)  # one read, bounded as a whole
+        if any(data is None for data in found):
+            return None  # every file of the group, or none of them
+        group = {name: self._local.put(data, name, binary=True) for name, data in zip(names, found)}
         self._local.put_group(filename, group)
         return group
 
