@@ -24,6 +24,7 @@ driver keeps none.)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -121,6 +122,64 @@ def start_redis(work: Path) -> Tuple[subprocess.Popen, int]:
             time.sleep(0.05)
 
 
+def _median(runs: list) -> float:
+    return statistics.median(x["seconds"] for x in runs)
+
+
+@dataclasses.dataclass
+class Nodes:
+    """How this run starts a fresh node: its work directory, the store, the kernels."""
+
+    work: Path
+    url: str
+    ocloc: str
+    count: int
+    signer: Dict[str, str]
+    trust: Dict[str, str]
+
+    def run(self, mode: str, name: str, url: str, **extra: str) -> Dict[str, Any]:
+        return run_node(mode, _node_env(self.work, name, url, **extra), self.count, self.ocloc)
+
+
+def native_cases(nodes: Nodes, repeat: int) -> Dict[str, Any]:
+    """A publishes; B, fresh each time, compiles from scratch or takes the kernels from
+    the store (alternated, so that the machine's drift hits both alike)."""
+    nodes.run("native", "a", nodes.url, **nodes.signer)
+    scratch, shared = [], []
+    for i in range(repeat):
+        scratch.append(nodes.run("native", f"b0-{i}", ""))
+        shared.append(nodes.run("native", f"b1-{i}", nodes.url, **nodes.trust))
+    return {
+        "kernels": sum(shared[0]["sources"].values()),
+        "fleet_speedup": round(_median(scratch) / _median(shared), 2),
+        "b_scratch_s": round(_median(scratch), 2),
+        "b_remote_s": round(_median(shared), 3),
+        "b_sources": shared[0]["sources"],
+    }
+
+
+def triton_cases(nodes: Nodes, repeat: int, port: int) -> Dict[str, Any]:
+    """Triton's front end: the package's cache manager against none, and against Triton's
+    own remote cache on the same Redis (alternated)."""
+    ours = {**nodes.trust, "TRITON_CACHE_MANAGER": MANAGER}
+    theirs = {"TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
+              "TRITON_REMOTE_CACHE_BACKEND": "triton.runtime.cache:RedisRemoteCacheBackend",
+              "TRITON_REDIS_HOST": "127.0.0.1", "TRITON_REDIS_PORT": str(port)}  # fmt: skip
+    nodes.run("triton", "ta", nodes.url, **nodes.signer, TRITON_CACHE_MANAGER=MANAGER)
+    nodes.run("triton", "tc", "", **theirs)  # fills Triton's own store
+    scratch, with_ours, with_theirs = [], [], []
+    for i in range(repeat):
+        scratch.append(nodes.run("triton", f"tb0-{i}", ""))
+        with_ours.append(nodes.run("triton", f"tb1-{i}", nodes.url, **ours))
+        with_theirs.append(nodes.run("triton", f"tc-{i}", "", **theirs))
+    return {
+        "triton_fleet_speedup": round(_median(scratch) / _median(with_ours), 2),
+        "vs_triton_remote": round(_median(with_ours) / _median(with_theirs), 2),
+        "triton_ours_s": round(_median(with_ours), 3),
+        "triton_theirs_s": round(_median(with_theirs), 3),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
@@ -161,43 +220,15 @@ def main() -> int:
         signer = {"XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_REMOTE_MODE": "read-write"}
         trust = {"XPU_ZEBIN_TRUSTED_KEYS": public}
         n, repeat = args.kernels, max(1, args.repeat)
-        r: Dict[str, Any] = {"repeat": repeat}
-        med = lambda runs: statistics.median(x["seconds"] for x in runs)  # noqa: E731
-        # Native code: A publishes; B, fresh each time, compiles from scratch or takes it
-        # from the store (alternated, so that the machine's drift hits both alike).
-        run_node("native", _node_env(work, "a", url, **signer), n, ocloc)
-        scratch, shared = [], []
-        for i in range(repeat):
-            scratch.append(run_node("native", _node_env(work, f"b0-{i}", ""), n, ocloc))
-            shared.append(run_node("native", _node_env(work, f"b1-{i}", url, **trust), n, ocloc))
-        r["kernels"] = sum(shared[0]["sources"].values())
-        r["fleet_speedup"] = round(med(scratch) / med(shared), 2)
-        r["b_scratch_s"] = round(med(scratch), 2)
-        r["b_remote_s"] = round(med(shared), 3)
-        r["b_sources"] = shared[0]["sources"]
-        # Triton's front end: the package's manager against none, and against Triton's own.
-        manager = {"TRITON_CACHE_MANAGER": MANAGER}
-        theirs = {"TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
-                  "TRITON_REMOTE_CACHE_BACKEND": "triton.runtime.cache:RedisRemoteCacheBackend",
-                  "TRITON_REDIS_HOST": "127.0.0.1", "TRITON_REDIS_PORT": str(port)}  # fmt: skip
-        run_node("triton", _node_env(work, "ta", url, **signer, **manager), n, ocloc)
-        run_node("triton", _node_env(work, "tc", "", **theirs), n, ocloc)  # fills its store
-        t_scratch, t_ours, t_theirs = [], [], []
-        for i in range(repeat):
-            t_scratch.append(run_node("triton", _node_env(work, f"tb0-{i}", ""), n, ocloc))
-            t_ours.append(run_node("triton", _node_env(work, f"tb1-{i}", url, **trust, **manager),
-                                   n, ocloc))  # fmt: skip
-            t_theirs.append(run_node("triton", _node_env(work, f"tc-{i}", "", **theirs), n, ocloc))
-        r["triton_fleet_speedup"] = round(med(t_scratch) / med(t_ours), 2)
-        r["vs_triton_remote"] = round(med(t_ours) / med(t_theirs), 2)
-        r["triton_ours_s"] = round(med(t_ours), 3)
-        r["triton_theirs_s"] = round(med(t_theirs), 3)
+        nodes = Nodes(work, url, ocloc, n, signer, trust)
+        r: Dict[str, Any] = {"repeat": repeat, **native_cases(nodes, repeat)}
+        r.update(triton_cases(nodes, repeat, port))
         # Every entry tampered with (one byte flipped): nothing of it is loaded.
         client = redis.Redis(port=port)
         for name in client.scan_iter(match=remote.PREFIX + "*"):
             value = client.get(name)
             client.set(name, value[:-1] + bytes([value[-1] ^ 1]))
-        tampered = run_node("native", _node_env(work, "b2", url, **trust), n, ocloc)
+        tampered = nodes.run("native", "b2", url, **trust)
         r["tampered_loaded"] = tampered["sources"].get("remote", 0)
     finally:
         proc.terminate()

@@ -30,10 +30,8 @@ os.environ["XPU_ZEBIN_CACHE_DIR"] = str(WORK / "cache")
 os.environ["TMPDIR"] = str(WORK)  # the package's private directory is the examples' own
 tempfile.tempdir = None
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
-from triton_helpers import CpuDriver, deterministic_bench, triton_on_cpu  # noqa: E402
+from triton_helpers import CpuDriver, add_kernel, deterministic_bench, triton_on_cpu  # noqa: E402
 
 cpu = CpuDriver()
 driver.set_active(cpu)
@@ -41,15 +39,7 @@ _on_cpu = triton_on_cpu(str(WORK / "triton-cache"))  # held: its exit would undo
 _on_cpu.__enter__()
 
 
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask)
-    y = tl.load(y_ptr + offsets, mask=mask)
-    tl.store(out_ptr + offsets, x + y, mask=mask)
-
-
 def pytest_markdown_docs_globals() -> dict:
-    """What the pages' Triton examples take as given: a ``@triton.jit`` kernel."""
+    """What the pages' Triton examples take as given: a ``@triton.jit`` kernel that adds
+    ``x`` and ``y`` into ``out`` (``tests/triton_helpers.add_kernel``)."""
     return {"kernel": add_kernel, "do_bench": deterministic_bench(cpu)}
