@@ -284,6 +284,15 @@ def test_a_value_over_the_bound_is_never_read(server, keys, spirvs, system_ocloc
     assert got.source == "compiled" and remote.counts() == {"too_large": 1}
 
 
+#: A store that lies about sizes: STRLEN's answer, then GETRANGE's. ``bulk_lie``: 10
+#: bytes, then a reply of 1 GB (over any value's bound); ``range_lie``: 1 byte, then 64 KiB
+#: (under a value's bound, over what was asked).
+LIES = {
+    "bulk_lie": (b":10\r\n", b"$1000000000\r\n" + b"x" * 65536),
+    "range_lie": (b":1\r\n", b"$65536\r\n" + b"x" * 65536 + b"\r\n"),
+}
+
+
 class BadPeer:
     """A TCP peer at the store's address that misbehaves: garbage, a stall, a hang-up."""
 
@@ -305,7 +314,7 @@ class BadPeer:
                 continue
             conn.settimeout(30)
             try:
-                if self.behaviour != "bulk_lie":
+                if self.behaviour not in LIES:
                     conn.recv(65536)
                 if self.behaviour == "garbage":
                     conn.sendall(b"\x00\xffnot RESP at all\r\n" * 100)
@@ -318,13 +327,14 @@ class BadPeer:
                         if self.done.wait(0.2):
                             break
                         conn.sendall(bytes([b]))
-                elif self.behaviour == "bulk_lie":  # says 10 bytes, then a 1 GB reply
+                elif self.behaviour in LIES:  # a size, then a larger value than it
+                    size, value = LIES[self.behaviour]
                     while request := conn.recv(65536):
                         for command in re.split(rb"(?:^|\r\n)\*\d+\r\n", request)[1:]:
                             if b"GETRANGE" in command.upper():
-                                conn.sendall(b"$1000000000\r\n" + b"x" * 65536)
+                                conn.sendall(value)
                             elif b"STRLEN" in command.upper():
-                                conn.sendall(b":10\r\n")
+                                conn.sendall(size)
                             else:
                                 conn.sendall(b"+OK\r\n")
                         if b"GETRANGE" in request.upper():
@@ -341,7 +351,7 @@ class BadPeer:
 
 
 @pytest.mark.parametrize("behaviour", ["garbage", "huge_length", "stall", "nobody", "trickle",
-                                       "bulk_lie"])  # fmt: skip
+                                       "bulk_lie", "range_lie"])  # fmt: skip
 def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_path,
                                                 monkeypatch, caplog, behaviour):  # fmt: skip
     """Garbage, a lying length, a stall, a closed port: the compile goes on locally with one
@@ -361,7 +371,7 @@ def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_
     assert remote.counts() == {"errors": 1}
     said = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert len(said) == 1
-    if behaviour == "bulk_lie":  # refused before a byte of it was read
+    if behaviour in LIES:  # refused before a byte of it was read
         assert "over the bound" in said[0]
     if behaviour == "trickle":  # the whole reply's deadline, not each byte's
         assert "no whole reply within 3 s" in said[0]
@@ -694,16 +704,17 @@ def test_a_full_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_pa
                                               caplog):  # fmt: skip
     """A store out of memory (maxmemory, no eviction) refuses writes: the node compiles,
     says so once, and nothing half-written is left."""
-    server = RedisServer(tmp_path / "redis-full", "--maxmemory", "4mb",
-                         "--maxmemory-policy", "noeviction")  # fmt: skip
+    server = RedisServer(tmp_path / "redis-full", "--maxmemory-policy", "noeviction")
     try:
         import redis
 
         filler = server.client()
-        for size in (256 << 10, 1 << 10):  # until not even a small value fits
-            with pytest.raises(redis.exceptions.OutOfMemoryError):
-                for i in range(10000):
-                    filler.set(f"filler:{size}:{i}", b"x" * size)
+        filler.set("filler", b"x" * (4 << 20))
+        # The data alone is over the limit, so every write is refused however the server's
+        # own buffers come and go (filling up to the limit left room now and then).
+        filler.config_set("maxmemory", filler.info("memory")["used_memory"] // 2)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            filler.set("probe", b"x")
         _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
         got = xpu_zebin.compile(spirvs["add"], device="pvc", ocloc=system_ocloc)
         assert got.source == "compiled" and remote.counts() == {"errors": 1}

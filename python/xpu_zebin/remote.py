@@ -167,16 +167,17 @@ def _client(cfg: Config) -> Any:
     return remote_client.client(cfg.url, cfg.timeout, cfg.max_bytes + MAX_HEADER_BYTES)
 
 
-def _read(cfg: Config, rkeys: List[str]) -> List[Optional[bytes]]:
-    """The values at ``rkeys``, bounded together and within one deadline;
-    :class:`TooLarge` (counted, said once) when larger than the bound."""
+def _read(cfg: Config, rkeys: List[str], all_or_none: bool = False) -> List[Optional[bytes]]:
+    """The values at ``rkeys``, bounded together and within one deadline (``all_or_none``:
+    none when one is absent); :class:`TooLarge` (counted, said once) when larger than the
+    bound."""
     try:
         return remote_client.read_within_deadline(_client(cfg), rkeys, cfg.max_bytes,
-                                                  10 * cfg.timeout)  # fmt: skip
+                                                  10 * cfg.timeout, all_or_none)  # fmt: skip
     except TooLarge as e:
         _count("too_large")
         _say_once("large", "xpu-zebin: remote entry %s is %d bytes, more than %s=%d: "
-                  "not read", e.args[0], e.size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
+                  "not read", e.key, e.size, MAX_BYTES_ENV, cfg.max_bytes)  # fmt: skip
         raise
 
 
@@ -194,18 +195,21 @@ def _untrusted(e: BaseException, rkey: str) -> None:
 Wanted = Tuple[str, str, str, str]
 
 
-def _signed_values(cfg: Config, wanted: List[Wanted]) -> List[Optional[bytes]]:
+def _signed_values(cfg: Config, wanted: List[Wanted],
+                   all_or_none: bool = False) -> List[Optional[bytes]]:  # fmt: skip
     """For each ``(rkey, key, device, compiler)``, the bytes stored at ``rkey`` when a
     trusted key signed them as ``key``'s, built for ``device`` with ``compiler``; None
     otherwise: absent (a miss), untrusted (counted, warned once), or the store failing
-    (one warning, then left alone for a while). One read for all of them."""
+    (one warning, then left alone for a while). One read for all of them; with
+    ``all_or_none``, all of them or none (nothing more is read or checked after the first
+    that fails)."""
     if not _core.trusted_keys_set():
         _say_once("no-trust", "xpu-zebin: %s is set but %s is not: nothing from the store "
                   "can be trusted, so nothing is loaded from it", REMOTE_ENV,
                   _core.TRUSTED_KEYS_ENV)  # fmt: skip
         return [None] * len(wanted)
     try:
-        values = _read(cfg, [w[0] for w in wanted])
+        values = _read(cfg, [w[0] for w in wanted], all_or_none)
     except TooLarge:
         return [None] * len(wanted)
     except Exception as e:  # down, slow, refused, garbage: built locally
@@ -214,7 +218,12 @@ def _signed_values(cfg: Config, wanted: List[Wanted]) -> List[Optional[bytes]]:
         else:
             _failed(cfg, e)
         return [None] * len(wanted)
-    return [_signed(value, *w) for value, w in zip(values, wanted)]
+    found: List[Optional[bytes]] = []
+    for value, w in zip(values, wanted):
+        found.append(_signed(value, *w))
+        if all_or_none and found[-1] is None:
+            return [None] * len(wanted)
+    return found
 
 
 def _signed(
@@ -364,13 +373,16 @@ def delete_if_unchanged(cfg: Config, name: bytes, value: bytes) -> int:
 # --- signed values of other kinds (Triton's own cache entries) ---------------------------
 
 
-def fetch_signed(cfg: Config, rkeys: List[str], identity: str) -> List[Optional[bytes]]:
+def fetch_signed(cfg: Config, rkeys: List[str], identity: str,
+                 all_or_none: bool = False) -> List[Optional[bytes]]:  # fmt: skip
     """The bytes stored at each of ``rkeys`` when a trusted key signed them for that key
     and ``identity`` (what they were built with), in one read; None for each other (as
-    :func:`_signed_values`)."""
+    :func:`_signed_values`, ``all_or_none`` too)."""
     if not _usable(cfg):
         return [None] * len(rkeys)
-    found = _signed_values(cfg, [(rkey, rkey, "", identity) for rkey in rkeys])
+    wanted = [(rkey, rkey, "", identity) for rkey in dict.fromkeys(rkeys)]  # each read once
+    by_key = dict(zip(dict.fromkeys(rkeys), _signed_values(cfg, wanted, all_or_none)))
+    found = [by_key[rkey] for rkey in rkeys]
     for data in found:
         if data is not None:
             _count("hits")

@@ -24,7 +24,13 @@ class TooLarge(Exception):
 
     def __init__(self, key: str, size: int) -> None:
         super().__init__(f"{key}: {size} bytes")
-        self.size = size
+        self.key, self.size = key, size
+
+
+#: What the values of the read under way on this thread may still hold, in bytes: a
+#: server answering several range reads at once cannot send more in all than their sizes
+#: (each bulk is also bounded alone). Unset outside a read of values.
+_budget = threading.local()
 
 
 def bounded_parser(max_bulk: int) -> Any:
@@ -50,6 +56,11 @@ def bounded_parser(max_bulk: int) -> Any:
                     n = -2
                 if n < 0 or n > (max_bulk if raw[:1] == b"$" else MAX_REPLY_ITEMS):
                     raise InvalidResponse(f"reply part of {raw[1:64]!r} refused: over the bound")
+                left = getattr(_budget, "left", None)
+                if raw[:1] == b"$" and left is not None:
+                    if n > left:
+                        raise InvalidResponse(f"reply part of {n} bytes refused: over the bound")
+                    _budget.left = left - n
             self._buffer.rewind(self._buffer.get_pos() - len(raw) - 2)  # let Redis parse it
             return super()._read_response(disable_decoding=disable_decoding, **kwargs)
 
@@ -97,10 +108,13 @@ def redacted(url: str) -> str:
     return f"{parts.scheme}://{who}{host}{port}{parts.path}{'?***' if parts.query else ''}"
 
 
-def read(store: Any, keys: List[str], max_bytes: int) -> List[Optional[bytes]]:
+def read(store: Any, keys: List[str], max_bytes: int,
+         all_or_none: bool = False) -> List[Optional[bytes]]:  # fmt: skip
     """The values at ``keys`` (None where absent), in two round trips however many: their
     sizes asked first (:class:`TooLarge` when they add up to more than ``max_bytes``, so
-    nothing is read), then a range read of each up to the bound."""
+    nothing is read), then a range read of each up to its size, the replies together
+    bounded by the sizes before a byte of them is read. ``all_or_none``: when one is
+    absent, none is read."""
     sizes_of = store.pipeline(transaction=False)
     for key in keys:
         sizes_of.strlen(key)
@@ -109,20 +123,25 @@ def read(store: Any, keys: List[str], max_bytes: int) -> List[Optional[bytes]]:
         raise ValueError("the store answered something other than sizes")
     if sum(sizes) > max_bytes:
         raise TooLarge(keys[0] if len(keys) == 1 else f"{len(keys)} keys", sum(sizes))
-    present = [key for key, n in zip(keys, sizes) if n > 0]
+    if all_or_none and not all(sizes):
+        return [None] * len(keys)
     read_of = store.pipeline(transaction=False)
-    for key in present:
-        read_of.getrange(key, 0, max_bytes)
-    values = dict(zip(present, read_of.execute())) if present else {}
-    if len(values) != len(present) or not all(isinstance(v, bytes) for v in values.values()):
+    for key, n in zip(keys, sizes):
+        if n > 0:  # a value that grew since is cut at its size: its signature then fails
+            read_of.getrange(key, 0, n - 1)
+    _budget.left = sum(sizes)
+    try:
+        replies = iter(read_of.execute() if any(sizes) else [])
+    finally:
+        _budget.left = None
+    values = [next(replies, None) if n > 0 else None for n in sizes]
+    if any(v is not None and not isinstance(v, bytes) for v in values) or next(replies, None):
         raise ValueError("the store answered something other than values")
-    if sum(len(v) for v in values.values()) > max_bytes:
-        raise ValueError("the store answered more than the bound")
-    return [values.get(key) or None for key in keys]
+    return [v or None for v in values]
 
 
-def read_within_deadline(store: Any, keys: List[str], max_bytes: int,
-                         seconds: float) -> List[Optional[bytes]]:  # fmt: skip
+def read_within_deadline(store: Any, keys: List[str], max_bytes: int, seconds: float,
+                         all_or_none: bool = False) -> List[Optional[bytes]]:  # fmt: skip
     """:func:`read` with an overall deadline: a store that trickles its reply byte by
     byte, each within the read timeout, still ends (its connections are dropped)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -133,9 +152,10 @@ def read_within_deadline(store: Any, keys: List[str], max_bytes: int,
         if pool is None:
             pool = ThreadPoolExecutor(4, thread_name_prefix="xpu-zebin-remote")
             _pools[os.getpid()] = pool
-    future = pool.submit(read, store, keys, max_bytes)
+    future = pool.submit(read, store, keys, max_bytes, all_or_none)
     try:
         return future.result(timeout=seconds)
     except Late:
+        future.cancel()  # still queued: never run for nobody
         store.connection_pool.disconnect()
         raise TimeoutError(f"no whole reply within {seconds:g} s") from None

@@ -66,11 +66,12 @@ class FleetCacheManager(CacheManager):
         return f"{PREFIX}{tag}:{self.key}:{filename}"
 
     def _fetch(self, *filenames: str) -> List[Optional[bytes]]:
-        """The files from the store, signed for this host, in one read."""
+        """The files from the store, signed for this host, in one read: all of them or
+        none (a group is of use only whole)."""
         if self._store is None:
             return [None] * len(filenames)
         rkeys = [self._rkey(f) for f in filenames]
-        return remote.fetch_signed(self._store, rkeys, host_identity())
+        return remote.fetch_signed(self._store, rkeys, host_identity(), all_or_none=True)
 
     def _publish(self, filename: str, data: bytes) -> None:
         if self._store is not None:
