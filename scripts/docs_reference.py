@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The package's own variables: every name the code spells like this must be in the table.
@@ -40,20 +40,25 @@ def _sources(root: Path) -> Iterable[Path]:
         yield from sorted((root / "python").rglob(pattern))
 
 
-def _code(path: Path) -> str:
-    """A source file's text; a Rust file's unit tests (from ``#[cfg(test)]`` on) left out."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    return text.split("#[cfg(test)]", 1)[0] if path.suffix == ".rs" else text
+def _code(root: Path) -> Dict[str, str]:
+    """Each source file's text by its path under ``root``; a Rust file's unit tests (from
+    ``#[cfg(test)]`` on) left out."""
+    code = {}
+    for path in _sources(root):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        code[str(path.relative_to(root))] = (
+            text.split("#[cfg(test)]", 1)[0] if path.suffix == ".rs" else text
+        )
+    return code
 
 
-def names_in_code(root: Path = ROOT) -> Dict[str, str]:
+def names_in_code(root: Path = ROOT, code: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """Every ``XPU_ZEBIN_*`` name the code spells, and every ``TRITON_*`` variable it reads
     or sets, with one file that does."""
     found: Dict[str, str] = {}
-    for path in _sources(root):
-        text = _code(path)
+    for where, text in (code if code is not None else _code(root)).items():
         for name in KNOB_NAME.findall(text) + TRITON_READ.findall(text):
-            found.setdefault(name, str(path.relative_to(root)))
+            found.setdefault(name, where)
     return found
 
 
@@ -68,12 +73,13 @@ def check(knobs: List[dict], root: Path = ROOT) -> None:
         if k.get("reader") not in READERS:
             problems.append(f"{k.get('name', '?')}: read by {k.get('reader')!r}, unknown")
     known = {k.get("name") for k in knobs}
-    named = names_in_code(root)
+    code = _code(root)  # read once, for both directions
+    named = names_in_code(root, code)
     for name, where in sorted(named.items()):
         if name not in known:
             problems.append(f"{name} (read in {where}) is not in src/knobs/table.rs")
-    code = "\n".join(_code(p) for p in _sources(root))
-    for name in sorted(n for n in known if n and n not in named and n not in code):
+    text = "\n".join(code.values())
+    for name in sorted(n for n in known if n and n not in named and n not in text):
         problems.append(f"{name} is in src/knobs/table.rs but no code reads it")
     if problems:
         raise Undocumented("undocumented environment variables:\n  " + "\n  ".join(problems))
