@@ -58,6 +58,9 @@ pub struct Compiled {
     /// Things worth logging that are not failures (cache problems, spill retries).
     #[serde(skip)]
     pub notes: Vec<String>,
+    /// The answer is another node's, taken from the fleet's store (`store`).
+    #[serde(skip)]
+    pub from_store: bool,
 }
 
 /// What `compile` returns; the failure is boxed because it is large and rare.
@@ -249,6 +252,11 @@ impl Slot {
         &self.compiler
     }
 
+    /// The device the answer is built for.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
     /// The local cache entry that answers, as stored (checked), if any: what a node
     /// shares with its fleet.
     pub fn local(&self) -> Option<Vec<u8>> {
@@ -295,11 +303,14 @@ impl Slot {
             attempts: record.attempts,
             log: record.log,
             notes,
+            from_store: false,
         })
     }
 }
 
 /// Compile one request. `cancel` stops it (the running ocloc is killed).
+/// This process's local cache and compiler (`store::compile` puts the fleet's store in
+/// front).
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
     compile_inner(req, cancel, &|| true)
 }
@@ -368,6 +379,7 @@ fn compile_inner(
         attempts: record.attempts,
         log: record.log,
         notes,
+        from_store: false,
     })
 }
 
@@ -381,13 +393,28 @@ pub fn compile_many(
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
 ) -> Vec<Outcome> {
+    compile_many_through(reqs, jobs, cancel, on_done, &|_, build| build())
+}
+
+/// How a request's compile is answered: `levels(req, build)` may answer it another way
+/// (the fleet's store, `store::compile_many`) or call `build()`.
+pub type Levels = dyn Fn(&CompileRequest, &dyn Fn() -> Outcome) -> Outcome + Sync;
+
+/// `compile_many`, each request answered through `levels`.
+pub fn compile_many_through(
+    reqs: &[CompileRequest],
+    jobs: usize,
+    cancel: &AtomicBool,
+    on_done: &(dyn Fn(usize) + Sync),
+    levels: &Levels,
+) -> Vec<Outcome> {
     batch::run(
         reqs,
         jobs,
         |r| r.spirv.len(),
         cancel,
         on_done,
-        |r, may_speculate| compile_inner(r, cancel, may_speculate),
+        |r, may_speculate| levels(r, &|| compile_inner(r, cancel, may_speculate)),
         |e| Err(e.into()),
     )
 }

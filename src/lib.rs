@@ -29,6 +29,7 @@ pub mod private;
 pub mod signing;
 pub mod spill;
 pub mod spirv;
+pub mod store;
 pub mod sync;
 pub mod trusted;
 pub mod ze;
@@ -58,7 +59,10 @@ mod _core {
     use crate::bindings::options::{spill_rules, PyOptions};
     #[pymodule_export]
     use crate::bindings::remote::{
-        cache_slot, key_generate, sign, signing_public, trusted_keys_set, verify, CacheSlot,
+        cache_slot, key_generate, remote_check, remote_config, remote_counts, remote_fetch_signed,
+        remote_pack, remote_publish, remote_publish_signed, remote_redacted, remote_reset,
+        remote_signed_message, remote_survey, remote_unpack, sign, signing_public,
+        trusted_keys_set, verify, CacheSlot,
     };
     #[pymodule_export]
     use crate::bindings::workers::{
@@ -83,6 +87,22 @@ mod _core {
         m.add("ISOLATED_ENV", crate::options::ISOLATED_ENV)?;
         m.add("SIGNING_KEY_ENV", crate::signing::SIGNING_KEY_ENV)?;
         m.add("TRUSTED_KEYS_ENV", crate::signing::TRUSTED_KEYS_ENV)?;
+        use crate::store::{format, remote};
+        m.add("REMOTE_ENV", remote::REMOTE_ENV)?;
+        m.add("REMOTE_MODE_ENV", remote::MODE_ENV)?;
+        m.add("REMOTE_TIMEOUT_ENV", remote::TIMEOUT_ENV)?;
+        m.add("REMOTE_TTL_ENV", remote::TTL_ENV)?;
+        m.add("REMOTE_MAX_BYTES_ENV", remote::MAX_BYTES_ENV)?;
+        m.add("REMOTE_PREFIX", format::PREFIX)?;
+        m.add("REMOTE_TRITON_PREFIX", format::TRITON_PREFIX)?;
+        m.add(
+            "REMOTE_MAGIC",
+            pyo3::types::PyBytes::new(m.py(), format::MAGIC),
+        )?;
+        m.add(
+            "REMOTE_SIGNED_TAG",
+            pyo3::types::PyBytes::new(m.py(), format::SIGNED_TAG),
+        )?;
         Ok(())
     }
 }

@@ -71,26 +71,43 @@ def test_type_confused_spirv_never_ends_the_process(confused, softmax_spirv, add
         assert k.kernel_handle
 
 
-def test_in_process_jit_is_what_such_inputs_crash(confused, tmp_path):
-    """The reason for the workers: the same input, built in-process, ends the process."""
-    crashing = None
-    for _, blob in confused:
-        try:
-            xpu_zebin.compile_and_load(blob, "softmax_kernel", cache=False, build_flags=GRF128)
-        except xpu_zebin.CompilerCrashError:
-            crashing = blob
-            break
-    assert crashing is not None
-    path = tmp_path / "crash.spv"
-    path.write_bytes(crashing)
+def _in_process_build(blob: bytes, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``blob`` built by the driver's JIT inside a child process of its own (isolated=False)."""
+    path = tmp_path / "confused.spv"
+    path.write_bytes(blob)
     code = (
         "import sys, xpu_zebin\n"
         "spirv = open(sys.argv[1], 'rb').read()\n"
         "xpu_zebin.compile_and_load(spirv, 'softmax_kernel', cache=False, isolated=False,\n"
         f"                           build_flags={GRF128!r})\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True)
-    assert out.returncode < 0, (out.returncode, out.stderr[-2000:])  # killed by a signal
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          timeout=600)  # fmt: skip
+
+
+def test_in_process_jit_is_what_such_inputs_crash(confused, tmp_path):
+    """The reason for the workers: an input that killed a worker, built in-process, ends the
+    process. What a type-confused input does inside IGC is undefined behaviour (a crash in
+    one run, a link error in the next; issue 39), so inputs that fail to build instead, in
+    the worker or in the child, are passed over, and the test says how many it tried."""
+    tried, refused, survived = 0, 0, []
+    for what, blob in confused:
+        tried += 1
+        try:
+            xpu_zebin.compile_and_load(blob, "softmax_kernel", cache=False, build_flags=GRF128)
+        except xpu_zebin.CompilerCrashError:
+            out = _in_process_build(blob, tmp_path)
+            if out.returncode < 0:  # killed by a signal, as the worker was
+                print(f"{what}: killed a worker and the in-process child ({tried} tried)")
+                return
+            survived.append((what, out.returncode, out.stderr[-300:]))
+        except xpu_zebin.BuildError as e:
+            assert e.kind in CONFUSED_KINDS, (what, e)
+            refused += 1
+        else:
+            refused += 1  # built: not one of the inputs this test is about
+    pytest.fail(f"no input both killed a worker and the in-process child: {tried} tried, "
+                f"{refused} built or refused in the worker, children that lived: {survived}")
 
 
 def test_triton_load_binary_without_ocloc_survives_them(

@@ -98,9 +98,7 @@ def fresh_remote_state(monkeypatch):
     for name in (remote.REMOTE_ENV, remote.MODE_ENV, "XPU_ZEBIN_SIGNING_KEY",
                  "XPU_ZEBIN_TRUSTED_KEYS", remote.MAX_BYTES_ENV):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    for table in (remote._down_until, remote._counts, remote._clients):
-        table.clear()
-    remote._said.clear()
+    remote.reset()
     yield
 
 
@@ -128,7 +126,7 @@ def _node(monkeypatch, tmp_path, name: str, url: str, mode: str = "read-only", k
         monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", trusted)
     else:
         monkeypatch.delenv("XPU_ZEBIN_TRUSTED_KEYS", raising=False)
-    remote._counts.clear()
+    remote.reset()
 
 
 @pytest.fixture(scope="module")
@@ -656,7 +654,7 @@ def test_a_trusted_but_refused_entry_is_not_the_compilers_fault(server, keys, sp
     client.flushdb()
     raw = xpu_zebin._core.cache_slot(spirv, "pvc", options).local()
     assert raw is not None and forged in raw
-    remote.publish(spirv, "pvc", options, remote.config())  # the farm signs the forged entry
+    remote.publish(spirv, "pvc", options)  # the farm signs the forged entry
     _node(monkeypatch, tmp_path, "b", server.url(), trusted=keys["farm_public"])
     utils = xt.install(RecordingUtils(), backend=False)
     try:

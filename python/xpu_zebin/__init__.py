@@ -14,7 +14,7 @@ import sys
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypedDict, Union
 
-from . import _core, remote
+from . import _core
 from ._core import Attempt, AttemptError, CompileResult, LoadedKernel, Options
 from ._tasks import batch_task
 from .errors import (
@@ -252,7 +252,7 @@ def compile(
     ``compiled``, ``cache`` or ``remote``.
     """
     req = _request(spirv, device, options, **changes)
-    result = remote.compiled(req["spirv"], req["device"], req["options"], _core.compile)
+    result = _core.compile(req["spirv"], req["device"], req["options"])
     if not result.cached:
         _warn_once_without_worker(req["options"].ocloc)
     return _report(result, result.kernel)
@@ -287,7 +287,7 @@ def compile_many(
             return dask.compile_many(reqs, client, callback)
         if executor is not None:
             return _run_on_executor(executor, reqs, callback)
-        return remote.compiled_many(reqs, _core.compile_many, _jobs(jobs), callback)
+        return _core.compile_many(reqs, jobs=_jobs(jobs), progress=callback)
 
     results = _with_progress(len(reqs), progress, run)
     for ocloc in {r["options"].ocloc for r in reqs} if executor is None and client is None else ():

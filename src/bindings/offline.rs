@@ -202,28 +202,37 @@ pub(crate) fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
         simd_size: c.spill.simd,
         recovered: c.recovered,
         cached: c.cached,
-        source: source_of(c.cached),
+        source: if c.from_store {
+            "remote".to_string()
+        } else {
+            source_of(c.cached)
+        },
         attempts: attempts(&c.attempts),
         log: c.log,
         notes: c.notes,
     }
 }
 
-/// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed.
+/// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed; the
+/// fleet's store answers first unless `store` is False.
 #[pyfunction]
-#[pyo3(signature = (spirv, device, options))]
+#[pyo3(signature = (spirv, device, options, *, store=true))]
 pub fn compile(
     py: Python<'_>,
     spirv: Vec<u8>,
     device: String,
     options: PyRef<'_, PyOptions>,
+    store: bool,
 ) -> PyResult<CompileResult> {
     let req = CompileRequest {
         spirv,
         device,
         options: options.inner.clone(),
     };
-    let outcome = interruptible(py, |cancel| engine::compile(&req, cancel));
+    let outcome = interruptible(py, |cancel| match store {
+        true => crate::store::compile(&req, cancel),
+        false => engine::compile(&req, cancel),
+    });
     emit_warnings(py);
     match outcome? {
         Ok(c) => Ok(to_result(py, c)),
@@ -275,7 +284,7 @@ pub fn compile_many(
         py,
         jobs,
         progress,
-        |jobs, cancel, on_done| engine::compile_many(&reqs, jobs, cancel, on_done),
+        |jobs, cancel, on_done| crate::store::compile_many(&reqs, jobs, cancel, on_done),
         |py, compiled| Ok(Py::new(py, to_result(py, compiled))?.into_any()),
     )
 }

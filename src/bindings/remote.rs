@@ -107,3 +107,194 @@ impl CacheSlot {
         Ok(super::offline::to_result(py, compiled).with_source_of("remote"))
     }
 }
+
+// --- the fleet's store (`store::remote`) ------------------------------------------------
+
+use crate::store::{format, remote as level};
+use pyo3::types::PyDict;
+use std::collections::BTreeMap;
+
+fn store_config(py: Python<'_>) -> PyResult<Option<level::Config>> {
+    level::config().map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// The store's settings from the environment as a dict (None when `XPU_ZEBIN_REMOTE` is
+/// unset); a bad value is an `InvalidArgumentError` naming it.
+#[pyfunction]
+pub fn remote_config<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some(cfg) = store_config(py)? else {
+        return Ok(None);
+    };
+    let d = PyDict::new(py);
+    d.set_item("url", crate::store::address::redacted(&cfg.url))?;
+    d.set_item("read_write", cfg.read_write)?;
+    d.set_item("timeout", cfg.timeout.as_secs_f64())?;
+    d.set_item("ttl", cfg.ttl)?;
+    d.set_item("max_bytes", cfg.max_bytes)?;
+    Ok(Some(d))
+}
+
+/// What the store gave this process: hits, misses, untrusted, too_large, errors,
+/// published (only those that happened).
+#[pyfunction]
+pub fn remote_counts() -> BTreeMap<String, u64> {
+    level::counts()
+}
+
+/// Forget what this process saw of the store, its connections and what it said.
+#[pyfunction]
+pub fn remote_reset() {
+    level::reset();
+}
+
+/// Triton's entries: the bytes at each of `rkeys` signed by a trusted key for that key
+/// and `identity`, in one read (None each where not; `all_or_none`: all or none).
+#[pyfunction]
+#[pyo3(signature = (rkeys, identity, all_or_none=false))]
+pub fn remote_fetch_signed<'py>(
+    py: Python<'py>,
+    rkeys: Vec<String>,
+    identity: &str,
+    all_or_none: bool,
+) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+    let Some(cfg) = store_config(py)? else {
+        return Ok(vec![None; rkeys.len()]);
+    };
+    let found = py.detach(|| level::fetch_signed(&cfg, &rkeys, identity, all_or_none));
+    super::emit_warnings(py);
+    let found = found.map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(found
+        .into_iter()
+        .map(|v| v.map(|b| PyBytes::new(py, &b)))
+        .collect())
+}
+
+/// Triton's entry `data`, signed for `rkey` and `identity`, into the store (a read-write
+/// node with a signing key); True when written.
+#[pyfunction]
+pub fn remote_publish_signed(
+    py: Python<'_>,
+    rkey: &str,
+    identity: &str,
+    data: &[u8],
+) -> PyResult<bool> {
+    let Some(cfg) = store_config(py)? else {
+        return Ok(false);
+    };
+    let done = py.detach(|| level::publish_signed(&cfg, rkey, identity, data));
+    super::emit_warnings(py);
+    done.map_err(|e| to_pyerr(py, e.into()))
+}
+
+/// `stats`, `verify` or `purge` the store (a SCAN page at a time): a dict of entries,
+/// bytes, bad (key, why) and purged; an `OSError` saying why the store could not be read.
+#[pyfunction]
+pub fn remote_survey<'py>(py: Python<'py>, action: &str) -> PyResult<Bound<'py, PyAny>> {
+    let action = match action {
+        "stats" => level::Action::Stats,
+        "verify" => level::Action::Verify,
+        "purge" => level::Action::Purge,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{other:?}: stats, verify or purge"
+            )))
+        }
+    };
+    let Some(cfg) = store_config(py)? else {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{} is not set: no remote store to look at",
+            level::REMOTE_ENV
+        )));
+    };
+    let report = py
+        .detach(|| level::survey(&cfg, action))
+        .map_err(pyo3::exceptions::PyOSError::new_err)?;
+    Ok(pythonize::pythonize(py, &report)?)
+}
+
+/// The store's address without its credentials.
+#[pyfunction]
+pub fn remote_redacted(url: &str) -> String {
+    crate::store::address::redacted(url)
+}
+
+/// What a signature covers: key, device (stripped), compiler and bytes, each with its
+/// length.
+#[pyfunction]
+pub fn remote_signed_message<'py>(
+    py: Python<'py>,
+    key: &str,
+    device: &str,
+    compiler: &str,
+    entry: &[u8],
+) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &format::signed_message(key, device, compiler, entry))
+}
+
+/// A stored value from its header (key, device, compiler, signer, signature) and entry.
+#[pyfunction]
+pub fn remote_pack<'py>(
+    py: Python<'py>,
+    header: BTreeMap<String, String>,
+    entry: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let field = |name: &str| {
+        header.get(name).cloned().ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!("the header lacks {name:?}"))
+        })
+    };
+    let h = format::Header {
+        key: field("key")?,
+        device: field("device")?,
+        compiler: field("compiler")?,
+        signer: field("signer")?,
+        signature: field("signature")?,
+    };
+    Ok(PyBytes::new(py, &format::pack(&h, entry)))
+}
+
+/// A stored value's header (a dict) and entry; a `ValueError` for anything else.
+#[pyfunction]
+pub fn remote_unpack<'py>(
+    py: Python<'py>,
+    value: &[u8],
+) -> PyResult<(BTreeMap<&'static str, String>, Bound<'py, PyBytes>)> {
+    let (h, entry) = format::unpack(value).map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let header = BTreeMap::from([
+        ("key", h.key),
+        ("device", h.device),
+        ("compiler", h.compiler),
+        ("signer", h.signer),
+        ("signature", h.signature),
+    ]);
+    Ok((header, PyBytes::new(py, entry)))
+}
+
+/// Why the entry at `name` fails verification against `XPU_ZEBIN_TRUSTED_KEYS` (None: a
+/// trusted key signed it for this very key; `value` None: too large to read).
+#[pyfunction]
+pub fn remote_check(py: Python<'_>, name: &[u8], value: Option<&[u8]>) -> PyResult<Option<String>> {
+    let trust = Trusted::from_env().map_err(|e| to_pyerr(py, e.into()))?;
+    Ok(format::check(&trust, name, value))
+}
+
+/// Publish the local cache's entry for this request, signed (a read-write node with a
+/// signing key); True when written.
+#[pyfunction]
+pub fn remote_publish(
+    py: Python<'_>,
+    spirv: Vec<u8>,
+    device: String,
+    options: PyRef<'_, PyOptions>,
+) -> PyResult<bool> {
+    let Some(cfg) = store_config(py)? else {
+        return Ok(false);
+    };
+    let req = request(spirv, device, &options);
+    let done = py.detach(|| {
+        let slot = engine::slot(&req)?;
+        crate::store::publish(&cfg, &slot, None)
+    });
+    super::emit_warnings(py);
+    done.map_err(|e| to_pyerr(py, e.into()))
+}

@@ -30,23 +30,10 @@ def cmd_remote(args: argparse.Namespace) -> int:
         # With no key trusted every entry fails: purge would empty the store.
         raise UsageError(f"{args.action} needs {xpu_zebin._core.TRUSTED_KEYS_ENV}: the keys "
                          "whose entries are good")  # fmt: skip
-    report = {"entries": 0, "bytes": 0, "bad": [], "purged": 0}
     try:
-        for name, value in remote.entries(cfg):
-            report["entries"] += 1
-            report["bytes"] += len(value or b"")
-            if args.action == "stats":
-                continue
-            why = remote.check(name, value)
-            if why is None:
-                continue
-            shown = name.decode("utf-8", "replace")
-            report["bad"].append({"key": shown, "why": why})
-            if args.action == "purge" and value is not None:
-                report["purged"] += remote.delete_if_unchanged(cfg, name, value)
-    except Exception as e:
-        print(printable(f"xpu-zebin: remote store {remote._redacted(cfg.url)}: "
-                        f"{type(e).__name__}: {e}"), file=sys.stderr)  # fmt: skip
+        report = xpu_zebin._core.remote_survey(args.action)
+    except OSError as e:
+        print(printable(f"xpu-zebin: remote store {cfg['url']}: {e}"), file=sys.stderr)
         return EXIT_BUILD_ERROR
     if args.json:
         print(json.dumps(report))

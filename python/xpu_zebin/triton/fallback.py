@@ -218,7 +218,7 @@ def compile_trusting_no_cache(
                        "removed" if removed else "skipped")  # fmt: skip
     # This process's compiler, never the store again (it would hand the same bytes back):
     # written back to the local cache where the entry was removed.
-    fresh = xpu_zebin._core.compile(spirv, arch, options.replace(cache=removed))
+    fresh = xpu_zebin._core.compile(spirv, arch, options.replace(cache=removed), store=False)
     return xpu_zebin._report(fresh, fresh.kernel)
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
-from .. import _core, remote
+from .. import _core
 from ..errors import BuildError
 
 logger = logging.getLogger("xpu_zebin.triton")
@@ -59,7 +59,7 @@ class FleetCacheManager(CacheManager):
         self.key = key
         self._local = FileCacheManager(key, override=override, dump=dump)
         self.cache_dir = self._local.cache_dir
-        self._store = None if (override or dump) else remote.config()
+        self._store = not (override or dump) and _core.remote_config() is not None
 
     def _rkey(self, filename: str) -> str:
         tag = hashlib.sha256(host_identity().encode()).hexdigest()[:16]
@@ -68,14 +68,14 @@ class FleetCacheManager(CacheManager):
     def _fetch(self, *filenames: str) -> List[Optional[bytes]]:
         """The files from the store, signed for this host, in one read: all of them or
         none (a group is of use only whole)."""
-        if self._store is None:
+        if not self._store:
             return [None] * len(filenames)
         rkeys = [self._rkey(f) for f in filenames]
-        return remote.fetch_signed(self._store, rkeys, host_identity(), all_or_none=True)
+        return _core.remote_fetch_signed(rkeys, host_identity(), all_or_none=True)
 
     def _publish(self, filename: str, data: bytes) -> None:
-        if self._store is not None:
-            remote.publish_signed(self._store, self._rkey(filename), host_identity(), data)
+        if self._store:
+            _core.remote_publish_signed(self._rkey(filename), host_identity(), data)
 
     def get_file(self, filename: str) -> Optional[str]:
         path = self._local.get_file(filename)
@@ -92,7 +92,7 @@ class FleetCacheManager(CacheManager):
 
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
         group = self._local.get_group(filename)
-        if group is not None or self._store is None:
+        if group is not None or not self._store:
             return group
         (listed,) = self._fetch(f"__grp__{filename}")
         if listed is None:

@@ -1,0 +1,317 @@
+//! The store's client: a few connections per process and address, kept for reuse; each
+//! operation on one connection within one deadline. A failure drops only its own
+//! connection (another thread's read goes on). What each operation may read is bounded
+//! by what it asked (`resp::Budget`), so a lying server cannot fill memory.
+
+use super::address::Address;
+use super::connection::{self, Conn, Late};
+use super::resp::{Budget, Reply, WireError};
+use crate::sync::{lock, Renewable};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A whole operation on a small reply has ten timeouts, at most this long: a store that
+/// trickles its reply costs a node seconds, once (then the level leaves it alone).
+pub const MAX_BASE_DEADLINE: Duration = Duration::from_secs(6);
+/// Values are read at this rate at least: a second more of deadline per 32 MiB asked.
+pub const MIN_BYTES_PER_SECOND: f64 = 32.0 * 1024.0 * 1024.0;
+/// A SCAN page's keys, together, and how many.
+const SCAN_PAGE: Budget = Budget {
+    bulk_bytes: 16 << 20,
+    items: 100_000,
+};
+const KEEP_IDLE: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Values over the bound: never read.
+    #[error("{key}: {size} bytes")]
+    TooLarge { key: String, size: u64 },
+    /// The server said no (an error reply), in Redis's words.
+    #[error("{0}")]
+    Server(String),
+    #[error("no whole reply within {0} s")]
+    Late(String),
+    #[error("{0}")]
+    Wire(WireError),
+    #[error("{0}")]
+    Setting(String),
+}
+
+impl StoreError {
+    /// A name for the kind of failure, as redis-py's exception classes say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StoreError::TooLarge { .. } => "TooLarge",
+            StoreError::Late(_) => "TimeoutError",
+            StoreError::Setting(_) => "ConfigError",
+            StoreError::Wire(WireError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ) =>
+            {
+                "TimeoutError"
+            }
+            StoreError::Wire(WireError::Io(_) | WireError::Closed) => "ConnectionError",
+            StoreError::Wire(_) => "InvalidResponse",
+            StoreError::Server(m) => match m.split(' ').next().unwrap_or("") {
+                "OOM" => "OutOfMemoryError",
+                "NOAUTH" | "WRONGPASS" => "AuthenticationError",
+                "NOPERM" => "NoPermissionError",
+                "READONLY" => "ReadOnlyError",
+                _ => "ResponseError",
+            },
+        }
+    }
+
+    /// A reply about the key, not the store: a value of another type.
+    pub fn about_the_key(&self) -> bool {
+        matches!(self, StoreError::Server(m) if m.starts_with("WRONGTYPE"))
+    }
+}
+
+/// Seconds as people write them: `3`, `0.5`.
+pub fn seconds_text(d: Duration) -> String {
+    let text = format!("{:.3}", d.as_secs_f64());
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+pub struct Client {
+    address: Address,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// Connect, and each read or write without progress.
+    step: Duration,
+    /// A whole operation on small replies.
+    base: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+fn forget_after_fork() {
+    CLIENTS.renew();
+}
+
+/// Clients by address and timeout (in nanoseconds).
+type Clients = HashMap<(String, u64), Arc<Client>>;
+
+static CLIENTS: Renewable<Mutex<Clients>> =
+    Renewable::new(|| Mutex::new(HashMap::new()), forget_after_fork);
+
+/// This process's client of `url` with `timeout` (made once).
+pub fn client(url: &str, timeout: Duration) -> Result<Arc<Client>, StoreError> {
+    let id = (url.to_string(), timeout.as_nanos() as u64);
+    if let Some(found) = lock(CLIENTS.get()).get(&id) {
+        return Ok(found.clone());
+    }
+    let address = Address::parse(url).map_err(StoreError::Setting)?;
+    let tls = match &address.tls {
+        Some(t) => Some(connection::tls_config(t).map_err(StoreError::Setting)?),
+        None => None,
+    };
+    let made = Arc::new(Client {
+        address,
+        tls,
+        step: timeout,
+        base: (timeout * 10).min(MAX_BASE_DEADLINE),
+        idle: Mutex::new(Vec::new()),
+    });
+    Ok(lock(CLIENTS.get()).entry(id).or_insert(made).clone())
+}
+
+/// Every client this process made is dropped (tests start each case afresh).
+pub fn forget_clients() {
+    lock(CLIENTS.get()).clear();
+}
+
+impl Client {
+    /// `work` on a connection within a deadline `base` from now (it may move it); the
+    /// connection is kept for reuse only when the work ended in step with the server.
+    fn with_conn<T>(
+        &self,
+        work: impl FnOnce(&mut Conn, Instant) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let deadline = start + self.base;
+        let pid = std::process::id();
+        let kept = {
+            let mut idle = lock(&self.idle);
+            idle.retain(|c| c.pid == pid);
+            idle.pop()
+        };
+        let mut conn = match kept {
+            Some(c) => c,
+            None => connection::open(&self.address, self.tls.as_ref(), deadline, self.step)
+                .map_err(|e| self.wire(e, start))?,
+        };
+        conn.set_deadline(deadline);
+        let result = work(&mut conn, deadline);
+        match &result {
+            Ok(_) | Err(StoreError::Server(_) | StoreError::TooLarge { .. }) => {
+                let mut idle = lock(&self.idle);
+                if idle.len() < KEEP_IDLE {
+                    idle.push(conn);
+                }
+            }
+            Err(_) => {} // out of step, or the peer is gone: this connection only
+        }
+        result.map_err(|e| match e {
+            StoreError::Wire(w) => self.wire(w, start),
+            other => other,
+        })
+    }
+
+    /// A wire error said as what it is: past the whole deadline, or not.
+    fn wire(&self, e: WireError, start: Instant) -> StoreError {
+        if let WireError::Io(io) = &e {
+            if io.get_ref().is_some_and(|inner| inner.is::<Late>()) {
+                let _ = start;
+                return StoreError::Late(seconds_text(self.base));
+            }
+        }
+        StoreError::Wire(e)
+    }
+
+    fn run(
+        conn: &mut Conn,
+        commands: &[Vec<&[u8]>],
+        budget: Budget,
+    ) -> Result<Vec<Reply>, StoreError> {
+        let replies = conn.pipeline(commands, budget).map_err(StoreError::Wire)?;
+        for r in &replies {
+            if let Reply::Error(e) = r {
+                return Err(StoreError::Server(e.clone()));
+            }
+        }
+        Ok(replies)
+    }
+
+    /// The values at `keys` (None where absent or empty), in two round trips however
+    /// many: their sizes first (`TooLarge` when together over `max_bytes`: nothing is
+    /// read), then a range read of each up to its size, the replies together bounded by
+    /// those sizes. `all_or_none`: when one is absent, none is read.
+    pub fn read(
+        &self,
+        keys: &[&[u8]],
+        max_bytes: u64,
+        all_or_none: bool,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.with_conn(|conn, deadline| {
+            let asks: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"STRLEN"[..], k]).collect();
+            let sizes = Self::run(conn, &asks, Budget::SMALL)?
+                .into_iter()
+                .map(|r| match r {
+                    Reply::Int(n) if n >= 0 => Ok(n as u64),
+                    _ => Err(StoreError::Wire(WireError::Protocol(
+                        "the store answered something other than sizes".into(),
+                    ))),
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            let total = sizes.iter().fold(0u64, |a, n| a.saturating_add(*n));
+            if total > max_bytes {
+                let key = match keys {
+                    [one] => String::from_utf8_lossy(one).into_owned(),
+                    _ => format!("{} keys", keys.len()),
+                };
+                return Err(StoreError::TooLarge { key, size: total });
+            }
+            if total == 0 || (all_or_none && sizes.contains(&0)) {
+                return Ok(vec![None; keys.len()]);
+            }
+            conn.set_deadline(
+                deadline + Duration::from_secs_f64(total as f64 / MIN_BYTES_PER_SECOND),
+            );
+            let ends: Vec<String> = sizes
+                .iter()
+                .map(|n| n.saturating_sub(1).to_string())
+                .collect();
+            let reads: Vec<Vec<&[u8]>> = keys
+                .iter()
+                .zip(&sizes)
+                .zip(&ends)
+                .filter(|((_, n), _)| **n > 0)
+                .map(|((k, _), end)| vec![&b"GETRANGE"[..], k, b"0", end.as_bytes()])
+                .collect();
+            let budget = Budget {
+                bulk_bytes: total,
+                items: 0,
+            };
+            let mut values = Self::run(conn, &reads, budget)?.into_iter();
+            sizes
+                .iter()
+                .map(|n| match (*n, values.next()) {
+                    (0, _) => Ok(None),
+                    (_, Some(Reply::Bulk(v))) => Ok(Some(v).filter(|v| !v.is_empty())),
+                    _ => Err(StoreError::Wire(WireError::Protocol(
+                        "the store answered something other than values".into(),
+                    ))),
+                })
+                .collect()
+        })
+    }
+
+    /// `value` at `key`, living `ttl_seconds` (0: for ever).
+    pub fn set(&self, key: &[u8], value: &[u8], ttl_seconds: u64) -> Result<(), StoreError> {
+        let ttl = ttl_seconds.to_string();
+        let mut set: Vec<&[u8]> = vec![b"SET", key, value];
+        if ttl_seconds > 0 {
+            set.extend([&b"EX"[..], ttl.as_bytes()]);
+        }
+        self.with_conn(|conn, deadline| {
+            // Writing a large value takes time too.
+            conn.set_deadline(
+                deadline + Duration::from_secs_f64(value.len() as f64 / MIN_BYTES_PER_SECOND),
+            );
+            Self::run(conn, &[set], Budget::SMALL).map(|_| ())
+        })
+    }
+
+    /// One page of the keys matching `pattern` from `cursor`: the next cursor (0: done)
+    /// and the keys.
+    pub fn scan(&self, cursor: u64, pattern: &[u8]) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let at = cursor.to_string();
+        let ask: Vec<&[u8]> = vec![b"SCAN", at.as_bytes(), b"MATCH", pattern, b"COUNT", b"256"];
+        let bad = || StoreError::Wire(WireError::Protocol("not a SCAN reply".into()));
+        self.with_conn(|conn, _| {
+            let mut replies = Self::run(conn, &[ask], SCAN_PAGE)?;
+            let Some(Reply::Array(mut parts)) = replies.pop() else {
+                return Err(bad());
+            };
+            let (Some(Reply::Array(keys)), Some(Reply::Bulk(next))) = (parts.pop(), parts.pop())
+            else {
+                return Err(bad());
+            };
+            let next = std::str::from_utf8(&next)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or_else(bad)?;
+            let keys = keys
+                .into_iter()
+                .map(|k| match k {
+                    Reply::Bulk(k) => Ok(k),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((next, keys))
+        })
+    }
+
+    /// Remove `key` only while it still holds `value` (a node may have published a good
+    /// entry there meanwhile); true when removed.
+    pub fn delete_if_unchanged(&self, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        const SCRIPT: &[u8] = b"if redis.call('GET', KEYS[1]) == ARGV[1] then \
+            return redis.call('DEL', KEYS[1]) else return 0 end";
+        self.with_conn(|conn, _| {
+            match Self::run(
+                conn,
+                &[vec![&b"EVAL"[..], SCRIPT, b"1", key, value]],
+                Budget::SMALL,
+            )?
+            .pop()
+            {
+                Some(Reply::Int(n)) => Ok(n > 0),
+                _ => Err(StoreError::Wire(WireError::Protocol("not a count".into()))),
+            }
+        })
+    }
+}

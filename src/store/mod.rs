@@ -1,0 +1,113 @@
+//! Every level of native code behind one lookup: the local cache (`crate::cache`, under
+//! `engine::Slot`), then the fleet's remote store (`remote`: a bounded Redis client of
+//! its own, `client`, `connection`, `resp`, `address`; signed values, `format`). A compile
+//! goes through `through_levels`: the local level answers first, then a trusted entry of
+//! the store (taken into the local cache), then the compiler, whose fresh build a
+//! read-write node publishes. The compile path never knows which level answered but by
+//! the result's `from_store`.
+
+pub mod address;
+mod any_cert;
+pub mod client;
+pub mod connection;
+pub mod format;
+pub mod remote;
+pub mod resp;
+
+use crate::engine::{self, CompileRequest, Compiled, Outcome, Slot};
+use crate::error::Result;
+use remote::{Config, Wanted};
+use std::sync::atomic::AtomicBool;
+
+/// Compile `req` through every level: the store's, then this process's compiler.
+pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
+    through_levels(req, || engine::compile(req, cancel))
+}
+
+/// `engine::compile_many`, each request through every level.
+pub fn compile_many(
+    reqs: &[CompileRequest],
+    jobs: usize,
+    cancel: &AtomicBool,
+    on_done: &(dyn Fn(usize) + Sync),
+) -> Vec<Outcome> {
+    engine::compile_many_through(reqs, jobs, cancel, on_done, &|req, build| {
+        through_levels(req, build)
+    })
+}
+
+/// `build()` with the store's levels around it: the answer of the first level that has
+/// one. A request the compile would refuse goes to `build` to say why; a bad store
+/// setting is the error.
+pub fn through_levels(req: &CompileRequest, build: impl FnOnce() -> Outcome) -> Outcome {
+    let cfg = match remote::config() {
+        Ok(Some(cfg)) if req.options.cache => cfg,
+        Ok(_) => return build(),
+        Err(e) => return Err(Box::new(e.into())),
+    };
+    let Ok(slot) = engine::slot(req) else {
+        return build();
+    };
+    if slot.local().is_none() {
+        if let Some(found) = fetch(&cfg, &slot).map_err(|e| Box::new(e.into()))? {
+            return Ok(found);
+        }
+    }
+    let built = build()?;
+    if !built.cached {
+        publish(&cfg, &slot, Some(&built.binary))?;
+    }
+    Ok(built)
+}
+
+/// The store's trusted entry for `slot`, taken into the local cache; None when there is
+/// none (or it is not this request's: counted as untrusted, never loaded).
+pub fn fetch(cfg: &Config, slot: &Slot) -> Result<Option<Compiled>> {
+    let rkey = format!("{}{}", format::PREFIX, slot.key());
+    let wanted = Wanted {
+        rkey: rkey.as_bytes(),
+        key: slot.key(),
+        device: slot.device(),
+        compiler: slot.compiler(),
+    };
+    let Some(Some(entry)) = remote::signed_values(cfg, &[wanted], false)?.pop() else {
+        return Ok(None);
+    };
+    match slot.adopt(&entry) {
+        Ok(mut compiled) => {
+            remote::count_hit();
+            compiled.from_store = true;
+            Ok(Some(compiled))
+        }
+        Err(e) => {
+            remote::untrusted(&e.message);
+            Ok(None)
+        }
+    }
+}
+
+/// After a fresh build of `binary` on a read-write node with a signing key: the slot's
+/// local entry, signed, into the store; never an entry that does not hold `binary` (the
+/// local cache is read back, and it is shared). `binary` None: whatever entry it holds
+/// (a farm publishing its cache).
+pub fn publish(cfg: &Config, slot: &Slot, binary: Option<&[u8]>) -> Result<bool> {
+    if !cfg.read_write {
+        return Ok(false);
+    }
+    let Some(entry) = slot.local() else {
+        return Ok(false);
+    };
+    match crate::cache::decode::<crate::ladder::Record>(slot.key(), &entry) {
+        Ok((_, held)) if binary.is_none_or(|b| held == b) => {}
+        _ => return Ok(false),
+    }
+    let rkey = format!("{}{}", format::PREFIX, slot.key());
+    remote::put_signed(
+        cfg,
+        rkey.as_bytes(),
+        slot.key(),
+        slot.device(),
+        slot.compiler(),
+        &entry,
+    )
+}

@@ -1,0 +1,393 @@
+//! The fleet's level: a remote store on Redis behind the local cache, every entry signed.
+//!
+//! `XPU_ZEBIN_REMOTE` turns it on (`address.rs` gives its forms); `XPU_ZEBIN_REMOTE_MODE`
+//! is `read-only` (the default) or `read-write`. An entry from the store is taken only when
+//! a key of `XPU_ZEBIN_TRUSTED_KEYS` signed it for this very request (`format.rs`); a
+//! read-write node with `XPU_ZEBIN_SIGNING_KEY` publishes what it compiled. The store can
+//! never hang, crash or poison a compile: every operation has a deadline, every reply a
+//! bound (`client.rs`); a store that is down, slow, full or answers garbage means
+//! compiling locally, with one warning, and the store is left alone for `BACKOFF` after.
+
+use super::address::redacted;
+use super::client::{self, StoreError};
+use super::format;
+use crate::diag::warn_once;
+use crate::error::{BuildError, ErrorKind, Result};
+use crate::knobs;
+use crate::signing::{Signer, Trusted, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV};
+use crate::sync::{lock, Renewable};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub const REMOTE_ENV: &str = "XPU_ZEBIN_REMOTE";
+pub const MODE_ENV: &str = "XPU_ZEBIN_REMOTE_MODE";
+pub const TIMEOUT_ENV: &str = "XPU_ZEBIN_REMOTE_TIMEOUT";
+pub const TTL_ENV: &str = "XPU_ZEBIN_REMOTE_TTL";
+pub const MAX_BYTES_ENV: &str = "XPU_ZEBIN_REMOTE_MAX_BYTES";
+/// The local cache's own bound on an entry.
+pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// After the store could not be used it is left alone this long (no timeout per kernel).
+pub const BACKOFF: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub url: String,
+    pub read_write: bool,
+    pub timeout: Duration,
+    /// Whole seconds (a TTL of 0.5 s lives a second, not for ever); 0: no expiry.
+    pub ttl: u64,
+    pub max_bytes: u64,
+}
+
+fn bad(name: &str, text: &str, expected: &str) -> BuildError {
+    BuildError::new(
+        ErrorKind::InvalidArgument,
+        format!("{name}={text:?} is not valid: expected {expected}"),
+    )
+}
+
+/// The store this process uses, from the environment; None when `XPU_ZEBIN_REMOTE` is
+/// unset. A bad value is an `invalid_argument` naming it (never ignored).
+pub fn config() -> Result<Option<Config>> {
+    let Some(url) = knobs::text_knob(REMOTE_ENV)? else {
+        return Ok(None);
+    };
+    let url = url.trim().to_string();
+    if let Err(why) = super::address::Address::parse(&url) {
+        return Err(bad(
+            REMOTE_ENV,
+            &redacted(&url),
+            &format!("redis://[user:password@]host:port/db (rediss:// for TLS; {why})"),
+        ));
+    }
+    let mode = knobs::text_knob(MODE_ENV)?.unwrap_or_default();
+    let read_write = match mode.trim().to_ascii_lowercase().as_str() {
+        "" | "read-only" => false,
+        "read-write" => true,
+        _ => return Err(bad(MODE_ENV, &mode, "read-only or read-write")),
+    };
+    let timeout = knobs::seconds_knob(TIMEOUT_ENV, DEFAULT_TIMEOUT)?;
+    let ttl = knobs::seconds_knob(TTL_ENV, DEFAULT_TTL)?;
+    Ok(Some(Config {
+        url,
+        read_write,
+        timeout: if timeout.is_zero() {
+            DEFAULT_TIMEOUT
+        } else {
+            timeout
+        },
+        ttl: ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0),
+        max_bytes: knobs::bytes_knob(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)?,
+    }))
+}
+
+// --- what this process saw --------------------------------------------------------------
+
+#[derive(Default)]
+struct Seen {
+    counts: BTreeMap<&'static str, u64>,
+    down_until: HashMap<String, Instant>,
+}
+
+fn forget_after_fork() {
+    SEEN.renew();
+}
+
+static SEEN: Renewable<Mutex<Seen>> =
+    Renewable::new(|| Mutex::new(Seen::default()), forget_after_fork);
+
+fn count(what: &'static str) {
+    *lock(SEEN.get()).counts.entry(what).or_default() += 1;
+}
+
+/// What the store gave this process: hits, misses, untrusted, too_large, errors,
+/// published.
+pub fn counts() -> BTreeMap<String, u64> {
+    let seen = lock(SEEN.get());
+    seen.counts
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect()
+}
+
+/// Forget what this process saw, its clients and what it said (each test a fresh node).
+pub fn reset() {
+    *lock(SEEN.get()) = Seen::default();
+    client::forget_clients();
+    lock(crate::diag::SAID.get()).retain(|k| !k.starts_with("remote:"));
+}
+
+pub fn usable(cfg: &Config) -> bool {
+    let seen = lock(SEEN.get());
+    seen.down_until
+        .get(&cfg.url)
+        .is_none_or(|until| *until <= Instant::now())
+}
+
+/// The store could not be used: one warning, then it is left alone for a while.
+fn failed(cfg: &Config, e: &StoreError) {
+    count("errors");
+    lock(SEEN.get())
+        .down_until
+        .insert(cfg.url.clone(), Instant::now() + BACKOFF);
+    warn_once(
+        &format!("remote:down:{}", cfg.url),
+        format!(
+            "xpu-zebin: remote store {} unusable ({}: {e}); compiling locally",
+            redacted(&cfg.url),
+            e.name()
+        ),
+    );
+}
+
+pub(crate) fn untrusted(why: &str) {
+    count("untrusted");
+    warn_once(
+        "remote:untrusted",
+        format!(
+            "xpu-zebin: an entry of the remote store was not loaded ({why}); built locally \
+             (xpu-zebin remote verify lists such entries)"
+        ),
+    );
+}
+
+pub(crate) fn count_hit() {
+    count("hits");
+}
+
+/// What a value must have been signed as: its store key, entry key, device and compiler.
+pub struct Wanted<'a> {
+    pub rkey: &'a [u8],
+    pub key: &'a str,
+    pub device: &'a str,
+    pub compiler: &'a str,
+}
+
+/// For each of `wanted`, the entry stored at its key when a trusted key signed it as
+/// asked; None otherwise: absent (a miss), untrusted (counted, warned once), or the store
+/// failing (one warning, then left alone). One read for all of them; with `all_or_none`,
+/// all or none. A malformed `XPU_ZEBIN_TRUSTED_KEYS` is the error.
+pub fn signed_values(
+    cfg: &Config,
+    wanted: &[Wanted<'_>],
+    all_or_none: bool,
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let none = || vec![None; wanted.len()];
+    let trust = Trusted::from_env()?;
+    if trust.is_empty() {
+        warn_once(
+            "remote:no-trust",
+            format!(
+                "xpu-zebin: {REMOTE_ENV} is set but {TRUSTED_KEYS_ENV} is not: nothing from \
+                 the store can be trusted, so nothing is loaded from it"
+            ),
+        );
+        return Ok(none());
+    }
+    if !usable(cfg) {
+        return Ok(none());
+    }
+    let keys: Vec<&[u8]> = wanted.iter().map(|w| w.rkey).collect();
+    let read = client::client(&cfg.url, cfg.timeout)
+        .and_then(|c| c.read(&keys, cfg.max_bytes, all_or_none));
+    let values = match read {
+        Ok(values) => values,
+        Err(StoreError::TooLarge { key, size }) => {
+            count("too_large");
+            warn_once(
+                "remote:large",
+                format!(
+                    "xpu-zebin: remote entry {key} is {size} bytes, more than \
+                     {MAX_BYTES_ENV}={}: not read",
+                    cfg.max_bytes
+                ),
+            );
+            return Ok(none());
+        }
+        Err(e) if e.about_the_key() => {
+            untrusted(&e.to_string());
+            return Ok(none());
+        }
+        Err(e) => {
+            failed(cfg, &e);
+            return Ok(none());
+        }
+    };
+    let mut found = Vec::with_capacity(wanted.len());
+    for (value, w) in values.iter().zip(wanted) {
+        let entry = match value {
+            None => {
+                count("misses");
+                None
+            }
+            Some(v) => match format::signed_entry(&trust, v, w.key, w.device, w.compiler) {
+                Ok(entry) => Some(entry.to_vec()),
+                Err(why) => {
+                    untrusted(&why);
+                    None
+                }
+            },
+        };
+        if all_or_none && entry.is_none() {
+            return Ok(none());
+        }
+        found.push(entry);
+    }
+    Ok(found)
+}
+
+/// `data`, signed as `key`'s built for `device` with `compiler`, at `rkey` with the
+/// store's TTL (a read-write node with a signing key); true when written.
+pub fn put_signed(
+    cfg: &Config,
+    rkey: &[u8],
+    key: &str,
+    device: &str,
+    compiler: &str,
+    data: &[u8],
+) -> Result<bool> {
+    if !cfg.read_write || !usable(cfg) {
+        return Ok(false);
+    }
+    let Some(signer) = Signer::from_env()? else {
+        warn_once(
+            "remote:no-key",
+            format!(
+                "xpu-zebin: {MODE_ENV}=read-write but {SIGNING_KEY_ENV} is not set: nothing \
+                 is published (an unsigned entry would never be loaded)"
+            ),
+        );
+        return Ok(false);
+    };
+    let value = format::pack_signed(&signer, key, device, compiler, data);
+    if value.len() as u64 > cfg.max_bytes {
+        return Ok(false);
+    }
+    match client::client(&cfg.url, cfg.timeout).and_then(|c| c.set(rkey, &value, cfg.ttl)) {
+        Ok(()) => {
+            count("published");
+            Ok(true)
+        }
+        Err(e) => {
+            failed(cfg, &e);
+            Ok(false)
+        }
+    }
+}
+
+/// Triton's own entries: the bytes at each of `rkeys` when a trusted key signed them for
+/// that key and `identity` (what they were built with); each key read once.
+pub fn fetch_signed(
+    cfg: &Config,
+    rkeys: &[String],
+    identity: &str,
+    all_or_none: bool,
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut unique: Vec<&String> = Vec::new();
+    for k in rkeys {
+        if !unique.contains(&k) {
+            unique.push(k);
+        }
+    }
+    let wanted: Vec<Wanted<'_>> = unique
+        .iter()
+        .map(|k| Wanted {
+            rkey: k.as_bytes(),
+            key: k,
+            device: "",
+            compiler: identity,
+        })
+        .collect();
+    let got = signed_values(cfg, &wanted, all_or_none)?;
+    let found: Vec<Option<Vec<u8>>> = rkeys
+        .iter()
+        .map(|k| {
+            unique
+                .iter()
+                .position(|u| *u == k)
+                .and_then(|i| got[i].clone())
+        })
+        .collect();
+    for _ in found.iter().flatten() {
+        count("hits");
+    }
+    Ok(found)
+}
+
+/// Triton's entry `data` signed for `rkey` and `identity`, into the store.
+pub fn publish_signed(cfg: &Config, rkey: &str, identity: &str, data: &[u8]) -> Result<bool> {
+    put_signed(cfg, rkey.as_bytes(), rkey, "", identity, data)
+}
+
+/// What the store holds, for `xpu-zebin remote stats | verify | purge`: streamed a SCAN
+/// page at a time (bounded memory at any size), each value read within the bound.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Survey {
+    pub entries: u64,
+    pub bytes: u64,
+    pub bad: Vec<BadEntry>,
+    pub purged: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct BadEntry {
+    pub key: String,
+    pub why: String,
+}
+
+/// At most this many bad entries are listed (all are counted and purged).
+pub const MAX_LISTED: usize = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Stats,
+    Verify,
+    Purge,
+}
+
+pub fn survey(cfg: &Config, action: Action) -> std::result::Result<Survey, String> {
+    let trust = Trusted::from_env().map_err(|e| e.message)?;
+    let store = client::client(&cfg.url, cfg.timeout).map_err(|e| format!("{}: {e}", e.name()))?;
+    let said = |e: StoreError| format!("{}: {e}", e.name());
+    let mut report = Survey::default();
+    for prefix in format::NAMESPACES {
+        let pattern = format!("{prefix}*");
+        let mut cursor = 0;
+        loop {
+            let (next, names) = store.scan(cursor, pattern.as_bytes()).map_err(said)?;
+            for name in names {
+                let value = match store.read(&[&name], cfg.max_bytes, false) {
+                    Ok(mut v) => v.pop().flatten(),
+                    Err(StoreError::TooLarge { .. }) => None,
+                    Err(e) => return Err(said(e)),
+                };
+                report.entries += 1;
+                report.bytes += value.as_ref().map_or(0, |v| v.len() as u64);
+                if action == Action::Stats {
+                    continue;
+                }
+                let Some(why) = format::check(&trust, &name, value.as_deref()) else {
+                    continue;
+                };
+                if action == Action::Purge {
+                    if let Some(v) = &value {
+                        report.purged +=
+                            u64::from(store.delete_if_unchanged(&name, v).map_err(said)?);
+                    }
+                }
+                if report.bad.len() < MAX_LISTED {
+                    let key = String::from_utf8_lossy(&name).into_owned();
+                    report.bad.push(BadEntry { key, why });
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(report)
+}
