@@ -216,3 +216,137 @@ proptest! {
         let _ = xpu_zebin::pool::read_frame(&mut prefixed.as_slice());
     }
 }
+
+// --- the fleet's store: replies, addresses and values from a store we do not trust ----------
+
+mod store {
+    use super::config;
+    use proptest::prelude::*;
+    use std::io::{Cursor, Read, Write};
+    use xpu_zebin::store::address::{redacted, Address};
+    use xpu_zebin::store::format;
+    use xpu_zebin::store::resp::{Budget, Reader, Reply, MAX_DEPTH};
+
+    /// A peer that sent `bytes`.
+    struct Sent(Cursor<Vec<u8>>);
+    impl Read for Sent {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(b)
+        }
+    }
+    impl Write for Sent {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// (bulk bytes, items, depth) a reply holds.
+    fn weight(r: &Reply) -> (u64, u64, usize) {
+        match r {
+            Reply::Bulk(b) => (b.len() as u64, 0, 0),
+            Reply::Array(items) => items
+                .iter()
+                .map(weight)
+                .fold((0, items.len() as u64, 1), |(b, i, d), (b2, i2, d2)| {
+                    (b + b2, i + i2, d.max(d2 + 1))
+                }),
+            _ => (0, 0, 0),
+        }
+    }
+
+    fn encode(r: &Reply, out: &mut Vec<u8>) {
+        match r {
+            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+            Reply::Status(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+            Reply::Error(s) => out.extend_from_slice(format!("-{s}\r\n").as_bytes()),
+            Reply::Bulk(b) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                items.iter().for_each(|i| encode(i, out));
+            }
+        }
+    }
+
+    fn leaf() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            Just(Reply::Nil),
+            any::<i64>().prop_map(Reply::Int),
+            "[a-zA-Z0-9 ]{0,20}".prop_map(Reply::Status),
+            "[a-zA-Z0-9 ]{0,20}".prop_map(Reply::Error),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Reply::Bulk),
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        leaf().prop_recursive(2, 64, 8, |inner| {
+            proptest::collection::vec(inner, 0..8).prop_map(Reply::Array)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any bytes, any budget: a reply within the budget and the nesting bound, or an
+        /// error; never a panic.
+        #[test]
+        fn any_reply_is_bounded(bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+                                bulk in 0u64..4096, items in 0u64..64) {
+            let budget = Budget { bulk_bytes: bulk, items };
+            let mut reader = Reader::new(Sent(Cursor::new(bytes)));
+            let mut left = budget;
+            if let Ok(r) = reader.reply(&mut left) {
+                let (b, i, d) = weight(&r);
+                prop_assert!(b <= bulk && i <= items && d <= MAX_DEPTH);
+            }
+        }
+
+        /// What a real server sends, within a roomy budget, reads back as sent; with one
+        /// byte less of budget than its bulks hold, it is refused.
+        #[test]
+        fn replies_read_back(r in reply()) {
+            let mut wire = Vec::new();
+            encode(&r, &mut wire);
+            let (bulk, items, _) = weight(&r);
+            let budget = Budget { bulk_bytes: bulk, items };
+            let mut left = budget;
+            let got = Reader::new(Sent(Cursor::new(wire.clone()))).reply(&mut left);
+            prop_assert_eq!(got.ok(), Some(r));
+            if bulk > 0 {
+                let tight = Budget { bulk_bytes: bulk - 1, items };
+                let mut tight = tight;
+                let refused = Reader::new(Sent(Cursor::new(wire))).reply(&mut tight).is_err();
+                prop_assert!(refused);
+            }
+        }
+
+        /// Any address text: parsed or refused, and said without the password it holds.
+        #[test]
+        fn addresses_parse_or_are_refused(text in ".{0,80}",
+                                          password in "[a-zA-Z0-9]{8,16}") {
+            let _ = Address::parse(&text);
+            let url = format!("redis://user:{password}@{text}");
+            let _ = Address::parse(&url);
+            prop_assert!(!redacted(&url).contains(&password) || text.contains(&password));
+        }
+
+        /// Any value from the store: an entry and its header, or a reason; never a panic.
+        #[test]
+        fn any_value_gets_an_answer(value in proptest::collection::vec(any::<u8>(), 0..512),
+                                    name in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let trust = xpu_zebin::signing::Trusted::parse("", "test").unwrap();
+            let _ = format::unpack(&value);
+            let mut ours = format::MAGIC.to_vec();
+            ours.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            ours.extend_from_slice(&value);
+            prop_assert!(format::check(&trust, &name, Some(&ours)).is_some());
+        }
+    }
+}

@@ -304,3 +304,31 @@ def test_a_failed_read_touches_only_its_own_connection(tmp_path, monkeypatch):
         assert remote.counts() == {"errors": 1, "hits": 1}
     finally:
         server.stop()
+
+
+def test_a_store_hit_imports_no_redis_client(add_spirv, system_ocloc, tmp_path, monkeypatch):
+    """The client is the engine's: a node that takes a kernel from the store imports no
+    Python Redis client (``[remote]`` and its redis-py are gone)."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "cache-a"))
+        monkeypatch.setenv(remote.REMOTE_ENV, server.url())
+        monkeypatch.setenv(remote.MODE_ENV, "read-write")
+        monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(_fixture_key(tmp_path)))
+        built = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
+        assert built.source == "compiled" and remote.counts() == {"published": 1}
+        node = NODE.replace(
+            "print(json.dumps({", "print(json.dumps({'redis': 'redis' in sys.modules, "
+        )
+        path = tmp_path / "add.spv"
+        path.write_bytes(add_spirv)
+        env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(tmp_path / "cache-b"),
+               "XPU_ZEBIN_REMOTE_MODE": "read-only",
+               "XPU_ZEBIN_TRUSTED_KEYS": (FIXTURES / "farm.pub").read_text().strip()}  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", node, system_ocloc, str(path)], env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["sources"] == ["remote"] and got["redis"] is False, got
+    finally:
+        server.stop()
