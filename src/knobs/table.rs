@@ -167,7 +167,10 @@ pub const KNOBS: &[Knob] = &[
             "XPU_ZEBIN_REMOTE",
             Kind::Text,
             "none: no store",
-            "the fleet's store: `redis://[user:password@]host:port/db` (`rediss://`: TLS)",
+            "the fleet's store: `redis://[user:password@]host:port/db` (`rediss://`: TLS, \
+             `unix:///path?db=N`: a socket; query `ssl_ca_certs`, `ssl_certfile`, \
+             `ssl_keyfile`, `ssl_cert_reqs`, `password`, `username`, `db`; any other is an \
+             error)",
         )
     },
     Knob {
@@ -183,8 +186,9 @@ pub const KNOBS: &[Knob] = &[
         "XPU_ZEBIN_REMOTE_TIMEOUT",
         Kind::Seconds,
         "2",
-        "the store's connect and read timeout in seconds (0: the default); a whole read \
-         has ten of them",
+        "the store's connect timeout and longest wait for a reply's next piece, in seconds \
+         (0: the default); a whole operation has ten of them, at most 6 s, plus a second \
+         per 32 MiB of values",
     ),
     engine(
         "XPU_ZEBIN_REMOTE_TTL",
