@@ -67,6 +67,7 @@ pub fn key(parts: &[&[u8]]) -> String {
     hasher.finalize().to_hex().to_string()
 }
 
+#[derive(Clone)]
 pub struct Cache {
     dir: PathBuf,
     max_bytes: u64,

@@ -150,15 +150,14 @@ fn check_linked(binary: &[u8], kernel: &str, ocloc: &std::path::Path) -> Result<
     ))
 }
 
-/// Where a request's build is cached: the cache, the entry's key and the compiler's
-/// identity (a version and build of IGC) the key holds.
-fn cache_entry(
+/// A request's key and the compiler's identity (a version and build of IGC) it holds.
+fn cache_key(
     req: &CompileRequest,
     kernel: &str,
     ladder: &[String],
     rule: crate::spill::Rule,
     ocloc_path: &std::path::Path,
-) -> Result<(Cache, String, String), BuildError> {
+) -> Result<(String, String), BuildError> {
     let identity = ocloc::identity(ocloc_path)?;
     let key = KeyInputs {
         purpose: Purpose::Offline,
@@ -169,13 +168,17 @@ fn cache_entry(
         target: &[req.device.trim(), &identity],
     }
     .key();
-    Ok((Cache::open(req.options.cache_dir.as_deref()), key, identity))
+    Ok((key, identity))
 }
 
 /// The cache and key that would answer `req`, and its kernel (what `compile` computes
 /// before it looks).
 pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildError> {
-    slot(req).map(|e| (e.cache, e.key, e.kernel))
+    let s = slot(req)?;
+    let cache = s
+        .cache
+        .unwrap_or_else(|| Cache::open(req.options.cache_dir.as_deref()));
+    Ok((cache, s.key, s.kernel))
 }
 
 /// The request's device (trimmed) and time limit, checked as every path checks them
@@ -193,42 +196,54 @@ fn checked(req: &CompileRequest) -> Result<(&str, Option<Duration>), BuildError>
     Ok((device, timeout))
 }
 
-/// Where `req`'s answer is cached, with what was learned computing it (the SPIR-V checked
-/// once: a fleet's node looks locally, then takes the store's entry, with one slot).
+/// What a request's compile learns before it builds: its SPIR-V checked, its kernel
+/// chosen, its GRF ladder and spill rule, its compiler, its key, where it is cached.
+/// Every level answers from one slot: the local cache, the fleet's store, the compiler.
 pub struct Slot {
-    cache: Cache,
+    /// None when the request's cache is off.
+    cache: Option<Cache>,
     key: String,
     compiler: String,
     kernel: String,
     own_grf: Option<spirv::GrfRequest>,
     ocloc: std::path::PathBuf,
     device: String,
+    timeout: Option<Duration>,
+    rule: crate::spill::Rule,
+    ladder: Vec<String>,
     options: Options,
 }
 
-/// The slot that answers `req`: its SPIR-V validated, its kernel chosen, its key computed;
-/// a request `compile` would refuse is refused here too.
+/// The slot that answers `req`: a request `compile` would refuse is refused here.
 pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
+    prepare(req).map_err(|f| f.error)
+}
+
+/// The slot of `req`, or why `compile` refuses it.
+pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     let o = &req.options;
-    let (device, _) = checked(req)?;
+    let (device, timeout) = checked(req)?;
     let module = spirv::validate(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
+    let rule = o.rule(Path::Offline)?;
     let ladder = grf::own_mode_is_explicit(
         o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
         own_grf,
     );
     let ocloc = ocloc::discover(o.ocloc.as_deref())?;
-    let (cache, key, compiler) =
-        cache_entry(req, &kernel, &ladder, o.rule(Path::Offline)?, &ocloc)?;
+    let (key, compiler) = cache_key(req, &kernel, &ladder, rule, &ocloc)?;
     Ok(Slot {
-        cache,
+        cache: o.cache.then(|| Cache::open(o.cache_dir.as_deref())),
         key,
         compiler,
         kernel,
         own_grf,
         ocloc,
         device: device.to_string(),
+        timeout,
+        rule,
+        ladder,
         options: o.clone(),
     })
 }
@@ -260,7 +275,7 @@ impl Slot {
     /// The local cache entry that answers, as stored (checked), if any: what a node
     /// shares with its fleet.
     pub fn local(&self) -> Option<Vec<u8>> {
-        self.cache.raw(&self.key)
+        self.cache.as_ref()?.raw(&self.key)
     }
 
     /// Take `entry` (another node's, already verified by its signature) into the local
@@ -268,12 +283,12 @@ impl Slot {
     /// own key (a checksum over key and body: an entry replayed under another key fails)
     /// and hold a zebin with this kernel whose record describes it.
     pub fn adopt(&self, entry: &[u8]) -> Result<Compiled, BuildError> {
-        if !self.options.cache {
+        let Some(cache) = &self.cache else {
             return Err(BuildError::new(
                 ErrorKind::InvalidArgument,
                 "the cache is off for this request: nothing is taken into it",
             ));
-        }
+        };
         let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
         let kernel = &self.kernel;
@@ -289,7 +304,7 @@ impl Slot {
             check_linked(&binary, kernel, &self.ocloc)?;
         }
         let mut notes = Vec::new();
-        notes.extend(self.cache.put_copy(&self.key, &record, &binary));
+        notes.extend(cache.put_copy(&self.key, &record, &binary));
         Ok(Compiled {
             n_regs: grf::n_regs_with(&record.build_flags, self.own_grf, &binary, kernel),
             kernel: kernel.clone(),
@@ -322,30 +337,26 @@ fn compile_inner(
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
+    compile_in_slot(&prepare(req)?, req, cancel, may_speculate)
+}
+
+/// Build `req` in `slot` (what was learned checking it: the levels before the compiler
+/// and the compiler share one check of the SPIR-V).
+pub fn compile_in_slot(
+    slot: &Slot,
+    req: &CompileRequest,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> Outcome {
     let o = &req.options;
-    let (device, timeout) = checked(req)?;
-    let module = spirv::validate(&req.spirv)?;
-    let kernel = module.select_kernel(o.kernel_name.as_deref())?;
-    let own_grf = module.grf_request(&kernel);
-    let rule = o.rule(Path::Offline)?;
-    let ladder = grf::own_mode_is_explicit(
-        o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
-        own_grf,
-    );
-    let ocloc_path = ocloc::discover(o.ocloc.as_deref())?;
-    let cache = if o.cache {
-        let (cache, key, _) = cache_entry(req, &kernel, &ladder, rule, &ocloc_path)?;
-        Some((cache, key))
-    } else {
-        None
-    };
     let plan = Plan {
-        ladder: &ladder,
-        rule,
+        ladder: &slot.ladder,
+        rule: slot.rule,
         speculation: Speculation::choose(o.speculative, req.spirv.len(), may_speculate),
         cancel,
-        cache,
+        cache: slot.cache.clone().map(|c| (c, slot.key.clone())),
     };
+    let kernel = &slot.kernel;
     let Settled {
         product: binary,
         record,
@@ -354,21 +365,21 @@ fn compile_inner(
     } = ladder::settle(
         plan,
         |_, binary| Ok(binary),
-        |flags, cancel| build_once(&ocloc_path, req, &kernel, flags, timeout, cancel),
+        |flags, cancel| build_once(&slot.ocloc, req, kernel, flags, slot.timeout, cancel),
         |built: Built, _| Ok(built.binary),
         Vec::clone,
     )?;
     if !o.allow_unresolved {
-        check_linked(&binary, &kernel, &ocloc_path).map_err(|error| Failure {
+        check_linked(&binary, kernel, &slot.ocloc).map_err(|error| Failure {
             error: error.with_log(record.log.clone()),
             attempts: record.attempts.clone(),
             notes: notes.clone(),
         })?;
     }
-    let n_regs = grf::n_regs_with(&record.build_flags, own_grf, &binary, &kernel);
+    let n_regs = grf::n_regs_with(&record.build_flags, slot.own_grf, &binary, kernel);
     Ok(Compiled {
-        kernel,
-        device: device.to_string(),
+        kernel: kernel.clone(),
+        device: slot.device.clone(),
         binary,
         n_regs,
         build_flags: record.build_flags,
@@ -393,20 +404,22 @@ pub fn compile_many(
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
 ) -> Vec<Outcome> {
-    compile_many_through(reqs, jobs, cancel, on_done, &|_, build| build())
+    compile_many_through(reqs, jobs, cancel, on_done, &|r, may_speculate| {
+        compile_inner(r, cancel, may_speculate)
+    })
 }
 
-/// How a request's compile is answered: `levels(req, build)` may answer it another way
-/// (the fleet's store, `store::compile_many`) or call `build()`.
-pub type Levels = dyn Fn(&CompileRequest, &dyn Fn() -> Outcome) -> Outcome + Sync;
+/// How one request of a batch is answered: `answer(req, may_speculate)` (the fleet's
+/// store in front of the compiler, `store::compile_many`).
+pub type Answer<'a> = dyn Fn(&CompileRequest, &(dyn Fn() -> bool + Sync)) -> Outcome + Sync + 'a;
 
-/// `compile_many`, each request answered through `levels`.
+/// `compile_many`, each request answered by `answer`.
 pub fn compile_many_through(
     reqs: &[CompileRequest],
     jobs: usize,
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
-    levels: &Levels,
+    answer: &Answer<'_>,
 ) -> Vec<Outcome> {
     batch::run(
         reqs,
@@ -414,7 +427,7 @@ pub fn compile_many_through(
         |r| r.spirv.len(),
         cancel,
         on_done,
-        |r, may_speculate| levels(r, &|| compile_inner(r, cancel, may_speculate)),
+        answer,
         |e| Err(e.into()),
     )
 }

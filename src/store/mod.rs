@@ -21,7 +21,9 @@ use std::sync::atomic::AtomicBool;
 
 /// Compile `req` through every level: the store's, then this process's compiler.
 pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
-    through_levels(req, || engine::compile(req, cancel))
+    through_levels(req, |slot| {
+        engine::compile_in_slot(slot, req, cancel, &|| true)
+    })
 }
 
 /// `engine::compile_many`, each request through every level.
@@ -31,29 +33,29 @@ pub fn compile_many(
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
 ) -> Vec<Outcome> {
-    engine::compile_many_through(reqs, jobs, cancel, on_done, &|req, build| {
-        through_levels(req, build)
+    engine::compile_many_through(reqs, jobs, cancel, on_done, &|req, may_speculate| {
+        through_levels(req, |slot| {
+            engine::compile_in_slot(slot, req, cancel, may_speculate)
+        })
     })
 }
 
-/// `build()` with the store's levels around it: the answer of the first level that has
-/// one. A request the compile would refuse goes to `build` to say why; a bad store
-/// setting is the error.
-pub fn through_levels(req: &CompileRequest, build: impl FnOnce() -> Outcome) -> Outcome {
+/// `build(slot)` with the store's levels in front of it: the answer of the first level
+/// that has one, the request checked once for all of them. A bad store setting is the
+/// error.
+pub fn through_levels(req: &CompileRequest, build: impl FnOnce(&Slot) -> Outcome) -> Outcome {
+    let slot = engine::prepare(req)?;
     let cfg = match remote::config() {
         Ok(Some(cfg)) if req.options.cache => cfg,
-        Ok(_) => return build(),
+        Ok(_) => return build(&slot),
         Err(e) => return Err(Box::new(e.into())),
-    };
-    let Ok(slot) = engine::slot(req) else {
-        return build();
     };
     if slot.local().is_none() {
         if let Some(found) = fetch(&cfg, &slot).map_err(|e| Box::new(e.into()))? {
             return Ok(found);
         }
     }
-    let built = build()?;
+    let built = build(&slot)?;
     if !built.cached {
         publish(&cfg, &slot, Some(&built.binary))?;
     }
