@@ -72,6 +72,13 @@ impl StoreError {
     }
 }
 
+/// `deadline` with time for `bytes` more at `MIN_BYTES_PER_SECOND` (never past what an
+/// `Instant` holds: a bound of 2^64 bytes would be centuries).
+fn extended(deadline: Instant, bytes: u64) -> Instant {
+    let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1);
+    deadline.checked_add(more).unwrap_or(deadline)
+}
+
 /// Seconds as people write them: `3`, `0.5`.
 pub fn seconds_text(d: Duration) -> String {
     let text = format!("{:.3}", d.as_secs_f64());
@@ -218,9 +225,7 @@ impl Client {
             if total == 0 || (all_or_none && sizes.contains(&0)) {
                 return Ok(vec![None; keys.len()]);
             }
-            conn.set_deadline(
-                deadline + Duration::from_secs_f64(total as f64 / MIN_BYTES_PER_SECOND),
-            );
+            conn.set_deadline(extended(deadline, total));
             let ends: Vec<String> = sizes
                 .iter()
                 .map(|n| n.saturating_sub(1).to_string())
@@ -259,9 +264,7 @@ impl Client {
         }
         self.with_conn(|conn, deadline| {
             // Writing a large value takes time too.
-            conn.set_deadline(
-                deadline + Duration::from_secs_f64(value.len() as f64 / MIN_BYTES_PER_SECOND),
-            );
+            conn.set_deadline(extended(deadline, value.len() as u64));
             Self::run(conn, &[set], Budget::SMALL).map(|_| ())
         })
     }

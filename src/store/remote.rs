@@ -340,6 +340,9 @@ pub struct BadEntry {
 
 /// At most this many bad entries are listed (all are counted and purged).
 pub const MAX_LISTED: usize = 10_000;
+/// A SCAN ends when the server says so; one that never does is refused after this many
+/// keys (a store a hundred times larger than any fleet's).
+pub const MAX_SURVEYED: u64 = 100_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -385,6 +388,11 @@ pub fn survey(cfg: &Config, action: Action) -> std::result::Result<Survey, Strin
             }
             if next == 0 {
                 break;
+            }
+            if report.entries > MAX_SURVEYED {
+                return Err(format!(
+                    "the store's SCAN did not end after {MAX_SURVEYED} keys"
+                ));
             }
             cursor = next;
         }

@@ -1,4 +1,9 @@
-//! Content-addressed native-binary cache.
+//! Content-addressed native-binary cache, flat in cost at any size.
+//!
+//! Entries live in 256 shards (`zebin-v2/<first two hex digits of the key>/`); the
+//! directory's accounts (bytes, entries, counters) are one shared mapped file
+//! (`ledger.rs`), so a write never lists the directory: when the ledger says the cache is
+//! over its bound, `upkeep.rs` cleans the largest shards, least recently used first.
 //!
 //! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | checksum`, the
 //! checksum blake3 over the key and everything before it: an entry renamed onto another
@@ -9,11 +14,19 @@
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
 //! fail a compile; every problem comes back as a note.
 
+mod ledger;
+mod upkeep;
+
+pub use ledger::{Counter, Ledger};
+
 use crate::private;
+use crate::sync::{lock, Renewable};
 use serde::{de::DeserializeOwned, Serialize};
+use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 const MAGIC: &[u8; 8] = b"XZCACHE2";
@@ -24,10 +37,13 @@ pub const CACHE_DIR_ENV: &str = "XPU_ZEBIN_CACHE_DIR";
 pub const CACHE_MAX_ENV: &str = "XPU_ZEBIN_CACHE_MAX_BYTES";
 const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// An entry being written; renamed into place when whole.
-const TEMP_PREFIX: &str = ".tmp-";
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 /// A temp file untouched this long belongs to a writer that died (an entry is a few MB
 /// written in one go); it is removed.
-const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
+pub(crate) const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
+/// This layout's directory, and the last one's (entries moved from it, never lost).
+const LAYOUT: &str = "zebin-v2";
+const OLD_LAYOUT: &str = "zebin-v1";
 /// No entry is larger (a zebin is a few MB): a bigger file is not an entry, and is never
 /// read into memory whole.
 pub const MAX_ENTRY_BYTES: u64 = 256 << 20;
@@ -91,14 +107,14 @@ impl Cache {
     pub fn open(dir: Option<&Path>) -> Cache {
         let (dir, refused) = match dir.map(Path::to_path_buf).map_or_else(default_dir, Ok) {
             Ok(base) => {
-                let dir = base.join("zebin-v1");
+                let dir = base.join(LAYOUT);
                 let refused = match std::fs::symlink_metadata(&dir) {
                     Err(_) => None, // made by the first put, 0700
                     Ok(_) => private::check_dir(&dir, 0o002).err(),
                 };
                 (dir, refused)
             }
-            Err(why) => (private::base().join("cache").join("zebin-v1"), Some(why)),
+            Err(why) => (private::base().join("cache").join(LAYOUT), Some(why)),
         };
         if let Some(why) = &refused {
             crate::diag::warn_once(
@@ -122,21 +138,98 @@ impl Cache {
         &self.dir
     }
 
-    /// (entries, bytes) stored now.
+    /// (entries, bytes) stored now, as the ledger counts them (recounted when unknown).
     pub fn usage(&self) -> (u64, u64) {
-        std::fs::read_dir(&self.dir)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "zeentry"))
-                    .filter_map(|e| e.metadata().ok())
-                    .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
-            })
-            .unwrap_or((0, 0))
+        match self.ledger() {
+            Some(l) => {
+                self.upkeep(&l);
+                (l.entries(), l.bytes())
+            }
+            None => (0, 0),
+        }
+    }
+
+    /// This directory's ledger (one per process and directory, made on first use: then
+    /// the last layout's entries are moved in); None while the directory does not exist
+    /// or is refused.
+    pub fn ledger(&self) -> Option<Arc<Ledger>> {
+        if self.refused.is_some() {
+            return None;
+        }
+        let old = self.dir.parent().map(|base| base.join(OLD_LAYOUT));
+        if old.as_ref().is_some_and(|o| o.is_dir()) {
+            // An upgrade: this layout's directory is made now, to move the old one in.
+            let _ = std::fs::DirBuilder::new().mode(0o700).create(&self.dir);
+        }
+        if private::check_dir(&self.dir, 0o002).is_err() {
+            return None;
+        }
+        if let Some(found) = lock(LEDGERS.get()).get(&self.dir) {
+            return Some(found.clone());
+        }
+        let ledger = Arc::new(Ledger::open(&self.dir).ok()?);
+        if let Some(old) = old {
+            if upkeep::migrate(&old, &self.dir) {
+                ledger.mark_unknown();
+            }
+        }
+        let mut ledgers = lock(LEDGERS.get());
+        Some(ledgers.entry(self.dir.clone()).or_insert(ledger).clone())
+    }
+
+    /// What the ledger asks after a write: accounts recounted when unknown, one shard
+    /// recounted now and then, entries evicted when over the bound. A note says what was
+    /// evicted. Skipped while another process does it.
+    fn upkeep(&self, ledger: &Ledger) -> Option<String> {
+        let recount = ledger.wrote();
+        let over = ledger.bytes() > self.max_bytes;
+        let unknown = ledger.take_unknown();
+        if recount.is_none() && !over && !unknown {
+            return None;
+        }
+        let Some(_held) = upkeep::try_lock(&self.dir) else {
+            if unknown {
+                ledger.mark_unknown(); // for the process that holds the lock, or the next
+            }
+            return None;
+        };
+        if unknown {
+            upkeep::recount_all(&self.dir, ledger);
+        } else if let Some(shard) = recount {
+            upkeep::recount(&self.dir, ledger, shard);
+        }
+        if ledger.bytes() <= self.max_bytes {
+            return None;
+        }
+        let removed = upkeep::clean(&self.dir, ledger, self.max_bytes);
+        Some(format!(
+            "cache over {} bytes: evicted {removed} least recently used entries",
+            self.max_bytes
+        ))
+    }
+
+    /// True when this process had not used this directory before: its ledger is opened
+    /// now, and the last layout's entries moved in.
+    fn first_use_here(&self) -> bool {
+        if lock(LEDGERS.get()).contains_key(&self.dir) {
+            return false;
+        }
+        self.ledger().is_some()
+    }
+
+    fn shard_dir(&self, key: &str) -> PathBuf {
+        self.dir.join(upkeep::shard_name(upkeep::shard_of(key)))
     }
 
     fn path(&self, key: &str) -> PathBuf {
-        self.dir.join(format!("{key}.zeentry"))
+        self.shard_dir(key).join(format!("{key}.zeentry"))
+    }
+
+    /// The entry of `key` is gone (removed as corrupt or refused): the ledger says so.
+    fn forget(&self, key: &str, len: u64) {
+        if let Some(l) = self.ledger() {
+            l.add(upkeep::shard_of(key), -(len as i64), -1);
+        }
     }
 
     /// An entry's bytes: a regular file of this user's, not larger than an entry can be,
@@ -167,7 +260,15 @@ impl Cache {
             return Lookup::Miss;
         }
         let path = self.path(key);
-        let bytes = match self.read(&path) {
+        let mut read = self.read(&path);
+        if read
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            && self.first_use_here()
+        {
+            read = self.read(&path); // the last layout's entries were just moved in
+        }
+        let bytes = match read {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
             Err(e) => {
@@ -185,7 +286,9 @@ impl Cache {
                 Lookup::Hit(meta, binary)
             }
             Err(why) => {
-                let _ = std::fs::remove_file(&path);
+                if std::fs::remove_file(&path).is_ok() {
+                    self.forget(key, bytes.len() as u64);
+                }
                 Lookup::Corrupt(format!(
                     "cache entry {} was corrupt ({why}); removed",
                     path.display()
@@ -200,7 +303,12 @@ impl Cache {
         if self.refused.is_some() {
             return None;
         }
-        let bytes = self.read(&self.path(key)).ok()?;
+        let path = self.path(key);
+        let bytes = match self.read(&path) {
+            Ok(b) => b,
+            Err(_) if self.first_use_here() => self.read(&path).ok()?,
+            Err(_) => return None,
+        };
         decode::<serde::de::IgnoredAny>(key, &bytes).ok()?;
         Some(bytes)
     }
@@ -211,7 +319,13 @@ impl Cache {
         if self.refused.is_some() || private::check_dir(&self.dir, 0o002).is_err() {
             return false;
         }
-        std::fs::remove_file(self.path(key)).is_ok()
+        let path = self.path(key);
+        let len = std::fs::symlink_metadata(&path).map(|m| m.len());
+        let removed = std::fs::remove_file(&path).is_ok();
+        if let (true, Ok(len)) = (removed, len) {
+            self.forget(key, len);
+        }
+        removed
     }
 
     /// Store an entry; returns a note when it could not (the compile still succeeds).
@@ -241,76 +355,49 @@ impl Cache {
                 binary.len()
             ));
         }
-        let result = (|| -> std::io::Result<()> {
+        let shard = self.shard_dir(key);
+        let result = (|| -> std::io::Result<(i64, i64)> {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(&self.dir)?;
+                .create(&shard)?;
             // Checked again now, not only at open: a compile takes long enough for the
             // directory to be swapped for someone else's (or a link to it).
             private::check_dir(&self.dir, 0o002).map_err(std::io::Error::other)?;
+            private::check_dir(&shard, 0o002).map_err(std::io::Error::other)?;
             let mut tmp = tempfile::Builder::new()
                 .prefix(TEMP_PREFIX)
-                .tempfile_in(&self.dir)?;
+                .tempfile_in(&shard)?;
             use std::io::Write;
-            tmp.write_all(&encode(key, meta, binary)?)?;
+            let bytes = encode(key, meta, binary)?;
+            tmp.write_all(&bytes)?;
             if durable {
                 tmp.as_file().sync_data()?;
             }
-            tmp.persist(self.path(key)).map_err(|e| e.error)?;
-            Ok(())
+            let path = self.path(key);
+            let old = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
+            tmp.persist(&path).map_err(|e| e.error)?;
+            let grown = bytes.len() as i64 - old.unwrap_or(0) as i64;
+            Ok((grown, i64::from(old.is_none())))
         })();
         match result {
-            Ok(()) => self.evict(),
+            Ok((grown, new)) => {
+                let ledger = self.ledger()?;
+                ledger.add(upkeep::shard_of(key), grown, new);
+                self.upkeep(&ledger)
+            }
             Err(e) => Some(format!("cache write to {} failed: {e}", self.dir.display())),
         }
     }
+}
 
-    /// Remove least recently used entries until the directory fits its bound, and the temp
-    /// files of writers that died mid-write (killed workers, lost nodes of a shared cache).
-    fn evict(&self) -> Option<String> {
-        private::check_dir(&self.dir, 0o002).ok()?;
-        let entries = std::fs::read_dir(&self.dir).ok()?;
-        let now = SystemTime::now();
-        let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        for entry in entries.filter_map(|e| e.ok()) {
-            let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
-                continue;
-            };
-            let Ok(modified) = m.modified() else {
-                continue;
-            };
-            if path.extension().is_some_and(|x| x == "zeentry") && m.file_type().is_file() {
-                files.push((modified, m.len(), path));
-            } else if entry
-                .file_name()
-                .as_encoded_bytes()
-                .starts_with(TEMP_PREFIX.as_bytes())
-                && now.duration_since(modified).unwrap_or_default() > ABANDONED_TEMP
-            {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-        let mut total = files.iter().fold(0u64, |t, f| t.saturating_add(f.1));
-        if total <= self.max_bytes {
-            return None;
-        }
-        files.sort();
-        let mut removed = 0;
-        for (_, len, path) in files {
-            if total <= self.max_bytes {
-                break;
-            }
-            if std::fs::remove_file(&path).is_ok() {
-                total = total.saturating_sub(len);
-                removed += 1;
-            }
-        }
-        Some(format!(
-            "cache over {} bytes: evicted {removed} least recently used entries",
-            self.max_bytes
-        ))
-    }
+/// Ledgers by directory: one mapping per process and directory (a forked child keeps its
+/// parent's mappings, which stay valid, and makes its own map).
+static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<Ledger>>>> =
+    Renewable::new(|| Mutex::new(HashMap::new()), forget_ledgers_after_fork);
+
+fn forget_ledgers_after_fork() {
+    LEDGERS.renew();
 }
 
 /// The bytes of an entry holding `meta` and `binary`.
@@ -376,15 +463,48 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         assert!(matches!(cache.get::<String>("k"), Lookup::Corrupt(_)));
         assert!(!path.exists());
-        // Eviction keeps the directory under its bound.
+        // Eviction keeps the directory under its bound, by the ledger and on disk.
         for i in 0..10 {
             cache.put(&format!("e{i}"), &"m".to_string(), &[0u8; 3000]);
         }
-        let total: u64 = std::fs::read_dir(cache.dir())
-            .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
-            .sum();
-        assert!(total <= 10_000, "{total}");
+        assert!(on_disk(&cache).1 <= 10_000, "{:?}", on_disk(&cache));
+        assert_eq!(cache.usage(), on_disk(&cache));
+    }
+
+    /// (entries, bytes) of every shard, counted on disk.
+    fn on_disk(cache: &Cache) -> (u64, u64) {
+        let mut found = (0, 0);
+        for shard in std::fs::read_dir(cache.dir()).unwrap() {
+            let shard = shard.unwrap().path();
+            if !shard.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(shard).unwrap() {
+                let path = e.unwrap().path();
+                if path.extension().is_some_and(|x| x == "zeentry") {
+                    found = (found.0 + 1, found.1 + path.metadata().unwrap().len());
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn entries_of_the_last_layout_are_moved_in_and_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(Some(dir.path()));
+        let bytes = encode("abc", &"old".to_string(), b"old binary").unwrap();
+        let old = dir.path().join(OLD_LAYOUT);
+        std::fs::DirBuilder::new().mode(0o700).create(&old).unwrap();
+        std::fs::write(old.join("abc.zeentry"), &bytes).unwrap();
+        match cache.get::<String>("abc") {
+            Lookup::Hit(m, b) => {
+                assert_eq!((m.as_str(), b.as_slice()), ("old", &b"old binary"[..]))
+            }
+            _ => panic!("the last layout's entry was not served"),
+        }
+        assert_eq!(cache.usage(), (1, bytes.len() as u64));
+        assert!(!old.exists());
     }
 
     #[test]
@@ -400,10 +520,11 @@ mod tests {
     #[test]
     fn temp_files_of_dead_writers_are_removed_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Cache::open(Some(dir.path()));
-        std::fs::create_dir_all(cache.dir()).unwrap();
-        let abandoned = cache.dir().join(format!("{TEMP_PREFIX}dead"));
-        let writing = cache.dir().join(format!("{TEMP_PREFIX}live"));
+        let cache = Cache::open(Some(dir.path())).with_max_bytes(0);
+        let shard = cache.shard_dir("k");
+        std::fs::create_dir_all(&shard).unwrap();
+        let abandoned = shard.join(format!("{TEMP_PREFIX}dead"));
+        let writing = shard.join(format!("{TEMP_PREFIX}live"));
         for path in [&abandoned, &writing] {
             std::fs::write(path, b"half an entry").unwrap();
         }
@@ -413,7 +534,8 @@ mod tests {
             .open(&abandoned)
             .and_then(|f| f.set_modified(two_hours_ago))
             .unwrap();
-        assert!(cache.put("k", &"meta".to_string(), b"binary").is_none());
+        // Over its bound (0): the shard is cleaned, and the dead writer's file with it.
+        assert!(cache.put("k", &"meta".to_string(), b"binary").is_some());
         assert!(!abandoned.exists(), "a dead writer's temp file stays");
         assert!(writing.exists(), "a live writer's temp file was removed");
     }

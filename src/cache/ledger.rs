@@ -1,0 +1,266 @@
+//! A cache directory's accounts, kept in one small file that every process using the
+//! directory maps (`MAP_SHARED`): the bytes and entries of each shard and of the whole,
+//! and the counters `xpu-zebin stats` reads. Each change is one atomic add on the mapped
+//! page, so a write or a hit costs nanoseconds whatever the cache's size, and no lock is
+//! held: two processes adding at once both count, and a process killed between two adds
+//! leaves each add whole. What can drift (a writer killed between its rename and its add)
+//! is set right by recounting: one shard every `RECOUNT_EVERY` writes, a shard as it is
+//! cleaned, everything when the file is new.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const SHARDS: usize = 256;
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR1");
+/// Words: a header, bytes and entries of each shard, counters.
+const HEADER: usize = 8;
+const COUNTERS: usize = 64;
+const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
+/// The file's size: whole pages.
+pub const FILE_BYTES: usize = 8192;
+const _: () = assert!(WORDS * 8 <= FILE_BYTES);
+/// One shard is recounted every this many writes (round robin): drift lasts a while.
+pub const RECOUNT_EVERY: u64 = 4096;
+
+// Header words.
+const W_MAGIC: usize = 0;
+const W_BYTES: usize = 1;
+const W_ENTRIES: usize = 2;
+const W_WRITES: usize = 3;
+const W_NEXT_RECOUNT: usize = 4;
+/// Nonzero: the accounts are not known yet (a new file): recount everything.
+const W_UNKNOWN: usize = 5;
+
+/// The counters `xpu-zebin stats` reports, by index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    Requests,
+    LocalHits,
+    StoreHits,
+    BundleHits,
+    TritonHits,
+    Compiles,
+    RetriesPtss,
+    RetriesSpill,
+    RefusedUntrusted,
+    RefusedChecksum,
+    RefusedDriver,
+    Evictions,
+    CompileMicros,
+    SavedMicros,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 14] = [
+        Counter::Requests,
+        Counter::LocalHits,
+        Counter::StoreHits,
+        Counter::BundleHits,
+        Counter::TritonHits,
+        Counter::Compiles,
+        Counter::RetriesPtss,
+        Counter::RetriesSpill,
+        Counter::RefusedUntrusted,
+        Counter::RefusedChecksum,
+        Counter::RefusedDriver,
+        Counter::Evictions,
+        Counter::CompileMicros,
+        Counter::SavedMicros,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Requests => "requests",
+            Counter::LocalHits => "hits_local",
+            Counter::StoreHits => "hits_store",
+            Counter::BundleHits => "hits_bundle",
+            Counter::TritonHits => "hits_triton_cache",
+            Counter::Compiles => "compiles",
+            Counter::RetriesPtss => "large_grf_retries_ptss",
+            Counter::RetriesSpill => "large_grf_retries_spill",
+            Counter::RefusedUntrusted => "refused_untrusted",
+            Counter::RefusedChecksum => "refused_checksum",
+            Counter::RefusedDriver => "refused_driver",
+            Counter::Evictions => "evictions",
+            Counter::CompileMicros => "compiler_microseconds",
+            Counter::SavedMicros => "saved_microseconds",
+        }
+    }
+}
+
+pub struct Ledger {
+    words: *const AtomicU64,
+}
+
+// SAFETY: the mapping is shared memory used only through atomics, and never unmapped
+// (ledgers live as long as the process: one per cache directory).
+unsafe impl Send for Ledger {}
+unsafe impl Sync for Ledger {}
+
+/// A count that went below zero for a moment (adds of two processes crossing) reads 0.
+fn clamp(v: u64) -> u64 {
+    if v > u64::MAX / 2 {
+        0
+    } else {
+        v
+    }
+}
+
+impl Ledger {
+    /// The ledger of the cache in `dir` (made when missing or not one: then unknown, and
+    /// recounted by the next write). `dir` was checked as this user's, private to others.
+    pub fn open(dir: &Path) -> std::io::Result<Ledger> {
+        let path = dir.join("ledger");
+        let file = match open_checked(&path) {
+            Ok(f) => f,
+            Err(_) => {
+                make(dir, &path)?;
+                open_checked(&path)?
+            }
+        };
+        // SAFETY: a shared, read-write mapping of a file of FILE_BYTES (checked); the
+        // file is never truncated (a new ledger replaces it by rename, this mapping
+        // keeps the old inode).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ledger = Ledger {
+            words: ptr as *const AtomicU64,
+        };
+        if ledger.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
+            ledger.word(W_UNKNOWN).store(1, Ordering::Release);
+            ledger.word(W_MAGIC).store(MAGIC, Ordering::Release);
+        }
+        Ok(ledger)
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < WORDS);
+        // SAFETY: i < WORDS, within the mapping (FILE_BYTES), aligned (page start).
+        unsafe { &*self.words.add(i) }
+    }
+
+    fn add_word(&self, i: usize, delta: i64) {
+        self.word(i).fetch_add(delta as u64, Ordering::Relaxed);
+    }
+
+    /// An entry of `bytes` came (`entries` 1), went (-1) or changed size (0) in `shard`.
+    pub fn add(&self, shard: usize, bytes: i64, entries: i64) {
+        let shard = shard % SHARDS;
+        self.add_word(HEADER + shard, bytes);
+        self.add_word(HEADER + SHARDS + shard, entries);
+        self.add_word(W_BYTES, bytes);
+        self.add_word(W_ENTRIES, entries);
+    }
+
+    /// A shard's true size, found by counting it: the totals move by the difference.
+    pub fn set_shard(&self, shard: usize, bytes: u64, entries: u64) {
+        let shard = shard % SHARDS;
+        let old_bytes = self.word(HEADER + shard).swap(bytes, Ordering::Relaxed);
+        let old_entries = self
+            .word(HEADER + SHARDS + shard)
+            .swap(entries, Ordering::Relaxed);
+        self.add_word(W_BYTES, bytes.wrapping_sub(old_bytes) as i64);
+        self.add_word(W_ENTRIES, entries.wrapping_sub(old_entries) as i64);
+    }
+
+    pub fn bytes(&self) -> u64 {
+        clamp(self.word(W_BYTES).load(Ordering::Relaxed))
+    }
+
+    pub fn entries(&self) -> u64 {
+        clamp(self.word(W_ENTRIES).load(Ordering::Relaxed))
+    }
+
+    pub fn shard_bytes(&self, shard: usize) -> u64 {
+        clamp(self.word(HEADER + shard % SHARDS).load(Ordering::Relaxed))
+    }
+
+    /// The accounts are unknown (a new ledger): true once, for the one who recounts.
+    pub fn take_unknown(&self) -> bool {
+        self.word(W_UNKNOWN).swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Mark the accounts unknown (entries moved in from elsewhere).
+    pub fn mark_unknown(&self) {
+        self.word(W_UNKNOWN).store(1, Ordering::Release);
+    }
+
+    /// Count a write; every `RECOUNT_EVERY`th returns the shard to recount now.
+    pub fn wrote(&self) -> Option<usize> {
+        let n = self.word(W_WRITES).fetch_add(1, Ordering::Relaxed) + 1;
+        n.is_multiple_of(RECOUNT_EVERY)
+            .then(|| self.word(W_NEXT_RECOUNT).fetch_add(1, Ordering::Relaxed) as usize % SHARDS)
+    }
+
+    pub fn count(&self, c: Counter, n: u64) {
+        self.word(HEADER + 2 * SHARDS + c as usize)
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.word(HEADER + 2 * SHARDS + c as usize)
+            .load(Ordering::Relaxed)
+    }
+
+    /// Every counter back to zero (the accounts of what is stored stay).
+    pub fn zero_counters(&self) {
+        for c in Counter::ALL {
+            self.word(HEADER + 2 * SHARDS + c as usize)
+                .store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The ledger file, when it is one: a regular file of this user's, of its size.
+fn open_checked(path: &Path) -> std::io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file()
+        || meta.uid() != crate::private::uid()
+        || meta.len() != FILE_BYTES as u64
+    {
+        return Err(std::io::Error::other("not a ledger"));
+    }
+    Ok(file)
+}
+
+/// A new ledger (zeros, accounts unknown) in place of whatever is at `path`; a ledger
+/// another process made meanwhile is kept.
+fn make(dir: &Path, path: &Path) -> std::io::Result<()> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-ledger-")
+        .tempfile_in(dir)?;
+    let mut page = vec![0u8; FILE_BYTES];
+    page[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    page[W_UNKNOWN * 8] = 1;
+    tmp.write_all(&page)?;
+    if std::fs::symlink_metadata(path).is_ok() && open_checked(path).is_err() {
+        // Not a ledger (a crash mid-way of an old release, a stray file): replaced.
+        std::fs::remove_file(path)?;
+    }
+    // Never over another process's new ledger: both would map different files.
+    match tmp.persist_noclobber(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.error),
+    }
+}
