@@ -253,7 +253,11 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
 /// it could not be removed (then rebuild without the cache).
 pub fn forget_cached(req: &CompileRequest) -> Result<bool, BuildError> {
     let (cache, key, _) = entry_for(req)?;
-    Ok(cache.remove(&key))
+    let removed = cache.remove(&key);
+    if let (true, Some(l)) = (removed, cache.ledger()) {
+        l.count(crate::cache::Counter::RefusedDriver, 1);
+    }
+    Ok(removed)
 }
 
 impl Slot {
@@ -270,6 +274,11 @@ impl Slot {
     /// The device the answer is built for.
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// The accounts of the slot's cache directory (None when its cache is off).
+    pub fn ledger(&self) -> Option<std::sync::Arc<crate::cache::Ledger>> {
+        self.cache.as_ref()?.ledger()
     }
 
     /// The local cache entry that answers, as stored (checked), if any: what a node

@@ -66,9 +66,9 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::workers::{
-        bool_knob, broken_workers, compiler_refusals, compiler_refused, configure_workers, doctor,
-        forget_compiler_refusals, join_multiprocess_batch, knobs, ocloc_worker_unavailable,
-        remember_compiler_refused, serve_worker, shutdown_workers,
+        bool_knob, broken_workers, cache_count, cache_stats, compiler_refusals, compiler_refused,
+        configure_workers, doctor, forget_compiler_refusals, join_multiprocess_batch, knobs,
+        ocloc_worker_unavailable, remember_compiler_refused, serve_worker, shutdown_workers,
     };
     #[pymodule_export]
     use crate::bindings::{cancel_running, default_jobs, error_kinds, Attempt, AttemptError};

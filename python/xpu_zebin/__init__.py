@@ -65,6 +65,7 @@ __all__ = [
     "error_kinds",
     "find_ocloc",
     "opencl_to_spirv",
+    "stats",
     "validate_spirv",
     "zebin_info",
 ]
@@ -89,6 +90,20 @@ def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
     return os.fspath(_core.find_ocloc(ocloc))
 
 
+def stats(
+    cache_dir: Optional[PathLike] = None, *, zero: bool = False, recount: bool = False
+) -> dict:
+    """What the cache in ``cache_dir`` (default: the user's) holds (``entries``, ``bytes``
+    against ``max_bytes``) and what every process that used it counted (``counters``):
+    requests, hits per level (local, store, bundle, Triton's cache), compiles, large-GRF
+    retries by trigger, entries refused (untrusted, checksum, driver), evictions, compiler
+    microseconds spent and saved by hits. ``zero`` sets the counters back to zero after
+    they are read; ``recount`` counts every entry on disk again first (a writer killed
+    mid-write leaves the accounts off by its entry until its shard is recounted). As
+    ``xpu-zebin stats``."""
+    return _core.cache_stats(None if cache_dir is None else os.fspath(cache_dir), zero, recount)
+
+
 def doctor(ocloc: Optional[PathLike] = None) -> dict:
     """What the engine would use here: ocloc and its version, libocloc and the worker mode
     (and why compiles run one process each, if they do), Level Zero devices, the cache, and
@@ -99,6 +114,7 @@ def doctor(ocloc: Optional[PathLike] = None) -> dict:
     devices = report.get("level_zero_devices") or [{}]
     report["spill_rules"] = rules_report(devices[0].get("driver"))
     report["refused_compilers"] = _core.compiler_refusals()  # --forget-refusals clears them
+    report["stats"] = stats()
     return report
 
 

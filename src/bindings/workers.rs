@@ -73,6 +73,45 @@ pub fn doctor<'py>(py: Python<'py>, ocloc: Option<PathBuf>) -> PyResult<Bound<'p
     Ok(pythonize::pythonize(py, &report)?)
 }
 
+/// What the cache in `cache_dir` (default: the user's) holds and what every process that
+/// used it counted; `zero`: the counters are set back to zero after they are read;
+/// `recount`: every shard is counted again first.
+#[pyfunction]
+#[pyo3(signature = (cache_dir=None, zero=false, recount=false))]
+pub fn cache_stats<'py>(
+    py: Python<'py>,
+    cache_dir: Option<PathBuf>,
+    zero: bool,
+    recount: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let stats = py.detach(|| {
+        let cache = crate::cache::Cache::open(cache_dir.as_deref());
+        crate::cache::stats::stats(&cache, zero, recount)
+    });
+    super::emit_warnings(py);
+    Ok(pythonize::pythonize(py, &stats)?)
+}
+
+/// Add `n` to the counter `name` (`cache_stats`' names) of the cache in `cache_dir`
+/// (default: the user's): what Python's paths answer (a bundle's entry, Triton's cache).
+/// Never fails: a directory that cannot be used counts nothing.
+#[pyfunction]
+#[pyo3(signature = (name, n=1, cache_dir=None))]
+pub fn cache_count(name: &str, n: u64, cache_dir: Option<PathBuf>) -> PyResult<()> {
+    let Some(counter) = crate::cache::Counter::ALL
+        .into_iter()
+        .find(|c| c.name() == name)
+    else {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{name:?} is not a counter of the cache's stats"
+        )));
+    };
+    if let Some(l) = crate::cache::Cache::open(cache_dir.as_deref()).ledger() {
+        l.count(counter, n);
+    }
+    Ok(())
+}
+
 /// Has this host's driver (its version) refused native code of this compiler (an `ocloc`
 /// identity) before? (`trusted.rs`)
 #[pyfunction]

@@ -5,7 +5,7 @@
 //! held: two processes adding at once both count, and a process killed between two adds
 //! leaves each add whole. What can drift (a writer killed between its rename and its add)
 //! is set right by recounting: one shard every `RECOUNT_EVERY` writes, a shard as it is
-//! cleaned, everything when the file is new.
+//! cleaned, everything when the file is new or when asked (`xpu-zebin stats --recount`).
 
 use std::fs::File;
 use std::io::Write;
@@ -22,8 +22,9 @@ const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
 /// The file's size: whole pages.
 pub const FILE_BYTES: usize = 8192;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
-/// One shard is recounted every this many writes (round robin): drift lasts a while.
-pub const RECOUNT_EVERY: u64 = 4096;
+/// One shard is recounted every this many writes (round robin: each shard every 65,536
+/// writes; a write pays a 256th of a shard's listing).
+pub const RECOUNT_EVERY: u64 = 256;
 
 // Header words.
 const W_MAGIC: usize = 0;
@@ -46,6 +47,7 @@ pub enum Counter {
     Compiles,
     RetriesPtss,
     RetriesSpill,
+    RetriesFailure,
     RefusedUntrusted,
     RefusedChecksum,
     RefusedDriver,
@@ -55,7 +57,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 15] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -64,6 +66,7 @@ impl Counter {
         Counter::Compiles,
         Counter::RetriesPtss,
         Counter::RetriesSpill,
+        Counter::RetriesFailure,
         Counter::RefusedUntrusted,
         Counter::RefusedChecksum,
         Counter::RefusedDriver,
@@ -82,6 +85,7 @@ impl Counter {
             Counter::Compiles => "compiles",
             Counter::RetriesPtss => "large_grf_retries_ptss",
             Counter::RetriesSpill => "large_grf_retries_spill",
+            Counter::RetriesFailure => "large_grf_retries_other_failure",
             Counter::RefusedUntrusted => "refused_untrusted",
             Counter::RefusedChecksum => "refused_checksum",
             Counter::RefusedDriver => "refused_driver",

@@ -15,6 +15,7 @@
 //! fail a compile; every problem comes back as a note.
 
 mod ledger;
+pub mod stats;
 mod upkeep;
 
 pub use ledger::{Counter, Ledger};
@@ -86,7 +87,7 @@ pub fn key(parts: &[&[u8]]) -> String {
 #[derive(Clone)]
 pub struct Cache {
     dir: PathBuf,
-    max_bytes: u64,
+    pub(crate) max_bytes: u64,
     /// Why this directory is not used, when another user could write into it.
     refused: Option<String>,
 }
@@ -147,6 +148,19 @@ impl Cache {
             }
             None => (0, 0),
         }
+    }
+
+    /// Count every shard again, now (waiting for no one: false when another process holds
+    /// the upkeep lock).
+    pub fn recount(&self) -> bool {
+        let Some(ledger) = self.ledger() else {
+            return false;
+        };
+        let Some(_held) = upkeep::try_lock(&self.dir) else {
+            return false;
+        };
+        upkeep::recount_all(&self.dir, &ledger);
+        true
     }
 
     /// This directory's ledger (one per process and directory, made on first use: then
@@ -288,6 +302,9 @@ impl Cache {
             Err(why) => {
                 if std::fs::remove_file(&path).is_ok() {
                     self.forget(key, bytes.len() as u64);
+                }
+                if let Some(l) = self.ledger() {
+                    l.count(Counter::RefusedChecksum, 1);
                 }
                 Lookup::Corrupt(format!(
                     "cache entry {} was corrupt ({why}); removed",

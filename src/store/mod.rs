@@ -6,6 +6,7 @@
 //! read-write node publishes. The compile path never knows which level answered but by
 //! the result's `from_store`.
 
+pub mod accounts;
 pub mod address;
 mod any_cert;
 pub mod client;
@@ -45,19 +46,25 @@ pub fn compile_many(
 /// error.
 pub fn through_levels(req: &CompileRequest, build: impl FnOnce(&Slot) -> Outcome) -> Outcome {
     let slot = engine::prepare(req)?;
+    let outcome = answer(req, &slot, build);
+    accounts::count(&slot, &outcome);
+    outcome
+}
+
+fn answer(req: &CompileRequest, slot: &Slot, build: impl FnOnce(&Slot) -> Outcome) -> Outcome {
     let cfg = match remote::config() {
         Ok(Some(cfg)) if req.options.cache => cfg,
-        Ok(_) => return build(&slot),
+        Ok(_) => return build(slot),
         Err(e) => return Err(Box::new(e.into())),
     };
     if slot.local().is_none() {
-        if let Some(found) = fetch(&cfg, &slot).map_err(|e| Box::new(e.into()))? {
+        if let Some(found) = fetch(&cfg, slot).map_err(|e| Box::new(e.into()))? {
             return Ok(found);
         }
     }
-    let built = build(&slot)?;
+    let built = build(slot)?;
     if !built.cached {
-        publish(&cfg, &slot, Some(&built.binary))?;
+        publish(&cfg, slot, Some(&built.binary))?;
     }
     Ok(built)
 }
@@ -72,7 +79,11 @@ pub fn fetch(cfg: &Config, slot: &Slot) -> Result<Option<Compiled>> {
         device: slot.device(),
         compiler: slot.compiler(),
     };
-    let Some(Some(entry)) = remote::signed_values(cfg, &[wanted], false)?.pop() else {
+    let (mut found, untrusted) = remote::signed_values(cfg, &[wanted], false)?;
+    if let (true, Some(l)) = (untrusted > 0, slot.ledger()) {
+        l.count(crate::cache::Counter::RefusedUntrusted, untrusted);
+    }
+    let Some(Some(entry)) = found.pop() else {
         return Ok(None);
     };
     match slot.adopt(&entry) {
@@ -83,6 +94,9 @@ pub fn fetch(cfg: &Config, slot: &Slot) -> Result<Option<Compiled>> {
         }
         Err(e) => {
             remote::untrusted(&e.message);
+            if let Some(l) = slot.ledger() {
+                l.count(crate::cache::Counter::RefusedUntrusted, 1);
+            }
             Ok(None)
         }
     }

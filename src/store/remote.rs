@@ -169,13 +169,14 @@ pub struct Wanted<'a> {
 /// For each of `wanted`, the entry stored at its key when a trusted key signed it as
 /// asked; None otherwise: absent (a miss), untrusted (counted, warned once), or the store
 /// failing (one warning, then left alone). One read for all of them; with `all_or_none`,
-/// all or none. A malformed `XPU_ZEBIN_TRUSTED_KEYS` is the error.
+/// all or none. Also how many were untrusted. A malformed `XPU_ZEBIN_TRUSTED_KEYS` is the
+/// error.
 pub fn signed_values(
     cfg: &Config,
     wanted: &[Wanted<'_>],
     all_or_none: bool,
-) -> Result<Vec<Option<Vec<u8>>>> {
-    let none = || vec![None; wanted.len()];
+) -> Result<(Vec<Option<Vec<u8>>>, u64)> {
+    let none = || (vec![None; wanted.len()], 0);
     let trust = Trusted::from_env()?;
     if trust.is_empty() {
         warn_once(
@@ -209,7 +210,7 @@ pub fn signed_values(
         }
         Err(e) if e.about_the_key() => {
             untrusted(&e.to_string());
-            return Ok(none());
+            return Ok((vec![None; wanted.len()], 1));
         }
         Err(e) => {
             failed(cfg, &e);
@@ -217,6 +218,7 @@ pub fn signed_values(
         }
     };
     let mut found = Vec::with_capacity(wanted.len());
+    let mut refused = 0;
     for (value, w) in values.iter().zip(wanted) {
         let entry = match value {
             None => {
@@ -227,16 +229,17 @@ pub fn signed_values(
                 Ok(entry) => Some(entry.to_vec()),
                 Err(why) => {
                     untrusted(&why);
+                    refused += 1;
                     None
                 }
             },
         };
         if all_or_none && entry.is_none() {
-            return Ok(none());
+            return Ok((vec![None; wanted.len()], refused));
         }
         found.push(entry);
     }
-    Ok(found)
+    Ok((found, refused))
 }
 
 /// `data`, signed as `key`'s built for `device` with `compiler`, at `rkey` with the
@@ -301,7 +304,7 @@ pub fn fetch_signed(
             compiler: identity,
         })
         .collect();
-    let got = signed_values(cfg, &wanted, all_or_none)?;
+    let (got, _) = signed_values(cfg, &wanted, all_or_none)?;
     let found: Vec<Option<Vec<u8>>> = rkeys
         .iter()
         .map(|k| {

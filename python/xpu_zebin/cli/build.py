@@ -278,6 +278,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"Level Zero: {r['level_zero_error']}")
     size = r["cache_bytes"] / (1 << 20)
     print(f"cache: {r['cache_dir']} ({r['cache_entries']} entries, {size:.1f} MiB)")
+    from .fleet import stats_lines  # what every level did (xpu-zebin stats)
+
+    for line in stats_lines(r["stats"])[2:]:
+        print(printable(f"  {line}"))
     if r["core_slots_dir"]:
         busy = f"{r['cores_busy_on_host']} running a compiler on this host now"
         print(f"cores: {r['cores']} ({busy}; slots in {r['core_slots_dir']})")

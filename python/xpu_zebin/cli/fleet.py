@@ -46,7 +46,48 @@ def cmd_remote(args: argparse.Namespace) -> int:
     return EXIT_BUILD_ERROR if args.action == "verify" and report["bad"] else EXIT_OK
 
 
+def stats_lines(s: dict) -> list:
+    """``xpu-zebin stats`` as people read it (ccache's ``-s``)."""
+    c = s["counters"]
+    hits = sum(c[k] for k in ("hits_local", "hits_store", "hits_bundle", "hits_triton_cache"))
+    retries = {k[len("large_grf_retries_"):]: v for k, v in c.items()
+               if k.startswith("large_grf_retries_")}  # fmt: skip
+    return [
+        f"cache directory      {s['cache_dir']}",
+        f"size                 {s['bytes'] / (1 << 20):.1f} MiB of {s['max_bytes'] / (1 << 20):.0f}"
+        f" MiB, {s['entries']} entries",
+        f"requests             {c['requests']}",
+        f"hits                 {hits} (local {c['hits_local']}, store {c['hits_store']}, "
+        f"bundle {c['hits_bundle']}, Triton cache {c['hits_triton_cache']})",
+        f"compiles             {c['compiles']} ({c['compiler_microseconds'] / 1e6:.1f} s of "
+        f"compiler)",
+        "large-GRF retries    " + ", ".join(f"{k} {v}" for k, v in retries.items()),
+        f"refused entries      untrusted {c['refused_untrusted']}, checksum "
+        f"{c['refused_checksum']}, driver {c['refused_driver']}",
+        f"evictions            {c['evictions']}",
+        f"saved by hits        {c['saved_microseconds'] / 1e6:.1f} s of compiler",
+    ]
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    s = xpu_zebin.stats(args.cache_dir, zero=args.zero, recount=args.recount)
+    if args.json:
+        print(json.dumps(s))
+    else:
+        print("\n".join(printable(line) for line in stats_lines(s)))
+        if args.zero:
+            print("counters set back to zero", file=sys.stderr)
+    return EXIT_OK
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("stats", help="what the cache holds and what every level did for it")
+    s.add_argument("--cache-dir", default=None, help="the cache (default: the user's)")
+    s.add_argument("--zero", action="store_true", help="set the counters back to zero after")
+    s.add_argument("--recount", action="store_true",
+                   help="count every entry on disk again first")  # fmt: skip
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_stats)
     k = sub.add_parser("key", help="make a signing key for the fleet's store")
     k.add_argument("action", choices=["generate"])
     k.add_argument("path", help="where the secret key goes (a new, owner-only file)")

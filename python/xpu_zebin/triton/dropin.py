@@ -115,6 +115,8 @@ def load_binary(
                 options=options.replace(build_flags=found[1]),
             )  # fmt: skip
             loaded._set_source("bundle")
+            for counter in ("requests", "hits_bundle"):
+                xpu_zebin._core.cache_count(counter, cache_dir=options.cache_dir)
         except BuildError as e:  # an entry that does not load here: compile instead
             logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
     try:

@@ -1,0 +1,42 @@
+//! `xpu-zebin stats`: what a cache directory holds and what every process that used it
+//! counted (`ledger.rs`), as ccache's `-s` and sccache's `--show-stats` report theirs.
+
+use super::ledger::Counter;
+use super::Cache;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Serialize)]
+pub struct Stats {
+    pub cache_dir: String,
+    pub entries: u64,
+    pub bytes: u64,
+    pub max_bytes: u64,
+    /// Counters by name (`Counter::name`).
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+/// The stats of `cache` (zeros for a directory never written); `zero`: its counters are
+/// set back to zero after they are read (the entries' accounts stay); `recount`: every
+/// shard is counted again first.
+pub fn stats(cache: &Cache, zero: bool, recount: bool) -> Stats {
+    if recount {
+        cache.recount();
+    }
+    let (entries, bytes) = cache.usage();
+    let ledger = cache.ledger();
+    let counters = Counter::ALL
+        .iter()
+        .map(|c| (c.name(), ledger.as_ref().map_or(0, |l| l.counter(*c))))
+        .collect();
+    if let (true, Some(l)) = (zero, &ledger) {
+        l.zero_counters();
+    }
+    Stats {
+        cache_dir: cache.dir().display().to_string(),
+        entries,
+        bytes,
+        max_bytes: cache.max_bytes,
+        counters,
+    }
+}
