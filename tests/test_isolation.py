@@ -106,8 +106,10 @@ def test_in_process_jit_is_what_such_inputs_crash(confused, tmp_path):
             refused += 1
         else:
             refused += 1  # built: not one of the inputs this test is about
-    pytest.fail(f"no input both killed a worker and the in-process child: {tried} tried, "
-                f"{refused} built or refused in the worker, children that lived: {survived}")
+    pytest.fail(
+        f"no input both killed a worker and the in-process child: {tried} tried, "
+        f"{refused} built or refused in the worker, children that lived: {survived}"
+    )
 
 
 def test_triton_load_binary_without_ocloc_survives_them(
