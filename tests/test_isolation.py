@@ -22,8 +22,15 @@ from xpu_zebin import _core
 
 GRF128 = "-cl-intel-128-GRF-per-thread"
 GRF256 = "-cl-intel-256-GRF-per-thread"
-# What a type-confused module may give: the driver's compiler dies, or it says no.
-CONFUSED_KINDS = {"compiler_crash", "invalid_spirv", "build_failure"}
+# What a type-confused module may give: the driver's compiler dies, or it says no. What
+# IGC does with such input is undefined behaviour (issue 39: a crash in one run, a link
+# error in the next), so any classified refusal counts; never an internal error of ours.
+CONFUSED_KINDS = {k for k, _ in xpu_zebin.error_kinds()} - {
+    "internal_error",
+    "invalid_argument",
+    "cancelled",
+    "toolchain_missing",
+}
 
 
 @pytest.fixture(scope="module")
@@ -249,11 +256,15 @@ def test_environment_knob_turns_isolation_off(add_spirv, marker, monkeypatch):
 
 def test_compile_and_load_many(confused, add_spirv, spill_spirv, softmax_spirv):
     crash = next(
-        blob
-        for _, blob in confused
-        if _kind(lambda b=blob: xpu_zebin.compile_and_load(b, "softmax_kernel", cache=False))
-        == "compiler_crash"
+        (
+            blob
+            for _, blob in confused
+            if _kind(lambda b=blob: xpu_zebin.compile_and_load(b, "softmax_kernel", cache=False))
+            == "compiler_crash"
+        ),
+        None,
     )
+    assert crash is not None, "no type-confused input crashed a worker"
     requests = [
         {"binary": spill_spirv, "kernel_name": "spill", "cache": False},
         {"binary": crash, "kernel_name": "softmax_kernel", "cache": False},
@@ -267,7 +278,8 @@ def test_compile_and_load_many(confused, add_spirv, spill_spirv, softmax_spirv):
     assert sorted(done) == list(range(len(requests)))
     spill, crashed, add, garbage, softmax, missing = results
     assert isinstance(spill, xpu_zebin.LoadedKernel) and spill.build_flags == GRF256
-    assert isinstance(crashed, xpu_zebin.CompilerCrashError)
+    # The same input need not crash twice (undefined behaviour): refused, classified.
+    assert isinstance(crashed, xpu_zebin.BuildError) and crashed.kind in CONFUSED_KINDS
     assert isinstance(add, xpu_zebin.LoadedKernel) and add.kernel_name == "add"
     assert isinstance(garbage, xpu_zebin.InvalidSpirvError)
     assert isinstance(softmax, xpu_zebin.LoadedKernel) and softmax.kernel_handle
