@@ -285,10 +285,25 @@ mod store {
         ]
     }
 
+    /// What an array may hold (statuses and errors only stand alone).
+    fn item() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            Just(Reply::Nil),
+            any::<i64>().prop_map(Reply::Int),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Reply::Bulk),
+        ]
+    }
+
     fn reply() -> impl Strategy<Value = Reply> {
-        leaf().prop_recursive(2, 64, 8, |inner| {
-            proptest::collection::vec(inner, 0..8).prop_map(Reply::Array)
-        })
+        let array = item()
+            .prop_recursive(1, 64, 8, |inner| {
+                proptest::collection::vec(inner, 0..8).prop_map(Reply::Array)
+            })
+            .prop_map(|r| match r {
+                Reply::Array(_) => r,
+                one => Reply::Array(vec![one]),
+            });
+        prop_oneof![leaf(), array]
     }
 
     proptest! {

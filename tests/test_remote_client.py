@@ -126,6 +126,12 @@ HOSTILE = {
     "value_bulk_1gib": lambda c, done: _value_reply(c, b"$%d\r\n" % GIB + b"x" * 65536),
     "accept_and_close": lambda c, done: None,
     "byte_a_second": lambda c, done: [done.wait(1.0) or c.sendall(b":") for _ in range(120)],
+    # TLS: a record header that says 16 KiB, then a byte a second (rustls waits for the
+    # whole record: only a deadline kept under TLS ends it).
+    "tls_drip": lambda c, done: (
+        [c.sendall(b"\x16\x03\x03\x40\x00")]
+        + [done.wait(1.0) or c.sendall(b"x") for _ in range(120)]
+    ),
 }
 
 
@@ -204,8 +210,11 @@ def test_a_hostile_store_costs_seconds_once_and_bounded_memory(behaviour, add_sp
     kernels = [add_spirv, spill_spirv]
     alone = _node(tmp_path, kernels, system_ocloc)
     peer = Hostile(behaviour)
+    url = f"redis://127.0.0.1:{peer.port}/0"
+    if behaviour == "tls_drip":
+        url = f"rediss://127.0.0.1:{peer.port}/0?ssl_cert_reqs=none"
     try:
-        node = _node(tmp_path, kernels, system_ocloc, f"redis://127.0.0.1:{peer.port}/0")
+        node = _node(tmp_path, kernels, system_ocloc, url)
     finally:
         peer.stop()
     print(f"{behaviour}: {node['seconds']:.2f} s against {alone['seconds']:.2f} s alone, "
@@ -332,3 +341,90 @@ def test_a_store_hit_imports_no_redis_client(add_spirv, system_ocloc, tmp_path, 
         assert got["sources"] == ["remote"] and got["redis"] is False, got
     finally:
         server.stop()
+
+
+def test_a_unix_socket_whose_backlog_is_full_costs_seconds_once(add_spirv, system_ocloc,
+                                                                tmp_path):  # fmt: skip
+    """A server on a Unix socket that accepts nobody (its backlog full): connecting is
+    within the deadline too, never a wait for ever."""
+    path = str(tmp_path / "redis.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(0)
+    waiting = []
+    try:
+        while True:  # fill the backlog: the next connect would block
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                s.close()
+                break
+            waiting.append(s)
+        alone = _node(tmp_path, [add_spirv], system_ocloc)
+        node = _node(tmp_path, [add_spirv], system_ocloc, f"unix://{path}")
+    finally:
+        for s in waiting:
+            s.close()
+        listener.close()
+    assert node["sources"] == ["compiled"] and node["counts"] == {"errors": 1}, node
+    assert node["seconds"] < alone["seconds"] + MAX_EXTRA_SECONDS, (node, alone)
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_a_failure(tmp_path, monkeypatch):
+    """Redis closes idle clients (its ``timeout``), restarts, or an operator kills them:
+    the next read on a kept connection finds it closed and reads on a new one, with no
+    error and no minute without the store."""
+    server = RedisServer(tmp_path / "redis")
+    identity = "fixture-compiler|driver none"
+    try:
+        monkeypatch.setenv(remote.REMOTE_ENV, server.url())
+        monkeypatch.setenv(remote.MODE_ENV, "read-write")
+        monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(_fixture_key(tmp_path)))
+        monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", (FIXTURES / "farm.pub").read_text().strip())
+        key = f"{remote.NAMESPACES[1]}idle"
+        assert xpu_zebin._core.remote_publish_signed(key, identity, b"value")
+        admin = server.client()
+        for _ in range(3):
+            assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+            assert xpu_zebin._core.remote_fetch_signed([key], identity) == [b"value"]
+        assert remote.counts() == {"published": 1, "hits": 3}
+    finally:
+        server.stop()
+
+
+class EndlessScan:
+    """A store whose SCAN never ends: every page says "more from cursor 7"."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        conn.settimeout(60)
+        with conn:
+            while request := conn.recv(65536):
+                if b"SCAN" in request:
+                    conn.sendall(b"*2\r\n$1\r\n7\r\n*1\r\n$3\r\nabc\r\n")
+                else:  # STRLEN, EXISTS: nothing there
+                    conn.sendall(b":0\r\n")
+
+
+def test_a_scan_that_never_ends_is_refused(tmp_path):
+    peer = EndlessScan()
+    env = {**os.environ, remote.REMOTE_ENV: f"redis://127.0.0.1:{peer.port}/0"}
+    out = subprocess.run([sys.executable, "-m", "xpu_zebin.cli", "remote", "stats"],
+                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    peer.sock.close()
+    assert out.returncode == 1 and "did not end" in out.stderr, out.stderr

@@ -206,8 +206,8 @@ pub fn remote_survey<'py>(py: Python<'py>, action: &str) -> PyResult<Bound<'py, 
             level::REMOTE_ENV
         )));
     };
-    let report = py
-        .detach(|| level::survey(&cfg, action))
+    // Ctrl-C stops it between two keys.
+    let report = super::interruptible(py, |cancel| level::survey(&cfg, action, cancel))?
         .map_err(pyo3::exceptions::PyOSError::new_err)?;
     Ok(pythonize::pythonize(py, &report)?)
 }

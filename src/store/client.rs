@@ -11,11 +11,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A whole operation on a small reply has ten timeouts, at most this long: a store that
-/// trickles its reply costs a node seconds, once (then the level leaves it alone).
+/// A whole operation on a small reply has ten timeouts, at most this long (or three
+/// timeouts, when the timeout is set above 2 s for a slow link): a store that trickles its
+/// reply costs a node seconds, once (then the level leaves it alone).
 pub const MAX_BASE_DEADLINE: Duration = Duration::from_secs(6);
 /// Values are read at this rate at least: a second more of deadline per 32 MiB asked.
 pub const MIN_BYTES_PER_SECOND: f64 = 32.0 * 1024.0 * 1024.0;
+/// The most a value's size adds to an operation's deadline (a size is the server's word).
+pub const MAX_EXTENSION: Duration = Duration::from_secs(60);
 /// A SCAN page's keys, together, and how many.
 const SCAN_PAGE: Budget = Budget {
     bulk_bytes: 16 << 20,
@@ -75,7 +78,7 @@ impl StoreError {
 /// `deadline` with time for `bytes` more at `MIN_BYTES_PER_SECOND` (never past what an
 /// `Instant` holds: a bound of 2^64 bytes would be centuries).
 fn extended(deadline: Instant, bytes: u64) -> Instant {
-    let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1);
+    let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1).min(MAX_EXTENSION);
     deadline.checked_add(more).unwrap_or(deadline)
 }
 
@@ -99,6 +102,21 @@ fn forget_after_fork() {
     CLIENTS.renew();
 }
 
+/// A kept connection that failed this way was closed by the server while idle.
+fn stale(e: &WireError) -> bool {
+    use std::io::ErrorKind::*;
+    match e {
+        WireError::Closed => true,
+        WireError::Io(io) => {
+            matches!(
+                io.kind(),
+                ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof
+            )
+        }
+        _ => false,
+    }
+}
+
 /// Clients by address and timeout (in nanoseconds).
 type Clients = HashMap<(String, u64), Arc<Client>>;
 
@@ -116,11 +134,12 @@ pub fn client(url: &str, timeout: Duration) -> Result<Arc<Client>, StoreError> {
         Some(t) => Some(connection::tls_config(t).map_err(StoreError::Setting)?),
         None => None,
     };
+    let step = address.timeout.unwrap_or(timeout);
     let made = Arc::new(Client {
         address,
         tls,
-        step: timeout,
-        base: (timeout * 10).min(MAX_BASE_DEADLINE),
+        step,
+        base: (step * 10).min(MAX_BASE_DEADLINE.max(step * 3)),
         idle: Mutex::new(Vec::new()),
     });
     Ok(lock(CLIENTS.get()).entry(id).or_insert(made).clone())
@@ -136,36 +155,65 @@ impl Client {
     /// connection is kept for reuse only when the work ended in step with the server.
     fn with_conn<T>(
         &self,
-        work: impl FnOnce(&mut Conn, Instant) -> Result<T, StoreError>,
+        work: impl Fn(&mut Conn, Instant) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let start = Instant::now();
         let deadline = start + self.base;
-        let pid = std::process::id();
-        let kept = {
-            let mut idle = lock(&self.idle);
-            idle.retain(|c| c.pid == pid);
-            idle.pop()
-        };
-        let mut conn = match kept {
-            Some(c) => c,
-            None => connection::open(&self.address, self.tls.as_ref(), deadline, self.step)
-                .map_err(|e| self.wire(e, start))?,
-        };
-        conn.set_deadline(deadline);
-        let result = work(&mut conn, deadline);
-        match &result {
-            Ok(_) | Err(StoreError::Server(_) | StoreError::TooLarge { .. }) => {
-                let mut idle = lock(&self.idle);
-                if idle.len() < KEEP_IDLE {
-                    idle.push(conn);
-                }
+        if let Some(mut conn) = self.kept() {
+            match self.run_on(&mut conn, deadline, &work) {
+                // The server closed it since (its idle timeout, a restart): not the store
+                // failing. Once more on a new connection (every operation may run twice).
+                Err(StoreError::Wire(e)) if stale(&e) => {}
+                result => return self.done(conn, result, start),
             }
-            Err(_) => {} // out of step, or the peer is gone: this connection only
+        }
+        let mut conn = connection::open(&self.address, self.tls.as_ref(), deadline, self.step)
+            .map_err(|e| self.wire(e, start))?;
+        let result = self.run_on(&mut conn, deadline, &work);
+        self.done(conn, result, start)
+    }
+
+    /// A kept connection of this process that is still open, if any.
+    fn kept(&self) -> Option<Conn> {
+        let pid = std::process::id();
+        let mut idle = lock(&self.idle);
+        idle.retain(|c| c.pid == pid);
+        while let Some(mut c) = idle.pop() {
+            if c.alive() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// `result` of work on `conn`, whose connection is kept for reuse only when the work
+    /// ended in step with the server; a failure closes only this connection.
+    fn done<T>(
+        &self,
+        conn: Conn,
+        result: Result<T, StoreError>,
+        start: Instant,
+    ) -> Result<T, StoreError> {
+        if let Ok(_) | Err(StoreError::Server(_) | StoreError::TooLarge { .. }) = &result {
+            let mut idle = lock(&self.idle);
+            if idle.len() < KEEP_IDLE {
+                idle.push(conn);
+            }
         }
         result.map_err(|e| match e {
             StoreError::Wire(w) => self.wire(w, start),
             other => other,
         })
+    }
+
+    fn run_on<T>(
+        &self,
+        conn: &mut Conn,
+        deadline: Instant,
+        work: &impl Fn(&mut Conn, Instant) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        conn.set_deadline(deadline);
+        work(conn, deadline)
     }
 
     /// A wire error said as what it is: past the whole deadline, or not.
@@ -265,7 +313,7 @@ impl Client {
         self.with_conn(|conn, deadline| {
             // Writing a large value takes time too.
             conn.set_deadline(extended(deadline, value.len() as u64));
-            Self::run(conn, &[set], Budget::SMALL).map(|_| ())
+            Self::run(conn, std::slice::from_ref(&set), Budget::SMALL).map(|_| ())
         })
     }
 
@@ -276,7 +324,7 @@ impl Client {
         let ask: Vec<&[u8]> = vec![b"SCAN", at.as_bytes(), b"MATCH", pattern, b"COUNT", b"256"];
         let bad = || StoreError::Wire(WireError::Protocol("not a SCAN reply".into()));
         self.with_conn(|conn, _| {
-            let mut replies = Self::run(conn, &[ask], SCAN_PAGE)?;
+            let mut replies = Self::run(conn, std::slice::from_ref(&ask), SCAN_PAGE)?;
             let Some(Reply::Array(mut parts)) = replies.pop() else {
                 return Err(bad());
             };
@@ -300,18 +348,35 @@ impl Client {
     }
 
     /// Remove `key` only while it still holds `value` (a node may have published a good
-    /// entry there meanwhile); true when removed.
-    pub fn delete_if_unchanged(&self, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+    /// entry there meanwhile), or (`value` None) while it holds something other than a
+    /// string (never one of ours); true when removed.
+    pub fn delete_if_unchanged(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
         const SCRIPT: &[u8] = b"if redis.call('GET', KEYS[1]) == ARGV[1] then \
             return redis.call('DEL', KEYS[1]) else return 0 end";
+        const NOT_A_STRING: &[u8] = b"if redis.call('TYPE', KEYS[1]).ok ~= 'string' then \
+            return redis.call('DEL', KEYS[1]) else return 0 end";
+        let ask: Vec<&[u8]> = match value {
+            Some(v) => vec![b"EVAL", SCRIPT, b"1", key, v],
+            None => vec![b"EVAL", NOT_A_STRING, b"1", key],
+        };
+        self.with_conn(|conn, deadline| {
+            conn.set_deadline(extended(deadline, value.map_or(0, |v| v.len() as u64)));
+            match Self::run(conn, std::slice::from_ref(&ask), Budget::SMALL)?.pop() {
+                Some(Reply::Int(n)) => Ok(n > 0),
+                _ => Err(StoreError::Wire(WireError::Protocol("not a count".into()))),
+            }
+        })
+    }
+
+    /// Whether `key` exists.
+    pub fn exists(&self, key: &[u8]) -> Result<bool, StoreError> {
+        let ask: Vec<&[u8]> = vec![b"EXISTS", key];
         self.with_conn(|conn, _| {
-            match Self::run(
-                conn,
-                &[vec![&b"EVAL"[..], SCRIPT, b"1", key, value]],
-                Budget::SMALL,
-            )?
-            .pop()
-            {
+            match Self::run(conn, std::slice::from_ref(&ask), Budget::SMALL)?.pop() {
                 Some(Reply::Int(n)) => Ok(n > 0),
                 _ => Err(StoreError::Wire(WireError::Protocol("not a count".into()))),
             }

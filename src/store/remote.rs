@@ -57,6 +57,13 @@ pub fn config() -> Result<Option<Config>> {
     };
     let url = url.trim().to_string();
     if let Err(why) = super::address::Address::parse(&url) {
+        // What does not parse may hold a password anywhere: only the reason of a URL
+        // without user info is said.
+        let why = if url.contains('@') {
+            "it does not parse".into()
+        } else {
+            why
+        };
         return Err(bad(
             REMOTE_ENV,
             &redacted(&url),
@@ -341,8 +348,10 @@ pub struct BadEntry {
     pub why: String,
 }
 
-/// At most this many bad entries are listed (all are counted and purged).
+/// At most this many bad entries are listed (all are counted and purged), each key shown
+/// up to this many bytes.
 pub const MAX_LISTED: usize = 10_000;
+pub const MAX_LISTED_KEY: usize = 1024;
 /// A SCAN ends when the server says so; one that never does is refused after this many
 /// keys (a store a hundred times larger than any fleet's).
 pub const MAX_SURVEYED: u64 = 100_000_000;
@@ -354,51 +363,82 @@ pub enum Action {
     Purge,
 }
 
-pub fn survey(cfg: &Config, action: Action) -> std::result::Result<Survey, String> {
+pub fn survey(
+    cfg: &Config,
+    action: Action,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> std::result::Result<Survey, String> {
     let trust = Trusted::from_env().map_err(|e| e.message)?;
+    if action != Action::Stats && trust.is_empty() {
+        // With no key trusted every entry fails: purge would empty the store.
+        return Err(format!(
+            "{action:?} needs {TRUSTED_KEYS_ENV}: the keys whose entries are good"
+        ));
+    }
     let store = client::client(&cfg.url, cfg.timeout).map_err(|e| format!("{}: {e}", e.name()))?;
     let said = |e: StoreError| format!("{}: {e}", e.name());
     let mut report = Survey::default();
     for prefix in format::NAMESPACES {
         let pattern = format!("{prefix}*");
         let mut cursor = 0;
+        let mut seen = std::collections::HashSet::new();
         loop {
             let (next, names) = store.scan(cursor, pattern.as_bytes()).map_err(said)?;
             for name in names {
-                let value = match store.read(&[&name], cfg.max_bytes, false) {
-                    Ok(mut v) => v.pop().flatten(),
-                    Err(StoreError::TooLarge { .. }) => None,
-                    Err(e) => return Err(said(e)),
-                };
-                report.entries += 1;
-                report.bytes += value.as_ref().map_or(0, |v| v.len() as u64);
-                if action == Action::Stats {
-                    continue;
+                if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err("cancelled".into());
                 }
-                let Some(why) = format::check(&trust, &name, value.as_deref()) else {
-                    continue;
-                };
-                if action == Action::Purge {
-                    if let Some(v) = &value {
-                        report.purged +=
-                            u64::from(store.delete_if_unchanged(&name, v).map_err(said)?);
-                    }
-                }
-                if report.bad.len() < MAX_LISTED {
-                    let key = String::from_utf8_lossy(&name).into_owned();
-                    report.bad.push(BadEntry { key, why });
-                }
+                survey_one(&store, cfg, &trust, action, &name, &mut report).map_err(said)?;
             }
-            if next == 0 {
+            // Redis's cursors end at 0; one seen before would go round for ever.
+            if next == 0 || !seen.insert(next) || report.entries > MAX_SURVEYED {
+                if next != 0 {
+                    return Err(format!("the store's SCAN did not end (cursor {next})"));
+                }
                 break;
-            }
-            if report.entries > MAX_SURVEYED {
-                return Err(format!(
-                    "the store's SCAN did not end after {MAX_SURVEYED} keys"
-                ));
             }
             cursor = next;
         }
     }
     Ok(report)
+}
+
+/// One key of the survey: counted, checked, purged when bad.
+fn survey_one(
+    store: &client::Client,
+    cfg: &Config,
+    trust: &Trusted,
+    action: Action,
+    name: &[u8],
+    report: &mut Survey,
+) -> std::result::Result<(), StoreError> {
+    let (value, why) = match store.read(&[name], cfg.max_bytes, false) {
+        Ok(mut v) => match v.pop().flatten() {
+            Some(value) => (Some(value), None),
+            None if !store.exists(name)? => return Ok(()), // gone since SCAN listed it
+            None => (None, Some("malformed (an empty value)".to_string())),
+        },
+        Err(StoreError::TooLarge { .. }) => (None, Some("larger than the bound".into())),
+        Err(e) if e.about_the_key() => (None, Some("not a string value".into())),
+        Err(e) => return Err(e),
+    };
+    report.entries += 1;
+    report.bytes += value.as_ref().map_or(0, |v| v.len() as u64);
+    if action == Action::Stats {
+        return Ok(());
+    }
+    let Some(why) = why.or_else(|| format::check(trust, name, value.as_deref())) else {
+        return Ok(());
+    };
+    if action == Action::Purge && (value.is_some() || why == "not a string value") {
+        report.purged += u64::from(store.delete_if_unchanged(name, value.as_deref())?);
+    }
+    if report.bad.len() < MAX_LISTED {
+        let mut key = String::from_utf8_lossy(&name[..name.len().min(MAX_LISTED_KEY)]).into_owned();
+        if name.len() > MAX_LISTED_KEY {
+            key.push_str("...");
+        }
+        report.bad.push(BadEntry { key, why });
+    }
+    Ok(())
 }

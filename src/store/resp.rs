@@ -158,6 +158,9 @@ impl<S: Read + Write> Reader<S> {
         };
         let text = || String::from_utf8_lossy(rest).into_owned();
         match kind {
+            // Nothing we ask has statuses or errors inside an array: each line could hold
+            // 64 KiB that no budget counts.
+            b'+' | b'-' if depth > 0 => Err(WireError::Protocol("a status inside an array".into())),
             b'+' => Ok(Reply::Status(text())),
             b'-' => Ok(Reply::Error(text())),
             b':' => number(rest).map(Reply::Int),
