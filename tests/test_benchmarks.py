@@ -79,3 +79,20 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
         assert report[key] > 0, key
     assert report["b_sources"] == {"remote": 4} and report["tampered_loaded"] == 0
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
+
+
+def test_scale_script_reports_ratios(system_ocloc, tmp_path):
+    """benches/scale.py at small sizes: every key it promises, the bound held, the chart
+    drawn; its entries are real ones (the nodes' stats count them all)."""
+    scale = BENCH.parent / "scale.py"
+    run = subprocess.run(
+        [sys.executable, str(scale), "--ocloc", system_ocloc, "--sizes", "0,300", "--ops", "2",
+         "--json", "--output", str(tmp_path / "out" / "scale.json")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in ("write_ratio", "hit_ratio", "adopt_ratio", "peak_rss_mib"):
+        assert report[key] > 0, key
+    assert report["held"] and report["ms"]["300"]["entries"] >= 300
+    assert _drawn(tmp_path / "out", "scale")["results"] == report

@@ -80,7 +80,8 @@ pub const KNOBS: &[Knob] = &[
         "XPU_ZEBIN_CACHE_MAX_BYTES",
         Kind::Bytes,
         "1073741824 (1 GiB)",
-        "the cache's size bound in bytes; least recently used entries are evicted",
+        "the cache's size bound in bytes; over it, the largest shards are cleaned, least \
+         recently used entries first, to nine tenths of it",
     ),
     engine(
         "XPU_ZEBIN_TIMEOUT",

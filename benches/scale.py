@@ -1,0 +1,171 @@
+"""The local cache at scale: what a write, a hit and a store entry's adoption cost with 0,
+10^4, 10^5 and 10^6 entries already in the cache.
+
+A cache directory is filled with synthesized entries of the real format (``zebin-v2``
+shards, a header, metadata, a body, a blake3 checksum over key and body); at each size a
+fresh node process (the first run on a node) measures, after one warm-up write:
+
+- ``write``: a compile that ends in a cache write (small OpenCL kernels, each distinct);
+- ``hit``: the same request again, answered by the cache;
+- ``adopt``: another node's entry taken into this cache (what a fleet's store hit writes).
+
+Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
+``adopt_ratio``, the median cost at the largest size over that at 0 (at most 1.25 is
+flat), the medians at every size, each node's peak memory, and the cache's size against its
+bound after the run (``held``).
+
+    python benches/scale.py --ocloc <ocloc> [--sizes 0,10000,100000,1000000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+import record  # noqa: E402  (benches/, beside this file)
+
+KERNEL = """__kernel void scale{n}(__global float* a, __global const float* b) {{
+    int i = get_global_id(0);
+    a[i] = b[i] * {n}.0f + a[i];
+}}
+"""
+
+
+def synthesize(cache: Path, first: int, count: int) -> None:
+    """``count`` entries of the real format, ``first`` onwards, in their shards."""
+    import blake3
+
+    layout = cache / "zebin-v2"
+    layout.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for shard in range(256):
+        (layout / f"{shard:02x}").mkdir(mode=0o700, exist_ok=True)
+    meta = json.dumps({"build_flags": "", "synthesized": True}).encode()
+    for i in range(first, first + count):
+        key = blake3.blake3(b"synthesized %d" % i).hexdigest()
+        body = b"XZCACHE2" + len(meta).to_bytes(4, "little") + meta + os.urandom(256)
+        data = body + blake3.blake3(key.encode() + body).digest()
+        path = layout / key[:2] / f"{key}.zeentry"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, data)
+        os.close(fd)
+    # Entries written behind the ledger's back: it counts them again when next opened.
+    (layout / "ledger").unlink(missing_ok=True)
+
+
+def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
+    """A fresh node: one warm-up write, then ``n`` writes, hits and adoptions, timed."""
+    import resource
+
+    import xpu_zebin
+
+    spirvs = sorted(Path(spirv_dir).glob(f"{tag}-*.spv"))
+    donors = sorted(Path(spirv_dir).glob(f"d{tag}-*.spv"))  # new entries at every size
+    compile_ = lambda s, d=cache: xpu_zebin.compile(s.read_bytes(), device="pvc",  # noqa: E731
+                                                    ocloc=ocloc, cache_dir=d)  # fmt: skip
+    compile_(spirvs[0])  # warm-up: the ledger counts the directory once
+    times: Dict[str, List[float]] = {"write": [], "hit": [], "adopt": []}
+    for s in spirvs[1 : n + 1]:
+        t = time.perf_counter()
+        assert not compile_(s).cached
+        times["write"].append(time.perf_counter() - t)
+    for s in spirvs[1 : n + 1]:
+        t = time.perf_counter()
+        assert compile_(s).cached
+        times["hit"].append(time.perf_counter() - t)
+    options = xpu_zebin.Options(ocloc=ocloc, cache_dir=cache)
+    donor = options.replace(cache_dir=str(Path(spirv_dir) / "donor-cache"))
+    for d in donors[:n]:
+        entry = xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", donor).local()
+        slot = xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options)
+        t = time.perf_counter()
+        slot.adopt(entry)
+        times["adopt"].append(time.perf_counter() - t)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({**medians, "rss_mib": round(rss, 1), "stats": xpu_zebin.stats(cache)}))
+
+
+def _spirvs(out: Path, ocloc: str, tag: str, count: int, start: int) -> None:
+    import xpu_zebin
+
+    for i in range(count):
+        src = KERNEL.format(n=start + i)
+        (out / f"{tag}-{i:04d}.spv").write_bytes(
+            xpu_zebin.opencl_to_spirv(src, device="pvc", ocloc=ocloc)
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ocloc", default=None)
+    p.add_argument("--sizes", default="0,10000,100000,1000000")
+    p.add_argument("--ops", type=int, default=25, help="timed operations of each kind per size")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    record.add_output_argument(p)
+    args = p.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], args.child[2], args.child[3], int(args.child[4]))
+        return 0
+    import xpu_zebin
+
+    ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-scale-"))
+    cache, spirv_dir = work / "cache", work / "spirv"
+    spirv_dir.mkdir()
+    n = max(1, args.ops)
+    for level, _ in enumerate(sizes):
+        _spirvs(spirv_dir, ocloc, f"w{level}", n + 1, 1000 * (level + 1))
+        _spirvs(spirv_dir, ocloc, f"dw{level}", n, 1000 * (level + 1) + 500)
+    for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
+        xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
+                          cache_dir=spirv_dir / "donor-cache")  # fmt: skip
+    bound = 1 << 40  # no eviction: what is measured is the cost of size
+    env = {**os.environ, "XPU_ZEBIN_CACHE_MAX_BYTES": str(bound)}
+    rows: Dict[str, Any] = {}
+    have = 0
+    for level, size in enumerate(sizes):
+        started = time.perf_counter()
+        synthesize(cache, have, size - have)
+        have = size
+        filled = time.perf_counter() - started
+        out = subprocess.run([sys.executable, __file__, "--child", str(cache), ocloc,
+                              str(spirv_dir), f"w{level}", str(n)], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+        if out.returncode != 0:
+            raise SystemExit(f"node at {size} entries failed:\n{out.stderr[-3000:]}")
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows[str(size)] = {**{k: round(row[k] * 1e3, 3) for k in ("write", "hit", "adopt")},
+                           "rss_mib": row["rss_mib"], "entries": row["stats"]["entries"],
+                           "fill_s": round(filled, 1)}  # fmt: skip
+        print(f"{size} entries: {rows[str(size)]}", file=sys.stderr)
+        final = row["stats"]
+    first, last = rows[str(sizes[0])], rows[str(sizes[-1])]
+    r: Dict[str, Any] = {
+        "sizes": sizes,
+        "ms": rows,
+        **{f"{k}_ratio": round(last[k] / first[k], 2) for k in ("write", "hit", "adopt")},
+        "peak_rss_mib": max(v["rss_mib"] for v in rows.values()),
+        "size_bytes": final["bytes"],
+        "bound_bytes": final["max_bytes"],
+        "held": final["bytes"] <= final["max_bytes"],
+    }
+    record.write(args.output, "scale", r, ocloc)
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
