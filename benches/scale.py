@@ -46,14 +46,14 @@ def synthesize(cache: Path, first: int, count: int) -> None:
 
     layout = cache / "zebin-v2"
     layout.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for shard in range(256):
-        (layout / f"{shard:02x}").mkdir(mode=0o700, exist_ok=True)
+    for shard in range(16):
+        (layout / f"{shard:x}").mkdir(mode=0o700, exist_ok=True)
     meta = json.dumps({"build_flags": "", "synthesized": True}).encode()
     for i in range(first, first + count):
         key = blake3.blake3(b"synthesized %d" % i).hexdigest()
         body = b"XZCACHE2" + len(meta).to_bytes(4, "little") + meta + os.urandom(256)
         data = body + blake3.blake3(key.encode() + body).digest()
-        path = layout / key[:2] / f"{key}.zeentry"
+        path = layout / key[:1] / f"{key}.zeentry"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, data)
         os.close(fd)

@@ -13,7 +13,9 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const SHARDS: usize = 256;
+/// Shards of a cache directory: each made once (a new directory costs a node a fraction of
+/// a millisecond here), each a 16th of the cache (an ext4 directory indexes its names).
+pub const SHARDS: usize = 16;
 const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR1");
 /// Words: a header, bytes and entries of each shard, counters.
 const HEADER: usize = 8;
@@ -23,8 +25,8 @@ const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
 pub const FILE_BYTES: usize = 8192;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// One shard is recounted every this many writes (round robin: each shard every 65,536
-/// writes; a write pays a 256th of a shard's listing).
-pub const RECOUNT_EVERY: u64 = 256;
+/// writes; a write pays a 4096th of a shard's listing).
+pub const RECOUNT_EVERY: u64 = 4096;
 
 // Header words.
 const W_MAGIC: usize = 0;
@@ -98,12 +100,21 @@ impl Counter {
 
 pub struct Ledger {
     words: *const AtomicU64,
+    /// The file mapped: (device, inode).
+    file: (u64, u64),
 }
 
-// SAFETY: the mapping is shared memory used only through atomics, and never unmapped
-// (ledgers live as long as the process: one per cache directory).
+// SAFETY: the mapping is shared memory used only through atomics, unmapped only when the
+// last owner drops it.
 unsafe impl Send for Ledger {}
 unsafe impl Sync for Ledger {}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `open` with this length; no reference outlives `self`.
+        unsafe { libc::munmap(self.words as *mut libc::c_void, FILE_BYTES) };
+    }
+}
 
 /// A count that went below zero for a moment (adds of two processes crossing) reads 0.
 fn clamp(v: u64) -> u64 {
@@ -126,6 +137,7 @@ impl Ledger {
                 open_checked(&path)?
             }
         };
+        let meta = file.metadata()?;
         // SAFETY: a shared, read-write mapping of a file of FILE_BYTES (checked); the
         // file is never truncated (a new ledger replaces it by rename, this mapping
         // keeps the old inode).
@@ -144,12 +156,19 @@ impl Ledger {
         }
         let ledger = Ledger {
             words: ptr as *const AtomicU64,
+            file: (meta.dev(), meta.ino()),
         };
         if ledger.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
             ledger.word(W_UNKNOWN).store(1, Ordering::Release);
             ledger.word(W_MAGIC).store(MAGIC, Ordering::Release);
         }
         Ok(ledger)
+    }
+
+    /// Whether this is the ledger file of `dir` now (not one removed or replaced since).
+    pub fn is_at(&self, dir: &Path) -> bool {
+        std::fs::symlink_metadata(dir.join("ledger"))
+            .is_ok_and(|m| (m.dev(), m.ino()) == self.file)
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {

@@ -1,6 +1,6 @@
 //! Content-addressed native-binary cache, flat in cost at any size.
 //!
-//! Entries live in 256 shards (`zebin-v2/<first two hex digits of the key>/`); the
+//! Entries live in 16 shards (`zebin-v2/<the key's first hex digit>/`); the
 //! directory's accounts (bytes, entries, counters) are one shared mapped file
 //! (`ledger.rs`), so a write never lists the directory: when the ledger says the cache is
 //! over its bound, `upkeep.rs` cleans the largest shards, least recently used first.
@@ -170,6 +170,12 @@ impl Cache {
         if self.refused.is_some() {
             return None;
         }
+        if let Some(found) = lock(LEDGERS.get()).get(&self.dir) {
+            // The same file still: a directory removed and made again has a new ledger.
+            if found.is_at(&self.dir) {
+                return Some(found.clone());
+            }
+        }
         let old = self.dir.parent().map(|base| base.join(OLD_LAYOUT));
         if old.as_ref().is_some_and(|o| o.is_dir()) {
             // An upgrade: this layout's directory is made now, to move the old one in.
@@ -178,17 +184,14 @@ impl Cache {
         if private::check_dir(&self.dir, 0o002).is_err() {
             return None;
         }
-        if let Some(found) = lock(LEDGERS.get()).get(&self.dir) {
-            return Some(found.clone());
-        }
         let ledger = Arc::new(Ledger::open(&self.dir).ok()?);
         if let Some(old) = old {
             if upkeep::migrate(&old, &self.dir) {
                 ledger.mark_unknown();
             }
         }
-        let mut ledgers = lock(LEDGERS.get());
-        Some(ledgers.entry(self.dir.clone()).or_insert(ledger).clone())
+        lock(LEDGERS.get()).insert(self.dir.clone(), ledger.clone());
+        Some(ledger)
     }
 
     /// What the ledger asks after a write: accounts recounted when unknown, one shard

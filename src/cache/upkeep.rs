@@ -16,14 +16,14 @@ use std::time::SystemTime;
 
 /// The name of shard `shard`'s directory.
 pub fn shard_name(shard: usize) -> String {
-    format!("{:02x}", shard % SHARDS)
+    format!("{:x}", shard % SHARDS)
 }
 
-/// The shard of `key`: its first two hex digits (keys are blake3 in hex), else a hash.
+/// The shard of `key`: its first hex digit (keys are blake3 in hex), else a hash's.
 pub fn shard_of(key: &str) -> usize {
-    match key.get(..2).and_then(|h| usize::from_str_radix(h, 16).ok()) {
+    match key.get(..1).and_then(|h| usize::from_str_radix(h, 16).ok()) {
         Some(s) => s,
-        None => blake3::hash(key.as_bytes()).as_bytes()[0] as usize,
+        None => blake3::hash(key.as_bytes()).as_bytes()[0] as usize % SHARDS,
     }
 }
 
