@@ -167,8 +167,7 @@ impl Ledger {
 
     /// Whether this is the ledger file of `dir` now (not one removed or replaced since).
     pub fn is_at(&self, dir: &Path) -> bool {
-        std::fs::symlink_metadata(dir.join("ledger"))
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.file)
+        std::fs::symlink_metadata(dir.join("ledger")).is_ok_and(|m| (m.dev(), m.ino()) == self.file)
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {

@@ -542,7 +542,10 @@ mod tests {
             let wrote = |c: &Cache| c.ledger().map_or(0, |l| l.counter(Counter::Evictions));
             let before = wrote(&cache);
             while wrote(&cache) < before + 20 {
-                assert!(std::time::Instant::now() < deadline, "the writer wrote nothing");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the writer wrote nothing"
+                );
                 std::thread::sleep(Duration::from_millis(2));
             }
             child.kill().unwrap();
@@ -563,7 +566,11 @@ mod tests {
         // The accounts: off by at most an entry per kill, exact once recounted.
         let (n, bytes) = on_disk(&cache);
         let ledger = cache.ledger().unwrap();
-        assert!(ledger.entries().abs_diff(n) <= kills, "{} against {n}", ledger.entries());
+        assert!(
+            ledger.entries().abs_diff(n) <= kills,
+            "{} against {n}",
+            ledger.entries()
+        );
         assert!(cache.recount());
         assert_eq!(cache.usage(), (n, bytes));
     }
