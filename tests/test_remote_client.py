@@ -428,3 +428,29 @@ def test_a_scan_that_never_ends_is_refused(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     peer.sock.close()
     assert out.returncode == 1 and "did not end" in out.stderr, out.stderr
+
+
+def test_level_zero_loads_share_native_code_through_the_store(add_spirv, tmp_path, monkeypatch):
+    """``compile_and_load`` (the driver's JIT, the simulated PVC) goes through the store
+    too: node A's build is published, node B takes it (tried in a worker like any cached
+    binary) and says ``source="remote"``; counted in B's stats as a store hit."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        monkeypatch.setenv(remote.REMOTE_ENV, server.url())
+        monkeypatch.setenv(remote.MODE_ENV, "read-write")
+        monkeypatch.setenv("XPU_ZEBIN_SIGNING_KEY", str(_fixture_key(tmp_path)))
+        with xpu_zebin.compile_and_load(add_spirv, "add", cache_dir=tmp_path / "a") as a:
+            assert a.source == "compiled"
+            built = a.native_binary
+        assert remote.counts() == {"published": 1}
+        remote.reset()
+        monkeypatch.setenv(remote.MODE_ENV, "read-only")
+        monkeypatch.delenv("XPU_ZEBIN_SIGNING_KEY")
+        monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", (FIXTURES / "farm.pub").read_text().strip())
+        with xpu_zebin.compile_and_load(add_spirv, "add", cache_dir=tmp_path / "b") as b:
+            assert b.source == "remote" and b.native_binary == built and b.kernel_handle
+        assert remote.counts() == {"hits": 1}
+        c = xpu_zebin.stats(tmp_path / "b")["counters"]
+        assert (c["requests"], c["hits_store"], c["compiles"]) == (1, 1, 0)
+    finally:
+        server.stop()

@@ -127,6 +127,7 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
         notes: std::mem::take(&mut loaded.notes),
         source: std::sync::Mutex::new(
             match (loaded.cached, loaded.from_spirv) {
+                _ if loaded.from_store => "remote",
                 (true, _) => "cache",
                 (false, true) => "compiled",
                 (false, false) => "native",

@@ -1,7 +1,7 @@
 //! What each request did, counted in its cache directory's ledger (`cache::Ledger`), for
 //! `xpu-zebin stats`: one atomic add per counter, never a failure of the compile.
 
-use crate::cache::Counter;
+use crate::cache::{Counter, Ledger};
 use crate::engine::{Attempt, Compiled, Outcome, Slot};
 use crate::error::ErrorKind;
 
@@ -12,15 +12,7 @@ fn micros(attempts: &[Attempt]) -> u64 {
 
 /// The large-GRF retry a fresh build made, by what triggered it.
 fn retry(c: &Compiled) -> Option<Counter> {
-    let first = c.attempts.first()?;
-    if c.attempts.len() < 2 {
-        return None;
-    }
-    match &first.error {
-        Some(e) if e.kind == ErrorKind::ScratchOverflow => Some(Counter::RetriesPtss),
-        Some(_) => Some(Counter::RetriesFailure),
-        None => Some(Counter::RetriesSpill),
-    }
+    retry_of(&c.attempts)
 }
 
 /// Count `outcome` of a request answered in `slot` (nothing when its cache is off).
@@ -28,26 +20,46 @@ pub fn count(slot: &Slot, outcome: &Outcome) {
     let Some(ledger) = slot.ledger() else {
         return;
     };
-    ledger.count(Counter::Requests, 1);
     match outcome {
-        Ok(c) if c.from_store || c.cached => {
-            let level = match c.from_store {
-                true => Counter::StoreHits,
-                false => Counter::LocalHits,
-            };
-            ledger.count(level, 1);
-            ledger.count(Counter::SavedMicros, micros(&c.attempts));
-        }
-        Ok(c) => {
-            ledger.count(Counter::Compiles, 1);
-            ledger.count(Counter::CompileMicros, micros(&c.attempts));
-            if let Some(why) = retry(c) {
-                ledger.count(why, 1);
-            }
-        }
-        Err(f) => {
-            ledger.count(Counter::Compiles, 1);
-            ledger.count(Counter::CompileMicros, micros(&f.attempts));
-        }
+        Ok(c) => answered(&ledger, c.cached, c.from_store, &c.attempts, retry(c)),
+        Err(f) => answered(&ledger, false, false, &f.attempts, None),
+    }
+}
+
+/// One request's answer: from the local level, the store's, or a compile (and its retry).
+pub fn answered(
+    ledger: &Ledger,
+    cached: bool,
+    from_store: bool,
+    attempts: &[Attempt],
+    retry: Option<Counter>,
+) {
+    ledger.count(Counter::Requests, 1);
+    if cached || from_store {
+        let level = match from_store {
+            true => Counter::StoreHits,
+            false => Counter::LocalHits,
+        };
+        ledger.count(level, 1);
+        ledger.count(Counter::SavedMicros, micros(attempts));
+        return;
+    }
+    ledger.count(Counter::Compiles, 1);
+    ledger.count(Counter::CompileMicros, micros(attempts));
+    if let Some(why) = retry {
+        ledger.count(why, 1);
+    }
+}
+
+/// The large-GRF retry of a fresh build whose attempts are `attempts`.
+pub fn retry_of(attempts: &[Attempt]) -> Option<Counter> {
+    let first = attempts.first()?;
+    if attempts.len() < 2 {
+        return None;
+    }
+    match &first.error {
+        Some(e) if e.kind == ErrorKind::ScratchOverflow => Some(Counter::RetriesPtss),
+        Some(_) => Some(Counter::RetriesFailure),
+        None => Some(Counter::RetriesSpill),
     }
 }

@@ -17,6 +17,7 @@ pub mod resp;
 
 use crate::engine::{self, CompileRequest, Compiled, Outcome, Slot};
 use crate::error::Result;
+
 use remote::{Config, Wanted};
 use std::sync::atomic::AtomicBool;
 
@@ -126,4 +127,60 @@ pub fn publish(cfg: &Config, slot: &Slot, binary: Option<&[u8]>) -> Result<bool>
         slot.compiler(),
         &entry,
     )
+}
+
+/// A Level Zero load's levels around the driver's JIT (`ze::load`): on a local miss, the
+/// store's trusted entry for `key` (built for `target`: device and driver) is taken into
+/// the local cache, where the load then finds it and trial-loads it in a worker, as any
+/// cached binary. True when it was taken. A bad store setting is the error.
+pub fn before_jit(cache: &crate::cache::Cache, key: &str, target: &str) -> Result<bool> {
+    let Some(cfg) = remote::config()? else {
+        return Ok(false);
+    };
+    if cache.raw(key).is_some() {
+        return Ok(false); // the local level answers first
+    }
+    let rkey = format!("{}{key}", format::PREFIX);
+    let wanted = Wanted {
+        rkey: rkey.as_bytes(),
+        key,
+        device: "",
+        compiler: target,
+    };
+    let (mut found, untrusted) = remote::signed_values(&cfg, &[wanted], false)?;
+    let ledger = cache.ledger();
+    let refused = |n| {
+        if let Some(l) = &ledger {
+            l.count(crate::cache::Counter::RefusedUntrusted, n);
+        }
+    };
+    refused(untrusted);
+    let Some(Some(entry)) = found.pop() else {
+        return Ok(false);
+    };
+    match crate::cache::decode::<crate::ladder::Record>(key, &entry) {
+        Ok((record, binary)) => {
+            cache.put_copy(key, &record, &binary);
+            remote::count_hit();
+            Ok(true)
+        }
+        Err(why) => {
+            remote::untrusted(&why);
+            refused(1);
+            Ok(false)
+        }
+    }
+}
+
+/// After a fresh JIT build of a read-write node: its local entry, signed for `target`,
+/// into the store; true when written.
+pub fn after_jit(cache: &crate::cache::Cache, key: &str, target: &str) -> Result<bool> {
+    let Some(cfg) = remote::config()? else {
+        return Ok(false);
+    };
+    let Some(entry) = cache.raw(key).filter(|_| cfg.read_write) else {
+        return Ok(false);
+    };
+    let rkey = format!("{}{key}", format::PREFIX);
+    remote::put_signed(&cfg, rkey.as_bytes(), key, "", target, &entry)
 }

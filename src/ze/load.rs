@@ -65,6 +65,8 @@ pub struct Loaded {
     pub notes: Vec<String>,
     /// Built here from SPIR-V (else a native binary was handed in).
     pub from_spirv: bool,
+    /// The native code is another node's, from the fleet's store (`store::before_jit`).
+    pub from_store: bool,
 }
 
 pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
@@ -313,6 +315,13 @@ fn load_inner(
     };
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
     let cache = (o.cache && req.is_spv).then(|| jit_cache_entry(req, &device, &ladder, rule));
+    // The fleet's store, behind the local level (`store::before_jit`).
+    let target = device_target(&device).join("|");
+    let levels = cache.clone();
+    let from_store = match &levels {
+        Some((c, key)) => crate::store::before_jit(c, key, &target)?,
+        None => false,
+    };
     let context = Context {
         req,
         rt,
@@ -352,7 +361,23 @@ fn load_inner(
         &native_binary,
         &req.kernel_name,
     );
+    if let Some((c, key)) = &levels {
+        if !cached {
+            crate::store::after_jit(c, key, &target)?;
+        }
+        if let Some(l) = c.ledger() {
+            let retry = crate::store::accounts::retry_of(&record.attempts).filter(|_| !cached);
+            crate::store::accounts::answered(
+                &l,
+                cached,
+                cached && from_store,
+                &record.attempts,
+                retry,
+            );
+        }
+    }
     Ok(Loaded {
+        from_store: cached && from_store,
         kernel_name: req.kernel_name.clone(),
         n_regs,
         build_flags: record.build_flags,
