@@ -295,6 +295,28 @@ fn jit_cache_entry(
     (Cache::open(req.options.cache_dir.as_deref()), key)
 }
 
+/// After a load from SPIR-V with the cache on: a fresh build published to the fleet's
+/// store (a read-write node), the answer counted in the cache's stats.
+fn after_load(
+    levels: Option<&(Cache, String)>,
+    target: &str,
+    attempts: &[Attempt],
+    cached: bool,
+    from_store: bool,
+) -> Result<()> {
+    let Some((cache, key)) = levels else {
+        return Ok(());
+    };
+    if !cached {
+        crate::store::after_jit(cache, key, target)?;
+    }
+    if let Some(l) = cache.ledger() {
+        let retry = crate::store::accounts::retry_of(attempts).filter(|_| !cached);
+        crate::store::accounts::answered(&l, cached, cached && from_store, attempts, retry);
+    }
+    Ok(())
+}
+
 fn load_inner(
     req: &LoadRequest,
     cancel: &AtomicBool,
@@ -361,21 +383,13 @@ fn load_inner(
         &native_binary,
         &req.kernel_name,
     );
-    if let Some((c, key)) = &levels {
-        if !cached {
-            crate::store::after_jit(c, key, &target)?;
-        }
-        if let Some(l) = c.ledger() {
-            let retry = crate::store::accounts::retry_of(&record.attempts).filter(|_| !cached);
-            crate::store::accounts::answered(
-                &l,
-                cached,
-                cached && from_store,
-                &record.attempts,
-                retry,
-            );
-        }
-    }
+    after_load(
+        levels.as_ref(),
+        &target,
+        &record.attempts,
+        cached,
+        from_store,
+    )?;
     Ok(Loaded {
         from_store: cached && from_store,
         kernel_name: req.kernel_name.clone(),
