@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Shards of a cache directory: each made once (a new directory costs a node a fraction of
 /// a millisecond here), each a 16th of the cache (an ext4 directory indexes its names).
 pub const SHARDS: usize = 16;
-const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR1");
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR2");
 /// Words: a header, bytes and entries of each shard, counters.
 const HEADER: usize = 8;
 const COUNTERS: usize = 64;
@@ -28,10 +28,8 @@ const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// writes; a write pays a 4096th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 4096;
 
-// Header words.
+// Header words (1 and 2 unused).
 const W_MAGIC: usize = 0;
-const W_BYTES: usize = 1;
-const W_ENTRIES: usize = 2;
 const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
 /// Nonzero: the accounts are not known yet (a new file): recount everything.
@@ -129,11 +127,12 @@ impl Ledger {
     /// The ledger of the cache in `dir` (made when missing or not one: then unknown, and
     /// recounted by the next write). `dir` was checked as this user's, private to others.
     pub fn open(dir: &Path) -> std::io::Result<Ledger> {
-        let path = dir.join("ledger");
+        let path = location(dir)?;
+        let home = path.parent().unwrap_or(dir);
         let file = match open_checked(&path) {
             Ok(f) => f,
             Err(_) => {
-                make(dir, &path)?;
+                make(home, &path)?;
                 open_checked(&path)?
             }
         };
@@ -159,6 +158,9 @@ impl Ledger {
             file: (meta.dev(), meta.ino()),
         };
         if ledger.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
+            for i in 1..WORDS {
+                ledger.word(i).store(0, Ordering::Relaxed);
+            }
             ledger.word(W_UNKNOWN).store(1, Ordering::Release);
             ledger.word(W_MAGIC).store(MAGIC, Ordering::Release);
         }
@@ -185,27 +187,28 @@ impl Ledger {
         let shard = shard % SHARDS;
         self.add_word(HEADER + shard, bytes);
         self.add_word(HEADER + SHARDS + shard, entries);
-        self.add_word(W_BYTES, bytes);
-        self.add_word(W_ENTRIES, entries);
     }
 
-    /// A shard's true size, found by counting it: the totals move by the difference.
+    /// A shard's true size, found by counting it.
     pub fn set_shard(&self, shard: usize, bytes: u64, entries: u64) {
         let shard = shard % SHARDS;
-        let old_bytes = self.word(HEADER + shard).swap(bytes, Ordering::Relaxed);
-        let old_entries = self
-            .word(HEADER + SHARDS + shard)
-            .swap(entries, Ordering::Relaxed);
-        self.add_word(W_BYTES, bytes.wrapping_sub(old_bytes) as i64);
-        self.add_word(W_ENTRIES, entries.wrapping_sub(old_entries) as i64);
+        self.word(HEADER + shard).store(bytes, Ordering::Relaxed);
+        self.word(HEADER + SHARDS + shard)
+            .store(entries, Ordering::Relaxed);
     }
 
+    /// The whole cache: the sum of its shards (never a total of its own, which a process
+    /// killed between two adds would leave wrong for good).
     pub fn bytes(&self) -> u64 {
-        clamp(self.word(W_BYTES).load(Ordering::Relaxed))
+        (0..SHARDS)
+            .map(|s| self.shard_bytes(s))
+            .fold(0, u64::saturating_add)
     }
 
     pub fn entries(&self) -> u64 {
-        clamp(self.word(W_ENTRIES).load(Ordering::Relaxed))
+        (0..SHARDS)
+            .map(|s| clamp(self.word(HEADER + SHARDS + s).load(Ordering::Relaxed)))
+            .fold(0, u64::saturating_add)
     }
 
     pub fn shard_bytes(&self, shard: usize) -> u64 {
@@ -239,13 +242,39 @@ impl Ledger {
             .load(Ordering::Relaxed)
     }
 
-    /// Every counter back to zero (the accounts of what is stored stay).
-    pub fn zero_counters(&self) {
-        for c in Counter::ALL {
-            self.word(HEADER + 2 * SHARDS + c as usize)
-                .store(0, Ordering::Relaxed);
-        }
+    /// Read and set back to zero at once (nothing counted meanwhile is lost).
+    pub fn take_counter(&self, c: Counter) -> u64 {
+        self.word(HEADER + 2 * SHARDS + c as usize)
+            .swap(0, Ordering::Relaxed)
     }
+}
+
+/// Where the ledger of `dir` is: beside its entries on a file system that never needs new
+/// space to write a page already written (ext4, tmpfs); elsewhere (btrfs, ZFS, XFS with
+/// reflinks copy on write, and a full disk would turn a counter's store into SIGBUS; NFS
+/// shares no memory between hosts) in this host's shared memory, named by the
+/// directory's device and inode, so that every process using the directory finds it.
+fn location(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    const EXT4: i64 = 0xEF53;
+    const TMPFS: i64 = 0x0102_1994;
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+        .map_err(std::io::Error::other)?;
+    // SAFETY: statfs fills the zeroed struct for a NUL-terminated path.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if matches!(fs.f_type as i64, EXT4 | TMPFS) {
+        return Ok(dir.join("ledger"));
+    }
+    let meta = std::fs::metadata(dir)?;
+    let name = format!(
+        "xpu-zebin-{}-{}-{}.ledger",
+        crate::private::uid(),
+        meta.dev(),
+        meta.ino()
+    );
+    Ok(Path::new("/dev/shm").join(name))
 }
 
 /// The ledger file, when it is one: a regular file of this user's, of its size.
@@ -275,9 +304,19 @@ fn make(dir: &Path, path: &Path) -> std::io::Result<()> {
     page[..8].copy_from_slice(&MAGIC.to_le_bytes());
     page[W_UNKNOWN * 8] = 1;
     tmp.write_all(&page)?;
-    if std::fs::symlink_metadata(path).is_ok() && open_checked(path).is_err() {
-        // Not a ledger (a crash mid-way of an old release, a stray file): replaced.
-        std::fs::remove_file(path)?;
+    // Its blocks allocated now: a page written later through the mapping needs none.
+    tmp.as_file().sync_all()?;
+    if let Ok(bad) = std::fs::symlink_metadata(path) {
+        if open_checked(path).is_err() {
+            // Not a ledger (a stray file or directory, a crash of an old build): moved
+            // aside, by its own inode, never another process's new ledger.
+            let aside = dir.join(format!(".bad-ledger-{}-{}", bad.ino(), std::process::id()));
+            let same = std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == bad.ino());
+            if same {
+                let _ = std::fs::rename(path, &aside);
+                let _ = std::fs::remove_file(&aside).or_else(|_| std::fs::remove_dir_all(&aside));
+            }
+        }
     }
     // Never over another process's new ledger: both would map different files.
     match tmp.persist_noclobber(path) {

@@ -139,14 +139,20 @@ impl Cache {
         &self.dir
     }
 
-    /// (entries, bytes) stored now, as the ledger counts them (recounted when unknown).
+    /// (entries, bytes) stored now, as the ledger counts them (recounted first when
+    /// unknown; nothing is evicted by asking), or as listed when there is no ledger.
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                self.upkeep(&l);
+                if l.take_unknown() {
+                    match upkeep::try_lock(&self.dir) {
+                        Some(_held) => upkeep::recount_all(&self.dir, &l),
+                        None => l.mark_unknown(),
+                    }
+                }
                 (l.entries(), l.bytes())
             }
-            None => (0, 0),
+            None => upkeep::listed(&self.dir),
         }
     }
 
@@ -395,17 +401,28 @@ impl Cache {
                 tmp.as_file().sync_data()?;
             }
             let path = self.path(key);
-            let old = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
-            tmp.persist(&path).map_err(|e| e.error)?;
-            let grown = bytes.len() as i64 - old.unwrap_or(0) as i64;
-            Ok((grown, i64::from(old.is_none())))
+            // A new entry counts once, however many processes write its key at once: the
+            // first rename makes it, the others replace it.
+            match tmp.persist_noclobber(&path) {
+                Ok(_) => Ok((bytes.len() as i64, 1)),
+                Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let old = std::fs::symlink_metadata(&path).map_or(0, |m| m.len());
+                    e.file.persist(&path).map_err(|e| e.error)?;
+                    Ok((bytes.len() as i64 - old as i64, 0))
+                }
+                Err(e) => Err(e.error),
+            }
         })();
         match result {
-            Ok((grown, new)) => {
-                let ledger = self.ledger()?;
-                ledger.add(upkeep::shard_of(key), grown, new);
-                self.upkeep(&ledger)
-            }
+            Ok((grown, new)) => match self.ledger() {
+                Some(ledger) => {
+                    ledger.add(upkeep::shard_of(key), grown, new);
+                    self.upkeep(&ledger)
+                }
+                // No ledger here (a file system without shared maps, a name taken): the
+                // bound is still held, by listing the cache (its cost grows with it).
+                None => upkeep::evict_listed(&self.dir, self.max_bytes),
+            },
             Err(e) => Some(format!("cache write to {} failed: {e}", self.dir.display())),
         }
     }

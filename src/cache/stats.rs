@@ -27,11 +27,15 @@ pub fn stats(cache: &Cache, zero: bool, recount: bool) -> Stats {
     let ledger = cache.ledger();
     let counters = Counter::ALL
         .iter()
-        .map(|c| (c.name(), ledger.as_ref().map_or(0, |l| l.counter(*c))))
+        .map(|c| {
+            let n = match (&ledger, zero) {
+                (Some(l), true) => l.take_counter(*c),
+                (Some(l), false) => l.counter(*c),
+                (None, _) => 0,
+            };
+            (c.name(), n)
+        })
         .collect();
-    if let (true, Some(l)) = (zero, &ledger) {
-        l.zero_counters();
-    }
     Stats {
         cache_dir: cache.dir().display().to_string(),
         entries,

@@ -1,16 +1,15 @@
 //! Keeping a cache directory within its bound, at any size: no write lists the directory.
-//! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, the
-//! largest shards are cleaned, least recently used entries first (each shard's entries by
-//! last use: LRU within a shard, shards chosen by size, as ccache does), down to nine
-//! tenths of the bound. Upkeep runs under an advisory lock taken without waiting: a
+//! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, every
+//! shard over its share of nine tenths of the bound is cleaned down to it, least recently
+//! used entries first (as ccache cleans its subdirectories). Upkeep runs under an advisory lock taken without waiting: a
 //! process that finds it taken leaves the work to the one holding it, and a holder that
 //! dies lets go with its file. Entries of the last layout (`zebin-v1`, one flat
 //! directory) are moved into their shards, never lost.
 
 use super::ledger::{Counter, Ledger, SHARDS};
-use super::{ABANDONED_TEMP, TEMP_PREFIX};
+use super::{ABANDONED_TEMP, MAX_ENTRY_BYTES, TEMP_PREFIX};
 use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -27,17 +26,31 @@ pub fn shard_of(key: &str) -> usize {
     }
 }
 
-/// The upkeep lock of `dir`, when no other process holds it.
+/// The upkeep lock of `dir`, when no other process holds it. A lock file that is not this
+/// user's regular file (planted by a group member) is replaced.
 pub fn try_lock(dir: &Path) -> Option<File> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join("upkeep.lock"))
-        .ok()?;
+    let path = dir.join("upkeep.lock");
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+    };
+    let ours = |f: &File| {
+        f.metadata()
+            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
+    };
+    let file = match open() {
+        Ok(f) if ours(&f) => f,
+        _ => {
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+            open().ok().filter(ours)?
+        }
+    };
     // SAFETY: flock on a descriptor we own; released when the file is closed.
     let got = unsafe {
         libc::flock(
@@ -52,17 +65,33 @@ pub fn try_lock(dir: &Path) -> Option<File> {
 type Found = (SystemTime, u64, PathBuf);
 
 /// The entries of shard `shard` (a dead writer's temp file is removed on the way), and
-/// the ledger set to what they hold.
+/// the ledger set to what they hold. Only this user's regular files of an entry's size
+/// are entries; a shard that is not this user's private directory holds none.
 pub fn recount(dir: &Path, ledger: &Ledger, shard: usize) -> Vec<Found> {
+    let found = list(&dir.join(shard_name(shard)));
+    let bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
+    ledger.set_shard(shard, bytes, found.len() as u64);
+    found
+}
+
+fn list(shard: &Path) -> Vec<Found> {
     let mut found = Vec::new();
+    if crate::private::check_dir(shard, 0o002).is_err() {
+        return found;
+    }
     let now = SystemTime::now();
-    if let Ok(entries) = std::fs::read_dir(dir.join(shard_name(shard))) {
+    let uid = crate::private::uid();
+    if let Ok(entries) = std::fs::read_dir(shard) {
         for entry in entries.filter_map(|e| e.ok()) {
+            // DirEntry::metadata does not follow a link.
             let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
                 continue;
             };
             let Ok(modified) = m.modified() else { continue };
-            if path.extension().is_some_and(|x| x == "zeentry") && m.file_type().is_file() {
+            if !m.file_type().is_file() || m.uid() != uid {
+                continue;
+            }
+            if path.extension().is_some_and(|x| x == "zeentry") && m.len() <= MAX_ENTRY_BYTES {
                 found.push((modified, m.len(), path));
             } else if entry
                 .file_name()
@@ -74,35 +103,63 @@ pub fn recount(dir: &Path, ledger: &Ledger, shard: usize) -> Vec<Found> {
             }
         }
     }
-    let bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
-    ledger.set_shard(shard, bytes, found.len() as u64);
     found
 }
 
-/// Remove least recently used entries until the cache holds at most nine tenths of
-/// `max_bytes`; the number removed.
-pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
-    let target = max_bytes - max_bytes / 10;
+/// (entries, bytes) of every shard, listed (when there is no ledger).
+pub fn listed(dir: &Path) -> (u64, u64) {
+    (0..SHARDS)
+        .flat_map(|s| list(&dir.join(shard_name(s))))
+        .fold((0, 0), |(n, b), f| (n + 1, b + f.1))
+}
+
+/// The bound held without a ledger: every shard listed, the least recently used entries
+/// removed until the cache fits; a note when any was.
+pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
+    let mut all: Vec<Found> = (0..SHARDS)
+        .flat_map(|s| list(&dir.join(shard_name(s))))
+        .collect();
+    let mut total = all.iter().fold(0u64, |t, f| t.saturating_add(f.1));
+    if total <= max_bytes {
+        return None;
+    }
+    all.sort();
     let mut removed = 0;
-    for _ in 0..2 * SHARDS {
-        if ledger.bytes() <= target {
+    for (_, len, path) in all {
+        if total <= max_bytes {
             break;
         }
-        let largest = (0..SHARDS)
-            .max_by_key(|s| ledger.shard_bytes(*s))
-            .unwrap_or(0);
-        let mut found = recount(dir, ledger, largest);
-        if found.is_empty() {
-            recount_all(dir, ledger); // the ledger had drifted
+        if std::fs::remove_file(&path).is_ok() {
+            total = total.saturating_sub(len);
+            removed += 1;
+        }
+    }
+    Some(format!(
+        "cache over {max_bytes} bytes: evicted {removed} least recently used entries"
+    ))
+}
+
+/// Remove least recently used entries until the cache holds at most nine tenths of
+/// `max_bytes`: every shard over its share of that (a 16th) is cleaned down to it, its
+/// oldest entries first, so what was used last stays, whichever shard it is in. The
+/// number removed.
+pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
+    let share = (max_bytes - max_bytes / 10) / SHARDS as u64;
+    let mut removed = 0;
+    for shard in 0..SHARDS {
+        if ledger.shard_bytes(shard) <= share {
             continue;
         }
+        let mut found = recount(dir, ledger, shard); // its true size first
+        let mut bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
         found.sort();
         for (_, len, path) in found {
-            if ledger.bytes() <= target {
+            if bytes <= share {
                 break;
             }
             if std::fs::remove_file(&path).is_ok() {
-                ledger.add(largest, -(len as i64), -1);
+                ledger.add(shard, -(len as i64), -1);
+                bytes = bytes.saturating_sub(len);
                 removed += 1;
             }
         }

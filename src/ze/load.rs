@@ -317,6 +317,22 @@ fn after_load(
     Ok(())
 }
 
+/// Upstream retries only SPIR-V without an explicit GRF mode (a flag, or the kernel's own
+/// execution mode); a native binary is final.
+fn ladder_of(
+    req: &LoadRequest,
+    device: &DeviceInfo,
+    own_grf: Option<GrfRequest>,
+) -> Result<Vec<String>> {
+    let o = &req.options;
+    Ok(if req.is_spv {
+        let arch = o.device_arch.as_deref().or(device.arch.as_deref());
+        grf::own_mode_is_explicit(o.ladder(arch.unwrap_or(""))?, own_grf)
+    } else {
+        vec![o.build_flags.clone()]
+    })
+}
+
 fn load_inner(
     req: &LoadRequest,
     cancel: &AtomicBool,
@@ -327,14 +343,7 @@ fn load_inner(
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
     let rule = o.rule(Path::Jit)?;
-    // Upstream retries only SPIR-V without an explicit GRF mode (a flag, or the kernel's
-    // own execution mode); a native binary is final.
-    let ladder = if req.is_spv {
-        let arch = o.device_arch.as_deref().or(device.arch.as_deref());
-        grf::own_mode_is_explicit(o.ladder(arch.unwrap_or(""))?, own_grf)
-    } else {
-        vec![o.build_flags.clone()]
-    };
+    let ladder = ladder_of(req, &device, own_grf)?;
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
     let cache = (o.cache && req.is_spv).then(|| jit_cache_entry(req, &device, &ladder, rule));
     // The fleet's store, behind the local level (`store::before_jit`).
