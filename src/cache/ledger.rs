@@ -215,14 +215,26 @@ impl Ledger {
         clamp(self.word(HEADER + shard % SHARDS).load(Ordering::Relaxed))
     }
 
-    /// The accounts are unknown (a new ledger): true once, for the one who recounts.
-    pub fn take_unknown(&self) -> bool {
-        self.word(W_UNKNOWN).swap(0, Ordering::AcqRel) != 0
+    /// The accounts are unknown (a new ledger, entries moved in): a generation, 0 when
+    /// known. Cleared by `known` only after a whole recount, so a process killed while
+    /// recounting leaves them unknown.
+    pub fn unknown(&self) -> u64 {
+        self.word(W_UNKNOWN).load(Ordering::Acquire)
+    }
+
+    /// The accounts counted whole as of `generation` (unknown again if marked since).
+    pub fn known(&self, generation: u64) {
+        let _ = self.word(W_UNKNOWN).compare_exchange(
+            generation,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// Mark the accounts unknown (entries moved in from elsewhere).
     pub fn mark_unknown(&self) {
-        self.word(W_UNKNOWN).store(1, Ordering::Release);
+        self.word(W_UNKNOWN).fetch_add(1, Ordering::AcqRel);
     }
 
     /// Count a write; every `RECOUNT_EVERY`th returns the shard to recount now.

@@ -144,10 +144,11 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                if l.take_unknown() {
-                    match upkeep::try_lock(&self.dir) {
-                        Some(_held) => upkeep::recount_all(&self.dir, &l),
-                        None => l.mark_unknown(),
+                let generation = l.unknown();
+                if generation != 0 {
+                    if let Some(_held) = upkeep::try_lock(&self.dir) {
+                        upkeep::recount_all(&self.dir, &l);
+                        l.known(generation);
                     }
                 }
                 (l.entries(), l.bytes())
@@ -206,18 +207,16 @@ impl Cache {
     fn upkeep(&self, ledger: &Ledger) -> Option<String> {
         let recount = ledger.wrote();
         let over = ledger.bytes() > self.max_bytes;
-        let unknown = ledger.take_unknown();
-        if recount.is_none() && !over && !unknown {
+        let unknown = ledger.unknown();
+        if recount.is_none() && !over && unknown == 0 {
             return None;
         }
         let Some(_held) = upkeep::try_lock(&self.dir) else {
-            if unknown {
-                ledger.mark_unknown(); // for the process that holds the lock, or the next
-            }
-            return None;
+            return None; // the process that holds the lock does it, or the next writer
         };
-        if unknown {
+        if unknown != 0 {
             upkeep::recount_all(&self.dir, ledger);
+            ledger.known(unknown);
         } else if let Some(shard) = recount {
             upkeep::recount(&self.dir, ledger, shard);
         }

@@ -26,9 +26,24 @@ pub fn shard_of(key: &str) -> usize {
     }
 }
 
-/// The upkeep lock of `dir`, when no other process holds it. A lock file that is not this
-/// user's regular file (planted by a group member) is replaced.
-pub fn try_lock(dir: &Path) -> Option<File> {
+/// One thread of this process at a time does upkeep (a POSIX lock is the process's: two
+/// threads would both hold it).
+static UPKEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held while doing upkeep: this process's turn, and the directory's lock.
+pub struct Held {
+    _file: File,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+/// The upkeep lock of `dir`, when no other process or thread holds it. A lock file that
+/// is not this user's regular file (planted by a group member) is replaced.
+pub fn try_lock(dir: &Path) -> Option<Held> {
+    let turn = match UPKEEP.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
     let path = dir.join("upkeep.lock");
     let open = || {
         std::fs::OpenOptions::new()
@@ -51,14 +66,19 @@ pub fn try_lock(dir: &Path) -> Option<File> {
             open().ok().filter(ours)?
         }
     };
-    // SAFETY: flock on a descriptor we own; released when the file is closed.
-    let got = unsafe {
-        libc::flock(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            libc::LOCK_EX | libc::LOCK_NB,
-        )
-    };
-    (got == 0).then_some(file)
+    // A POSIX record lock, not flock: it belongs to this process, so a child forked while
+    // it is held (Python's os.fork, a DataLoader worker) does not keep it for ever; it is
+    // released when this file is closed or the process ends.
+    // SAFETY: flock is plain data; zeroed, then set, is a valid whole-file write lock.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: fcntl on a descriptor we own, with a valid flock.
+    let got = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_SETLK, &lock) };
+    (got == 0).then_some(Held {
+        _file: file,
+        _turn: turn,
+    })
 }
 
 /// One entry on disk: when last used, its size, where.

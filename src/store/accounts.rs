@@ -22,6 +22,8 @@ pub fn count(slot: &Slot, outcome: &Outcome) {
     };
     match outcome {
         Ok(c) => answered(&ledger, c.cached, c.from_store, &c.attempts, retry(c)),
+        // A request refused before any compile (a bad setting): a request, not a compile.
+        Err(f) if f.attempts.is_empty() => ledger.count(Counter::Requests, 1),
         Err(f) => answered(&ledger, false, false, &f.attempts, None),
     }
 }
