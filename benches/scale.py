@@ -63,8 +63,6 @@ def synthesize(cache: Path, first: int, count: int) -> None:
 
 def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
     """A fresh node: one warm-up write, then ``n`` writes, hits and adoptions, timed."""
-    import resource
-
     import xpu_zebin
 
     spirvs = sorted(Path(spirv_dir).glob(f"{tag}-*.spv"))
@@ -90,7 +88,9 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
         slot.adopt(entry)
         times["adopt"].append(time.perf_counter() - t)
     medians = {k: statistics.median(v) for k, v in times.items()}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # This process image's own peak (ru_maxrss keeps the forking parent's).
+    status = Path("/proc/self/status").read_text().splitlines()
+    rss = next(int(x.split()[1]) for x in status if x.startswith("VmHWM:")) / 1024
     print(json.dumps({**medians, "rss_mib": round(rss, 1), "stats": xpu_zebin.stats(cache)}))
 
 

@@ -64,9 +64,13 @@ def test_counts_are_exact_across_processes(system_ocloc, tmp_path):
     s = xpu_zebin.stats(cache)
     c = s["counters"]
     assert c["requests"] == 2 * kernels * (1 + hits)
-    assert (c["compiles"], c["hits_local"], s["entries"]) == (2 * kernels, 2 * kernels * hits,
-                                                              2 * kernels)  # fmt: skip
+    assert (c["compiles"], c["hits_local"]) == (2 * kernels, 2 * kernels * hits)
     assert c["compiler_microseconds"] > 0 and c["saved_microseconds"] > 0
+    # The accounts of what is stored: a write racing the first recount of a new directory
+    # may be counted twice until its shard is recounted; recounted, they are exact.
+    assert abs(s["entries"] - 2 * kernels) <= 4
+    s = xpu_zebin.stats(cache, recount=True)
+    assert s["entries"] == 2 * kernels and s["counters"] == c
     assert s["bytes"] == sum(p.stat().st_size for p in cache.glob("zebin-v2/*/*.zeentry"))
     cli = subprocess.run([sys.executable, "-m", "xpu_zebin.cli", "stats", "--cache-dir",
                           str(cache), "--json", "--zero"], capture_output=True, text=True,

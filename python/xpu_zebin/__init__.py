@@ -15,6 +15,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypedDict, Union
 
 from . import _core
+from ._accounts import stats
 from ._core import Attempt, AttemptError, CompileResult, LoadedKernel, Options
 from ._tasks import batch_task
 from .errors import (
@@ -90,32 +91,16 @@ def find_ocloc(ocloc: Optional[PathLike] = None) -> str:
     return os.fspath(_core.find_ocloc(ocloc))
 
 
-def stats(
-    cache_dir: Optional[PathLike] = None, *, zero: bool = False, recount: bool = False
-) -> dict:
-    """What the cache in ``cache_dir`` (default: the user's) holds (``entries``, ``bytes``
-    against ``max_bytes``) and what every process that used it counted (``counters``):
-    requests, hits per level (local, store, bundle, Triton's cache), compiles, large-GRF
-    retries by trigger, entries refused (untrusted, checksum, driver), evictions, compiler
-    microseconds spent and saved by hits. ``zero`` sets the counters back to zero after
-    they are read; ``recount`` counts every entry on disk again first (a writer killed
-    mid-write leaves the accounts off by its entry until its shard is recounted). As
-    ``xpu-zebin stats``."""
-    return _core.cache_stats(None if cache_dir is None else os.fspath(cache_dir), zero, recount)
-
-
 def doctor(ocloc: Optional[PathLike] = None) -> dict:
-    """What the engine would use here: ocloc and its version, libocloc and the worker mode
-    (and why compiles run one process each, if they do), Level Zero devices, the cache, and
-    the spill rule in force on each path with where it comes from (``spill_rules``)."""
+    """What the engine would use here: ocloc, libocloc and the worker mode (and why), Level
+    Zero devices, the cache and its ``stats``, each path's spill rule (``spill_rules``)."""
     from .build_options import rules_report
 
     report = _core.doctor(None if ocloc is None else os.fspath(ocloc))
     devices = report.get("level_zero_devices") or [{}]
     report["spill_rules"] = rules_report(devices[0].get("driver"))
     report["refused_compilers"] = _core.compiler_refusals()  # --forget-refusals clears them
-    report["stats"] = stats()
-    return report
+    return {**report, "stats": stats()}
 
 
 # Compilers already looked at (by how they were named), so a compile pays this check once.
