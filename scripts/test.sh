@@ -37,4 +37,5 @@ PATH="$NO_RUST_PATH" ruff format --check python tests benches scripts docs
 
 echo "== pytest on the installed wheel (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
 # pytest exits 5 when it collected no tests: set -e turns that into a failure too.
-PATH="$NO_RUST_PATH" XPU_ZEBIN_EXPECT_INSTALLED="$VENV" "$VENV/bin/python" -m pytest tests
+PATH="$NO_RUST_PATH" XPU_ZEBIN_EXPECT_INSTALLED="$VENV" "$VENV/bin/python" -m pytest tests \
+  --durations=15
