@@ -2,17 +2,12 @@
 //! `xpu-zebin stats`: one atomic add per counter, never a failure of the compile.
 
 use crate::cache::{Counter, Ledger};
-use crate::engine::{Attempt, Compiled, Outcome, Slot};
+use crate::engine::{Attempt, Outcome, Slot};
 use crate::error::ErrorKind;
 
 fn micros(attempts: &[Attempt]) -> u64 {
     let seconds: f64 = attempts.iter().map(|a| a.seconds.max(0.0)).sum();
     (seconds * 1e6).min(u64::MAX as f64) as u64
-}
-
-/// The large-GRF retry a fresh build made, by what triggered it.
-fn retry(c: &Compiled) -> Option<Counter> {
-    retry_of(&c.attempts)
 }
 
 /// Count `outcome` of a request answered in `slot` (nothing when its cache is off).
@@ -21,7 +16,13 @@ pub fn count(slot: &Slot, outcome: &Outcome) {
         return;
     };
     match outcome {
-        Ok(c) => answered(&ledger, c.cached, c.from_store, &c.attempts, retry(c)),
+        Ok(c) => answered(
+            &ledger,
+            c.cached,
+            c.from_store,
+            &c.attempts,
+            retry_of(&c.attempts),
+        ),
         // A request refused before any compile (a bad setting): a request, not a compile.
         Err(f) if f.attempts.is_empty() => ledger.count(Counter::Requests, 1),
         Err(f) => answered(&ledger, false, false, &f.attempts, None),

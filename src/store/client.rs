@@ -157,20 +157,19 @@ impl Client {
         &self,
         work: impl Fn(&mut Conn, Instant) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let start = Instant::now();
-        let deadline = start + self.base;
+        let deadline = Instant::now() + self.base;
         if let Some(mut conn) = self.kept() {
             match self.run_on(&mut conn, deadline, &work) {
                 // The server closed it since (its idle timeout, a restart): not the store
                 // failing. Once more on a new connection (every operation may run twice).
                 Err(StoreError::Wire(e)) if stale(&e) => {}
-                result => return self.done(conn, result, start),
+                result => return self.done(conn, result),
             }
         }
         let mut conn = connection::open(&self.address, self.tls.as_ref(), deadline, self.step)
-            .map_err(|e| self.wire(e, start))?;
+            .map_err(|e| self.wire(e))?;
         let result = self.run_on(&mut conn, deadline, &work);
-        self.done(conn, result, start)
+        self.done(conn, result)
     }
 
     /// A kept connection of this process that is still open, if any.
@@ -188,12 +187,7 @@ impl Client {
 
     /// `result` of work on `conn`, whose connection is kept for reuse only when the work
     /// ended in step with the server; a failure closes only this connection.
-    fn done<T>(
-        &self,
-        conn: Conn,
-        result: Result<T, StoreError>,
-        start: Instant,
-    ) -> Result<T, StoreError> {
+    fn done<T>(&self, conn: Conn, result: Result<T, StoreError>) -> Result<T, StoreError> {
         if let Ok(_) | Err(StoreError::Server(_) | StoreError::TooLarge { .. }) = &result {
             let mut idle = lock(&self.idle);
             if idle.len() < KEEP_IDLE {
@@ -201,7 +195,7 @@ impl Client {
             }
         }
         result.map_err(|e| match e {
-            StoreError::Wire(w) => self.wire(w, start),
+            StoreError::Wire(w) => self.wire(w),
             other => other,
         })
     }
@@ -217,10 +211,9 @@ impl Client {
     }
 
     /// A wire error said as what it is: past the whole deadline, or not.
-    fn wire(&self, e: WireError, start: Instant) -> StoreError {
+    fn wire(&self, e: WireError) -> StoreError {
         if let WireError::Io(io) = &e {
             if io.get_ref().is_some_and(|inner| inner.is::<Late>()) {
-                let _ = start;
                 return StoreError::Late(seconds_text(self.base));
             }
         }

@@ -18,6 +18,7 @@ pub mod resp;
 use crate::engine::{self, CompileRequest, Compiled, Outcome, Slot};
 use crate::error::Result;
 
+use crate::cache::{Counter, Ledger};
 use remote::{Config, Wanted};
 use std::sync::atomic::AtomicBool;
 
@@ -73,18 +74,15 @@ fn answer(req: &CompileRequest, slot: &Slot, build: impl FnOnce(&Slot) -> Outcom
 /// The store's trusted entry for `slot`, taken into the local cache; None when there is
 /// none (or it is not this request's: counted as untrusted, never loaded).
 pub fn fetch(cfg: &Config, slot: &Slot) -> Result<Option<Compiled>> {
-    let rkey = format!("{}{}", format::PREFIX, slot.key());
-    let wanted = Wanted {
-        rkey: rkey.as_bytes(),
-        key: slot.key(),
-        device: slot.device(),
-        compiler: slot.compiler(),
-    };
-    let (mut found, untrusted) = remote::signed_values(cfg, &[wanted], false)?;
-    if let (true, Some(l)) = (untrusted > 0, slot.ledger()) {
-        l.count(crate::cache::Counter::RefusedUntrusted, untrusted);
-    }
-    let Some(Some(entry)) = found.pop() else {
+    let ledger = slot.ledger();
+    let found = signed_entry(
+        cfg,
+        slot.key(),
+        slot.device(),
+        slot.compiler(),
+        ledger.as_deref(),
+    )?;
+    let Some(entry) = found else {
         return Ok(None);
     };
     match slot.adopt(&entry) {
@@ -94,13 +92,47 @@ pub fn fetch(cfg: &Config, slot: &Slot) -> Result<Option<Compiled>> {
             Ok(Some(compiled))
         }
         Err(e) => {
-            remote::untrusted(&e.message);
-            if let Some(l) = slot.ledger() {
-                l.count(crate::cache::Counter::RefusedUntrusted, 1);
-            }
+            refused(ledger.as_deref(), &e.message);
             Ok(None)
         }
     }
+}
+
+/// The entry the store holds under `key` when a trusted key signed it as `key`'s, built
+/// for `device` with `compiler`; the untrusted ones counted in `ledger`.
+fn signed_entry(
+    cfg: &Config,
+    key: &str,
+    device: &str,
+    compiler: &str,
+    ledger: Option<&Ledger>,
+) -> Result<Option<Vec<u8>>> {
+    let rkey = format!("{}{key}", format::PREFIX);
+    let wanted = Wanted {
+        rkey: rkey.as_bytes(),
+        key,
+        device,
+        compiler,
+    };
+    let (mut found, untrusted) = remote::signed_values(cfg, &[wanted], false)?;
+    if let (true, Some(l)) = (untrusted > 0, ledger) {
+        l.count(Counter::RefusedUntrusted, untrusted);
+    }
+    Ok(found.pop().flatten())
+}
+
+/// A signed entry that is not the request's own after all: said once, counted, not taken.
+fn refused(ledger: Option<&Ledger>, why: &str) {
+    remote::untrusted(why);
+    if let Some(l) = ledger {
+        l.count(Counter::RefusedUntrusted, 1);
+    }
+}
+
+/// `entry`, signed as `key`'s built for `device` with `compiler`, into the store.
+fn put(cfg: &Config, key: &str, device: &str, compiler: &str, entry: &[u8]) -> Result<bool> {
+    let rkey = format!("{}{key}", format::PREFIX);
+    remote::put_signed(cfg, rkey.as_bytes(), key, device, compiler, entry)
 }
 
 /// After a fresh build of `binary` on a read-write node with a signing key: the slot's
@@ -118,15 +150,7 @@ pub fn publish(cfg: &Config, slot: &Slot, binary: Option<&[u8]>) -> Result<bool>
         Ok((_, held)) if binary.is_none_or(|b| held == b) => {}
         _ => return Ok(false),
     }
-    let rkey = format!("{}{}", format::PREFIX, slot.key());
-    remote::put_signed(
-        cfg,
-        rkey.as_bytes(),
-        slot.key(),
-        slot.device(),
-        slot.compiler(),
-        &entry,
-    )
+    put(cfg, slot.key(), slot.device(), slot.compiler(), &entry)
 }
 
 /// A Level Zero load's levels around the driver's JIT (`ze::load`): on a local miss, the
@@ -140,22 +164,8 @@ pub fn before_jit(cache: &crate::cache::Cache, key: &str, target: &str) -> Resul
     if cache.raw(key).is_some() {
         return Ok(false); // the local level answers first
     }
-    let rkey = format!("{}{key}", format::PREFIX);
-    let wanted = Wanted {
-        rkey: rkey.as_bytes(),
-        key,
-        device: "",
-        compiler: target,
-    };
-    let (mut found, untrusted) = remote::signed_values(&cfg, &[wanted], false)?;
     let ledger = cache.ledger();
-    let refused = |n| {
-        if let Some(l) = &ledger {
-            l.count(crate::cache::Counter::RefusedUntrusted, n);
-        }
-    };
-    refused(untrusted);
-    let Some(Some(entry)) = found.pop() else {
+    let Some(entry) = signed_entry(&cfg, key, "", target, ledger.as_deref())? else {
         return Ok(false);
     };
     match crate::cache::decode::<crate::ladder::Record>(key, &entry) {
@@ -165,8 +175,7 @@ pub fn before_jit(cache: &crate::cache::Cache, key: &str, target: &str) -> Resul
             Ok(true)
         }
         Err(why) => {
-            remote::untrusted(&why);
-            refused(1);
+            refused(ledger.as_deref(), &why);
             Ok(false)
         }
     }
@@ -181,6 +190,5 @@ pub fn after_jit(cache: &crate::cache::Cache, key: &str, target: &str) -> Result
     let Some(entry) = cache.raw(key).filter(|_| cfg.read_write) else {
         return Ok(false);
     };
-    let rkey = format!("{}{key}", format::PREFIX);
-    remote::put_signed(&cfg, rkey.as_bytes(), key, "", target, &entry)
+    put(&cfg, key, "", target, &entry)
 }
