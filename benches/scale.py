@@ -7,12 +7,17 @@ fresh node process (the first run on a node) measures, after one warm-up write:
 
 - ``write``: a compile that ends in a cache write (small OpenCL kernels, each distinct);
 - ``hit``: the same request again, answered by the cache;
-- ``adopt``: another node's entry taken into this cache (what a fleet's store hit writes).
+- ``adopt``: another node's entry taken into this cache (what a fleet's store hit writes);
+- ``evict``: the cache's bound set to what it holds, one more entry adopted: the cleaning
+  that write sets off (least recently used entries removed until the cache holds nine
+  tenths of its bound), per entry it removed. The entries this node adopted last must
+  still be there afterwards (``lru_kept``): the least recently used go first.
 
 Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
-``adopt_ratio``, the median cost at the largest size over that at 0 (at most 1.25 is
-flat), the medians at every size, each node's peak memory, and the cache's size against its
-bound after the run (``held``).
+``adopt_ratio``, the median cost at the largest size over that at 0, and ``evict_ratio``,
+the cost per evicted entry at the largest size over that at the smallest size that evicts
+a thousand or more (at most 1.25 is flat); the medians at every size, each node's peak
+memory, and the cache's size against its bound after each cleaning (``held``).
 
     python benches/scale.py --ocloc <ocloc> [--sizes 0,10000,100000,1000000] [--json]
 """
@@ -33,6 +38,7 @@ from typing import Any, Dict, List
 HERE = Path(__file__).resolve().parent
 import record  # noqa: E402  (benches/, beside this file)
 
+TIMED = ("write", "hit", "adopt", "evict")
 KERNEL = """__kernel void scale{n}(__global float* a, __global const float* b) {{
     int i = get_global_id(0);
     a[i] = b[i] * {n}.0f + a[i];
@@ -88,10 +94,39 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
         slot.adopt(entry)
         times["adopt"].append(time.perf_counter() - t)
     medians = {k: statistics.median(v) for k, v in times.items()}
+    evicted = evict(cache, options, donor, donors[n], medians["adopt"])
+    # The oldest go first: the entries this node adopted last are all still there, when
+    # older entries than its own were enough to clean (mtimes of the last few ms tie).
+    lru_kept = None
+    if evicted["evicted"] <= evicted["entries_before"] - (2 * n + 2):
+        lru_kept = all(
+            xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options).local() is not None
+            for d in donors[: n + 1]
+        )
     # This process image's own peak (ru_maxrss keeps the forking parent's).
     status = Path("/proc/self/status").read_text().splitlines()
     rss = next(int(x.split()[1]) for x in status if x.startswith("VmHWM:")) / 1024
-    print(json.dumps({**medians, "rss_mib": round(rss, 1), "stats": xpu_zebin.stats(cache)}))
+    print(json.dumps({**medians, **evicted, "lru_kept": lru_kept, "rss_mib": round(rss, 1),
+                      "stats": xpu_zebin.stats(cache)}))  # fmt: skip
+
+
+def evict(cache: str, options: Any, donor: Any, spirv: Path, adopt: float) -> Dict[str, Any]:
+    """Bound the cache at what it holds and adopt one more entry: the cleaning that write
+    sets off, timed (less an adoption's own cost), per entry it removed."""
+    import xpu_zebin
+
+    before = xpu_zebin.stats(cache)
+    os.environ["XPU_ZEBIN_CACHE_MAX_BYTES"] = str(before["bytes"])
+    entry = xpu_zebin._core.cache_slot(spirv.read_bytes(), "pvc", donor).local()
+    slot = xpu_zebin._core.cache_slot(spirv.read_bytes(), "pvc", options)
+    t = time.perf_counter()
+    slot.adopt(entry)
+    took = time.perf_counter() - t
+    after = xpu_zebin.stats(cache)
+    removed = after["counters"]["evictions"] - before["counters"]["evictions"]
+    return {"evicted": removed, "evict": max(took - adopt, 0.0) / max(removed, 1),
+            "entries_before": before["entries"],
+            "evict_held": after["bytes"] <= after["max_bytes"]}  # fmt: skip
 
 
 def _spirvs(out: Path, ocloc: str, tag: str, count: int, start: int) -> None:
@@ -126,39 +161,47 @@ def main() -> int:
     n = max(1, args.ops)
     for level, _ in enumerate(sizes):
         _spirvs(spirv_dir, ocloc, f"w{level}", n + 1, 1000 * (level + 1))
-        _spirvs(spirv_dir, ocloc, f"dw{level}", n, 1000 * (level + 1) + 500)
+        _spirvs(spirv_dir, ocloc, f"dw{level}", n + 1, 1000 * (level + 1) + 500)
     for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
         xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
                           cache_dir=spirv_dir / "donor-cache")  # fmt: skip
-    bound = 1 << 40  # no eviction: what is measured is the cost of size
+    bound = 1 << 40  # no eviction but the one each node sets off at its end
     env = {**os.environ, "XPU_ZEBIN_CACHE_MAX_BYTES": str(bound)}
     rows: Dict[str, Any] = {}
-    have = 0
+    have, made = 0, 0  # entries in the cache (a cleaning removes some); synthesized so far
     for level, size in enumerate(sizes):
         started = time.perf_counter()
-        synthesize(cache, have, size - have)
-        have = size
+        synthesize(cache, made, max(size - have, 0))
+        made += max(size - have, 0)
         filled = time.perf_counter() - started
+        os.sync()  # the fill's writeback is setup: it would slow the node's own writes
         out = subprocess.run([sys.executable, __file__, "--child", str(cache), ocloc,
                               str(spirv_dir), f"w{level}", str(n)], env=env,
                              capture_output=True, text=True)  # fmt: skip
         if out.returncode != 0:
             raise SystemExit(f"node at {size} entries failed:\n{out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
-        rows[str(size)] = {**{k: round(row[k] * 1e3, 3) for k in ("write", "hit", "adopt")},
-                           "rss_mib": row["rss_mib"], "entries": row["stats"]["entries"],
+        rows[str(size)] = {**{k: round(row[k] * 1e3, 4) for k in TIMED},
+                           "evicted": row["evicted"], "lru_kept": row["lru_kept"],
+                           "held": row["evict_held"], "rss_mib": row["rss_mib"],
+                           "entries": row["stats"]["entries"],
                            "fill_s": round(filled, 1)}  # fmt: skip
+        have = row["stats"]["entries"]
         print(f"{size} entries: {rows[str(size)]}", file=sys.stderr)
         final = row["stats"]
     first, last = rows[str(sizes[0])], rows[str(sizes[-1])]
+    # Evictions per entry against the first size that evicts enough to time per entry.
+    base = next((v for v in rows.values() if v["evicted"] >= 1000), last)
     r: Dict[str, Any] = {
         "sizes": sizes,
         "ms": rows,
         **{f"{k}_ratio": round(last[k] / first[k], 2) for k in ("write", "hit", "adopt")},
+        "evict_ratio": round(last["evict"] / base["evict"], 2) if base["evict"] else None,
+        "lru_kept": all(v["lru_kept"] is not False for v in rows.values()),
         "peak_rss_mib": max(v["rss_mib"] for v in rows.values()),
         "size_bytes": final["bytes"],
         "bound_bytes": final["max_bytes"],
-        "held": final["bytes"] <= final["max_bytes"],
+        "held": all(v["held"] for v in rows.values()) and final["bytes"] <= final["max_bytes"],
     }
     record.write(args.output, "scale", r, ocloc)
     subprocess.run(["rm", "-rf", str(work)], check=False)

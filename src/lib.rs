@@ -42,9 +42,9 @@ mod _core {
 
     #[pymodule_export]
     use crate::bindings::bundle::{
-        bundle_checksum, bundle_copy, bundle_key, bundle_lookup, bundle_pack, bundle_read,
-        bundle_sign, bundle_triton_files, bundle_unpack, bundle_usable, bundle_verify,
-        bundle_write, bundles_dir, compiler_identity,
+        bundle_checksum, bundle_copy, bundle_entries_for, bundle_key, bundle_lookup, bundle_pack,
+        bundle_read, bundle_sign, bundle_triton_entries, bundle_unpack, bundle_usable,
+        bundle_verify, bundle_write, bundles_dir, compiler_identity, TritonEntries,
     };
     #[pymodule_export]
     use crate::bindings::level_zero::{

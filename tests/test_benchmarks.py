@@ -81,6 +81,23 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
 
 
+def test_bundle_scale_script_reports_ratios(system_ocloc, tmp_path):
+    """benches/bundle_scale.py at small sizes: a signed bundle imported (Triton's entries
+    too) and looked up, every ratio it promises, the chart drawn."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bundle_scale.py"), "--ocloc", system_ocloc,
+         "--sizes", "40,120", "--lookups", "20", "--json",
+         "--output", str(tmp_path / "out" / "bundle.json")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in ("import_ratio", "import_memory_ratio", "index_ratio", "lookup_ratio"):
+        assert key in report, key
+    assert report["per_entry"]["120"]["import_s"] > 0 and report["per_entry"]["120"]["triton"]
+    assert _drawn(tmp_path / "out", "bundle_scale")["results"] == report
+
+
 def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     """benches/scale.py at small sizes: every key it promises, the bound held, the chart
     drawn; its entries are real ones (the nodes' stats count them all)."""
@@ -92,7 +109,9 @@ def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    for key in ("write_ratio", "hit_ratio", "adopt_ratio", "peak_rss_mib"):
+    for key in ("write_ratio", "hit_ratio", "adopt_ratio", "evict_ratio", "peak_rss_mib"):
         assert report[key] > 0, key
-    assert report["held"] and report["ms"]["300"]["entries"] >= 300
+    # Each node's cleaning held the bound, and removed older entries than its own.
+    assert report["held"] and report["lru_kept"] and report["ms"]["300"]["evicted"] > 0
+    assert report["ms"]["300"]["entries"] >= 270  # a tenth of the bound cleaned
     assert _drawn(tmp_path / "out", "scale")["results"] == report

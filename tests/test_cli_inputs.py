@@ -128,9 +128,8 @@ BUNDLE_SCRIPT = textwrap.dedent(
     files = ["good", "fifo", "dir", "zero", "huge"]
     target = type("T", (), {"id": "t", "any_driver": lambda self: self})()
     importing.targets.local = lambda: target
-    importing.info = lambda b: {"entries": [
-        {"target": "t", "file": f"native/{n}.zebin", "kernel": n, "build_flags": ""}
-        for n in files]}
+    importing._core.bundle_entries_for = lambda b, ids: [
+        (f"native/{n}.zebin", n, "") for n in files]
     asked = []
     xpu_zebin.compile_and_load_many = lambda reqs: asked.extend(reqs) or [
         xpu_zebin.BuildError("not loaded") for _ in reqs]

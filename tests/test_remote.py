@@ -695,7 +695,7 @@ def test_a_farm_never_signs_what_it_did_not_write(keys, spirvs, system_ocloc, tm
     monkeypatch.setenv("XPU_ZEBIN_TRUSTED_KEYS", keys["farm_public"])
     ids = [targets.local().id]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="not signed"):
-        xpu_zebin._core.bundle_triton_files(str(out), ids)
+        xpu_zebin._core.bundle_triton_entries(str(out), ids)
 
 
 def test_a_full_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_path, monkeypatch,

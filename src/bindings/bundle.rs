@@ -91,12 +91,40 @@ pub fn bundle_read<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, Py
     Ok(pythonize::pythonize(py, &manifest)?)
 }
 
-/// Every entry checked: `{"ok": [keys], "bad": [(key, why)]}`.
+/// The bundle's native entries for the target profiles `target_ids` (its manifest
+/// checked), as `(file, kernel, build_flags)`: what this machine may load, without the
+/// rest of a large manifest in Python.
 #[pyfunction]
-pub fn bundle_verify<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, PyAny>> {
-    let report = py
+pub fn bundle_entries_for(
+    py: Python<'_>,
+    dir: PathBuf,
+    target_ids: Vec<String>,
+) -> PyResult<Vec<(String, String, String)>> {
+    let manifest = py
+        .detach(|| bundle::read(&dir))
+        .map_err(|e| to_pyerr(py, e.into()))?;
+    let mine = manifest.entries.into_iter();
+    Ok(mine
+        .filter(|e| target_ids.contains(&e.target_id))
+        .map(|e| (e.file, e.kernel, e.build_flags))
+        .collect())
+}
+
+/// Every entry checked: `{"ok": [keys], "bad": [(key, why)]}` (`ok` empty with
+/// `bad_only`).
+#[pyfunction]
+#[pyo3(signature = (dir, bad_only=false))]
+pub fn bundle_verify<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    bad_only: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut report = py
         .detach(|| bundle::verify(&dir))
         .map_err(|e| to_pyerr(py, e.into()))?;
+    if bad_only {
+        report.ok = Vec::new(); // a large bundle's every key is not needed
+    }
     Ok(pythonize::pythonize(py, &report)?)
 }
 
@@ -155,40 +183,75 @@ pub fn bundle_copy(py: Python<'_>, src: PathBuf, dest: PathBuf) -> PyResult<usiz
 /// A checked Triton entry as Python gets it: the entry dict and its files.
 type CheckedTritonEntry<'py> = (Bound<'py, PyAny>, Vec<(String, Bound<'py, PyBytes>)>);
 
-/// The bundle's Triton cache entries for the target profiles `target_ids`, each with its
-/// files, checked, from one read of the manifest: `[(entry, [(name, bytes)])]`. The first
-/// entry that fails its checks is an error.
+/// The bundle's Triton cache entries for some target profiles, from one read of its
+/// manifest (and its signature checked when keys are trusted), each yielded checked with
+/// its files: one entry's files in memory at a time, whatever the bundle's size. An entry
+/// that fails its checks is an `InvalidArgumentError` when it is reached.
+#[pyclass(module = "xpu_zebin._core")]
+pub struct TritonEntries {
+    dir: PathBuf,
+    natives: bundle::Natives,
+    entries: std::vec::IntoIter<bundle::TritonEntry>,
+    /// The manifest's `triton_key`: the Triton build its entries were made by.
+    #[pyo3(get)]
+    triton_key: Option<String>,
+}
+
+#[pymethods]
+impl TritonEntries {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __len__(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<CheckedTritonEntry<'py>>> {
+        let Some(entry) = self.entries.next() else {
+            return Ok(None);
+        };
+        let (dir, natives) = (&self.dir, &self.natives);
+        let files = py
+            .detach(|| bundle::triton_files(dir, natives, &entry))
+            .map_err(|why| {
+                let e =
+                    crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why);
+                to_pyerr(py, e.into())
+            })?;
+        let files = files
+            .into_iter()
+            .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
+            .collect();
+        Ok(Some((pythonize::pythonize(py, &entry)?, files)))
+    }
+}
+
+/// The bundle's Triton cache entries for the target profiles `target_ids`, to be read
+/// one at a time, each checked (`TritonEntries`).
 #[pyfunction]
-pub fn bundle_triton_files<'py>(
-    py: Python<'py>,
+pub fn bundle_triton_entries(
+    py: Python<'_>,
     dir: PathBuf,
     target_ids: Vec<String>,
-) -> PyResult<Vec<CheckedTritonEntry<'py>>> {
-    let checked = py
+) -> PyResult<TritonEntries> {
+    let (natives, entries, triton_key) = py
         .detach(|| {
-            let manifest = bundle::read(&dir)?;
+            let mut manifest = bundle::read(&dir)?;
             bundle::check_trusted(&dir, &manifest)?;
+            let natives = bundle::Natives::of(&manifest.entries);
             manifest
                 .triton_cache
-                .iter()
-                .filter(|t| target_ids.contains(&t.target_id))
-                .map(|t| Ok((t.clone(), bundle::triton_files(&dir, &manifest.entries, t)?)))
-                .collect::<std::result::Result<Vec<_>, String>>()
-                .map_err(|why| {
-                    crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why)
-                })
+                .retain(|t| target_ids.contains(&t.target_id));
+            crate::error::Result::Ok((natives, manifest.triton_cache, manifest.triton_key))
         })
-        .map_err(|e| to_pyerr(py, e.into()))?;
-    checked
-        .into_iter()
-        .map(|(entry, files)| {
-            let files = files
-                .into_iter()
-                .map(|(name, bytes)| (name, PyBytes::new(py, &bytes)))
-                .collect();
-            Ok((pythonize::pythonize(py, &entry)?, files))
-        })
-        .collect()
+        .map_err(|e: crate::error::BuildError| to_pyerr(py, e.into()))?;
+    Ok(TritonEntries {
+        dir,
+        natives,
+        entries: entries.into_iter(),
+        triton_key,
+    })
 }
 
 /// The blake3 a bundle's manifest records for `data` (hex).

@@ -9,12 +9,37 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// A manifest read once per process and change (device, inode, size, modification and
-/// change times: the last cannot be set back), with its entries by key: a model's loads
-/// read it once, not once per kernel. A manifest that cannot be used is remembered too.
+/// change times: the last cannot be set back) and trusted keys, with its entries by key: a
+/// model's loads read it once, not once per kernel. What lookups need is all it keeps: the
+/// entries and the Triton release, and whether a trusted key signed it (asked as it is
+/// read: that serializes the whole manifest). A manifest that cannot be used is remembered
+/// too.
 struct Indexed {
     stamp: (u64, u64, u64, i64, i64),
+    /// `XPU_ZEBIN_TRUSTED_KEYS` when it was read: another setting reads it again.
+    trusted_keys: Option<std::ffi::OsString>,
     manifest: Result<Manifest>,
-    by_key: std::collections::HashMap<String, usize>,
+    trust: std::result::Result<(), String>,
+    /// Entries by their key's 32 bytes.
+    by_key: std::collections::HashMap<[u8; 32], usize>,
+}
+
+/// A key's 32 bytes, when it is 64 lowercase hex digits (as every key of a manifest is).
+fn key_bytes(key: &str) -> Option<[u8; 32]> {
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    let hex = key.as_bytes();
+    let mut out = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = digit(hex[2 * i])? << 4 | digit(hex[2 * i + 1])?;
+    }
+    Some(out)
 }
 
 type Manifests = BTreeMap<PathBuf, std::sync::Arc<Indexed>>;
@@ -31,24 +56,29 @@ fn read_indexed(dir: &Path) -> Result<std::sync::Arc<Indexed>> {
         meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec(),
         meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
     );
+    let trusted_keys = std::env::var_os(crate::signing::TRUSTED_KEYS_ENV);
     if let Some(known) = crate::sync::lock(&MANIFESTS).get(&dir) {
-        if known.stamp == stamp {
+        if known.stamp == stamp && known.trusted_keys == trusted_keys {
             return Ok(known.clone());
         }
     }
-    let manifest = read(&dir);
-    let by_key = match &manifest {
-        Ok(m) => m
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.key.clone(), i))
-            .collect(),
-        Err(_) => Default::default(),
-    };
+    let mut manifest = read(&dir);
+    let (mut trust, mut by_key) = (Ok(()), std::collections::HashMap::new());
+    if let Ok(m) = &mut manifest {
+        trust = super::check_trusted(&dir, m).map_err(|e| e.message);
+        // Kept for lookups: the entries and the Triton release, nothing else.
+        (m.targets, m.failures, m.triton_cache) = Default::default();
+        m.entries.shrink_to_fit();
+        let keys = m.entries.iter().enumerate();
+        by_key = keys
+            .filter_map(|(i, e)| Some((key_bytes(&e.key)?, i)))
+            .collect();
+    }
     let indexed = std::sync::Arc::new(Indexed {
         stamp,
+        trusted_keys,
         manifest,
+        trust,
         by_key,
     });
     crate::sync::lock(&MANIFESTS).insert(dir, indexed.clone());
@@ -102,8 +132,9 @@ pub fn unusable(dir: &Path, triton: Option<&str>) -> Option<String> {
     }
     match read_indexed(dir) {
         Ok(indexed) => match &indexed.manifest {
-            Ok(manifest) => other_triton(dir, manifest, triton)
-                .or_else(|| super::check_trusted(dir, manifest).err().map(|e| e.message)),
+            Ok(manifest) => {
+                other_triton(dir, manifest, triton).or_else(|| indexed.trust.clone().err())
+            }
             Err(e) => Some(e.message.clone()),
         },
         Err(e) => Some(e.message),
@@ -144,11 +175,12 @@ pub fn lookup(
             skipped.push(why);
             continue;
         }
-        if let Err(e) = super::check_trusted(dir, manifest) {
-            skipped.push(e.message);
+        if let Err(why) = &indexed.trust {
+            skipped.push(why.clone());
             continue;
         }
-        if let Some(entry) = indexed.by_key.get(key).map(|&i| &manifest.entries[i]) {
+        let found = key_bytes(key).and_then(|k| indexed.by_key.get(&k));
+        if let Some(entry) = found.and_then(|&i| manifest.entries.get(i)) {
             if entry.kernel != kernel || entry.target_id != target_id {
                 refused.get_or_insert(format!(
                     "{}: entry {} is for kernel {:?} on target {}, not {kernel:?} here",

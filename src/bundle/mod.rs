@@ -13,12 +13,13 @@ use crate::key::{KeyInputs, Purpose};
 use crate::options::Options;
 use crate::spill::Path as SpillPath;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "xpu-zebin-bundle/1";
 const MANIFEST: &str = "manifest.json";
-const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+/// A million entries' records fit (about 600 bytes each), with their Triton entries'.
+const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 const MAX_ENTRY_BYTES: u64 = 256 << 20;
 
 /// One native binary of the bundle.
@@ -94,12 +95,34 @@ pub struct BundleSignature {
 
 const SIGNED_TAG: &[u8] = b"xpu-zebin/bundle-manifest/v1\0";
 
+/// A manifest's fields but its signature, borrowed, in its order: what a signature
+/// covers, serialized with no copy of the manifest (a bundle's may be a million entries).
+#[derive(Serialize)]
+struct Unsigned<'a> {
+    format: &'a String,
+    package: &'a String,
+    triton: &'a Option<String>,
+    triton_key: &'a Option<String>,
+    targets: &'a BTreeMap<String, serde_json::Value>,
+    entries: &'a Vec<Entry>,
+    failures: &'a Vec<Unbuilt>,
+    triton_cache: &'a Vec<TritonEntry>,
+}
+
 /// What a bundle's signature covers: its manifest without the signature, as serialized.
-fn signed_message(manifest: &Manifest) -> Vec<u8> {
-    let mut unsigned = manifest.clone();
-    unsigned.signature = None;
+fn signed_message(m: &Manifest) -> Vec<u8> {
+    let unsigned = Unsigned {
+        format: &m.format,
+        package: &m.package,
+        triton: &m.triton,
+        triton_key: &m.triton_key,
+        targets: &m.targets,
+        entries: &m.entries,
+        failures: &m.failures,
+        triton_cache: &m.triton_cache,
+    };
     let mut message = SIGNED_TAG.to_vec();
-    message.extend(serde_json::to_vec(&unsigned).unwrap_or_default());
+    let _ = serde_json::to_writer(&mut message, &unsigned); // to memory: cannot fail
     message
 }
 
@@ -157,8 +180,7 @@ pub fn sign(dir: &Path) -> Result<String> {
     })?;
     let _lock = lock_for_writing(dir).map_err(|e| bad(dir, e))?;
     let manifest = signed_by(read(dir)?, Some(&signer));
-    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
-    persist(dir, &dir.join(MANIFEST), &text).map_err(|e| bad(dir, e))?;
+    persist_manifest(dir, &manifest).map_err(|e| bad(dir, e))?;
     Ok(signer.public())
 }
 
@@ -289,6 +311,17 @@ fn persist(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     publish(tmp, path)
 }
 
+/// Write `manifest` to `dir`'s manifest file atomically, serialized as it is written (a
+/// large bundle's text is never held whole beside it).
+fn persist_manifest(dir: &Path, manifest: &Manifest) -> std::io::Result<()> {
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+    serde_json::to_writer_pretty(&mut out, manifest)?;
+    std::io::Write::flush(&mut out)?;
+    drop(out);
+    publish(tmp, &dir.join(MANIFEST))
+}
+
 /// Put a written temp file at `path` (renamed: never half there), readable by all.
 fn publish(tmp: tempfile::NamedTempFile, path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -321,6 +354,35 @@ pub struct Additions {
     pub triton: Vec<(TritonEntry, NamedFiles)>,
 }
 
+/// What the bundle at `dir` holds, to add to (nothing when it has no manifest yet). A
+/// farm signs what it adds to, so what is there must be its own signed work: a manifest
+/// someone seeded would otherwise be laundered under the farm's key.
+fn to_add_to(dir: &Path, signer: Option<&crate::signing::Signer>) -> Result<Manifest> {
+    if !dir.join(MANIFEST).exists() {
+        return Ok(Manifest::default());
+    }
+    let existing = read(dir)?;
+    if let Some(signer) = signer {
+        let own = existing.signature.as_ref().is_some_and(|s| {
+            s.signer == signer.public()
+                && crate::signing::Trusted::parse(&s.signer, "signer")
+                    .is_ok_and(|t| t.verify(&s.signer, &signed_message(&existing), &s.signature))
+        });
+        let empty = existing.entries.is_empty() && existing.triton_cache.is_empty();
+        if !(own || empty) {
+            return Err(bad(
+                dir,
+                format!(
+                    "it holds entries this farm's key ({}) did not sign: add to a new \
+                     bundle, or sign it first (xpu-zebin bundle sign) if you vouch for it",
+                    signer.public()
+                ),
+            ));
+        }
+    }
+    Ok(existing)
+}
+
 /// Write `additions` into the bundle at `dir`, keeping what it already holds for other
 /// keys; `header` gives the format fields and the targets. One writer at a time; the
 /// manifest is replaced atomically, last.
@@ -338,71 +400,65 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
     let native = native_dir(dir)?;
     let _lock = lock_for_writing(dir).map_err(io)?;
     let signer = crate::signing::Signer::from_env()?;
-    let mut manifest = if dir.join(MANIFEST).exists() {
-        let existing = read(dir)?;
-        // A farm signs what it adds to, so what is there must be its own signed work: a
-        // manifest someone seeded would otherwise be laundered under the farm's key.
-        if let Some(signer) = &signer {
-            let own = existing.signature.as_ref().is_some_and(|s| {
-                s.signer == signer.public()
-                    && crate::signing::Trusted::parse(&s.signer, "signer").is_ok_and(|t| {
-                        t.verify(&s.signer, &signed_message(&existing), &s.signature)
-                    })
-            });
-            let empty = existing.entries.is_empty() && existing.triton_cache.is_empty();
-            if !(own || empty) {
-                return Err(bad(
-                    dir,
-                    format!(
-                        "it holds entries this farm's key ({}) did not sign: add to a new \
-                         bundle, or sign it first (xpu-zebin bundle sign) if you vouch for it",
-                        signer.public()
-                    ),
-                ));
-            }
-        }
-        existing
-    } else {
-        Manifest::default()
-    };
+    let mut manifest = to_add_to(dir, signer.as_ref())?;
     manifest.format = FORMAT.to_string();
     manifest.package = header.package;
     manifest.triton = header.triton.or(manifest.triton);
     manifest.triton_key = header.triton_key.or(manifest.triton_key);
     manifest.targets.extend(header.targets);
-    let same = |a: (&String, &String, &String), b: (&String, &String, &String)| a == b;
-    for (mut entry, bytes) in built {
+    // What this write replaces is found by key and by slot in one pass over what the
+    // bundle holds (a per-entry search would grow with the bundle, quadratically).
+    let slot = |k: &str, c: &str, t: &str| (k.to_string(), c.to_string(), t.to_string());
+    let built_keys: HashSet<String> = built.iter().map(|(e, _)| e.key.clone()).collect();
+    let built_slots: HashSet<_> = built
+        .iter()
+        .map(|(e, _)| slot(&e.kernel, &e.config, &e.target_id))
+        .collect();
+    let failed_slots: HashSet<_> = failures
+        .iter()
+        .map(|f| slot(&f.kernel, &f.config, &f.target_id))
+        .collect();
+    manifest.entries.retain(|e| !built_keys.contains(&e.key));
+    manifest.failures.retain(|f| {
+        let s = slot(&f.kernel, &f.config, &f.target_id);
+        !built_slots.contains(&s) && !failed_slots.contains(&s)
+    });
+    for (mut entry, bytes) in last_of_each(built, |(e, _)| e.key.clone()) {
         entry.file = format!("native/{}.zebin", entry.key);
         entry.blake3 = blake3::hash(&bytes).to_hex().to_string();
         entry.size = bytes.len() as u64;
         persist(&native, &dir.join(&entry.file), &bytes).map_err(io)?;
-        let slot = (&entry.kernel, &entry.config, &entry.target_id);
-        manifest.entries.retain(|e| e.key != entry.key);
-        manifest
-            .failures
-            .retain(|f| !same((&f.kernel, &f.config, &f.target_id), slot));
         manifest.entries.push(entry);
     }
-    for f in failures {
-        let slot = (&f.kernel, &f.config, &f.target_id);
-        manifest
-            .failures
-            .retain(|g| !same((&g.kernel, &g.config, &g.target_id), slot));
-        manifest.failures.push(f);
-    }
-    for (mut entry, files) in triton {
+    let by_slot = |f: &Unbuilt| slot(&f.kernel, &f.config, &f.target_id);
+    manifest.failures.extend(last_of_each(failures, by_slot));
+    let written: HashSet<(String, String)> = triton
+        .iter()
+        .map(|(t, _)| (t.target_id.clone(), t.hash.clone()))
+        .collect();
+    manifest
+        .triton_cache
+        .retain(|t| !written.contains(&(t.target_id.clone(), t.hash.clone())));
+    let by_hash = |(t, _): &(TritonEntry, NamedFiles)| (t.target_id.clone(), t.hash.clone());
+    for (mut entry, files) in last_of_each(triton, by_hash) {
         triton::write_entry(dir, &mut entry, &files)?;
-        manifest
-            .triton_cache
-            .retain(|t| (&t.target_id, &t.hash) != (&entry.target_id, &entry.hash));
         manifest.triton_cache.push(entry);
     }
     // A farm with a signing key signs what it writes; a change without one drops the old
     // signature (it would no longer match).
     let manifest = signed_by(manifest, signer.as_ref());
-    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dir, e))?;
-    persist(dir, &dir.join(MANIFEST), &text).map_err(io)?;
+    persist_manifest(dir, &manifest).map_err(io)?;
     Ok(manifest)
+}
+
+/// `items` less any that a later one of the same `id` replaces, in their order.
+fn last_of_each<T, K: std::hash::Hash + Eq>(items: Vec<T>, id: impl Fn(&T) -> K) -> Vec<T> {
+    let last: HashMap<K, usize> = items.iter().enumerate().map(|(i, t)| (id(t), i)).collect();
+    let keep: HashSet<usize> = last.into_values().collect();
+    let kept = items.into_iter().enumerate();
+    kept.filter(|(i, _)| keep.contains(i))
+        .map(|(_, t)| t)
+        .collect()
 }
 
 /// Copy the bundle at `src` into `dest` (a new directory): its manifest and every entry,
@@ -417,13 +473,13 @@ pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
         let bytes = entry_bytes(src, e).map_err(|why| bad(src, why))?;
         persist(&dest.join("native"), &dest.join(&e.file), &bytes).map_err(io)?;
     }
-    let natives = manifest.entries.clone();
-    for t in &mut manifest.triton_cache {
-        let files = triton_files(src, &natives, t).map_err(|why| bad(src, why))?;
-        triton::write_entry(dest, t, &files)?;
+    let natives = Natives::of(&manifest.entries);
+    for mut t in std::mem::take(&mut manifest.triton_cache) {
+        let files = triton_files(src, &natives, &t).map_err(|why| bad(src, why))?;
+        triton::write_entry(dest, &mut t, &files)?;
+        manifest.triton_cache.push(t);
     }
-    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| bad(dest, e))?;
-    persist(dest, &dest.join(MANIFEST), &text).map_err(io)?;
+    persist_manifest(dest, &manifest).map_err(io)?;
     Ok(manifest.entries.len())
 }
 
@@ -447,9 +503,10 @@ pub fn verify(dir: &Path) -> Result<Verified> {
             Err(why) => report.bad.push((e.key.clone(), why)),
         }
     }
+    let natives = Natives::of(&manifest.entries);
     for t in &manifest.triton_cache {
         let name = format!("triton:{}:{}", &t.target_id[..12], t.hash);
-        match triton_files(dir, &manifest.entries, t) {
+        match triton_files(dir, &natives, t) {
             Ok(_) => report.ok.push(name),
             Err(why) => report.bad.push((name, why)),
         }
@@ -463,4 +520,4 @@ mod triton;
 
 pub use archive::{pack, unpack};
 pub use lookup::{lookup, unusable, Found, Lookup};
-pub use triton::{triton_files, TritonEntry, TritonFile};
+pub use triton::{triton_files, Natives, TritonEntry, TritonFile};

@@ -10,6 +10,7 @@
 use super::{bad, is_key, persist, read_file, Entry, MAX_ENTRY_BYTES};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// One Triton cache entry of the bundle.
@@ -103,12 +104,42 @@ pub(super) fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<
     Ok(here)
 }
 
+/// A bundle's native entries by checksum, what a Triton entry's native binary is matched
+/// against: looked up once per Triton entry, not searched for among every entry (that
+/// would grow with the bundle, for each of its Triton entries). Owned, so that it can
+/// outlive the manifest it was made from (a stream of checked entries keeps it).
+#[derive(Default)]
+pub struct Natives(HashMap<String, Vec<Native>>);
+
+/// What a Triton entry's binary is matched against, of a native entry.
+struct Native {
+    key: String,
+    kernel: String,
+    config: String,
+    target_id: String,
+}
+
+impl Natives {
+    pub fn of(entries: &[Entry]) -> Natives {
+        let mut by_sum: HashMap<String, Vec<Native>> = HashMap::new();
+        for e in entries {
+            by_sum.entry(e.blake3.clone()).or_default().push(Native {
+                key: e.key.clone(),
+                kernel: e.kernel.clone(),
+                config: e.config.clone(),
+                target_id: e.target_id.clone(),
+            });
+        }
+        Natives(by_sum)
+    }
+}
+
 /// The files of a Triton entry, if each is what the manifest says (size and checksum)
 /// and its binary is SPIR-V, or native code the bundle holds as a checked entry for the
 /// same kernel and target (`natives`: the manifest's entries).
 pub fn triton_files(
     dir: &Path,
-    natives: &[Entry],
+    natives: &Natives,
     entry: &TritonEntry,
 ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
     let here = entry_dir(dir, entry)?;
@@ -151,7 +182,7 @@ pub fn triton_files(
 /// SPIR-V, or one of the bundle's native entries (`natives`) for the same kernel and
 /// target that holds the kernel (`holds_kernel`, asked last: it reads the binary).
 pub(super) fn binary_allowed(
-    natives: &[Entry],
+    natives: &Natives,
     entry: &TritonEntry,
     head: &[u8],
     sum: &str,
@@ -159,18 +190,15 @@ pub(super) fn binary_allowed(
 ) -> bool {
     head.starts_with(SPIRV_MAGIC)
         || (head.starts_with(ELF_MAGIC)
-            && natives.iter().any(|e| {
-                e.kernel == entry.kernel
-                    && e.target_id == entry.target_id
-                    && e.blake3 == sum
-                    && own_build(e, entry)
+            && natives.0.get(sum).into_iter().flatten().any(|e| {
+                e.kernel == entry.kernel && e.target_id == entry.target_id && own_build(e, entry)
             })
             && holds_kernel())
 }
 
 /// Is `native` the build of `entry`'s own config: the entry's `native_key`, or (bundles
 /// written before it) the `make_zebin` build of the same config?
-fn own_build(native: &Entry, entry: &TritonEntry) -> bool {
+fn own_build(native: &Native, entry: &TritonEntry) -> bool {
     if entry.native_key.is_empty() {
         native.config == format!("{} (make_zebin)", entry.config)
     } else {

@@ -159,3 +159,36 @@ fn temp_files_of_dead_writers_are_removed_live_ones_kept() {
     assert!(!abandoned.exists(), "a dead writer's temp file stays");
     assert!(writing.exists(), "a live writer's temp file was removed");
 }
+
+/// Over its bound, the cache loses its least recently used entries first, whichever shard
+/// they are in (a small cache too: no shard is emptied for being over a 16th), down to
+/// nine tenths of the bound; an entry just used stays.
+#[test]
+fn the_least_recently_used_go_first_across_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    let names: Vec<String> = (0..10).map(|i| format!("lru{i}")).collect();
+    let start = SystemTime::now() - Duration::from_secs(1000);
+    for (i, name) in names.iter().enumerate() {
+        assert!(cache
+            .put(name, &"m".to_string(), &[i as u8; 1000])
+            .is_none());
+        let used = start + Duration::from_secs(i as u64 * 10);
+        let file = std::fs::File::options().write(true).open(cache.path(name));
+        file.unwrap().set_modified(used).unwrap();
+    }
+    let (_, bytes) = on_disk(&cache);
+    let each = bytes / 10;
+    assert!(matches!(cache.get::<String>("lru0"), Lookup::Hit(..))); // now the newest
+                                                                     // Bounded at ten entries: the eleventh sets off a cleaning down to nine tenths.
+    let cache = cache.with_max_bytes(bytes + each / 2);
+    let note = cache.put("lru10", &"m".to_string(), &[10u8; 1000]);
+    assert!(note.is_some_and(|n| n.contains("evicted 2 ")));
+    let kept: Vec<bool> = (0..=10)
+        .map(|i| cache.path(&format!("lru{i}")).exists())
+        .collect();
+    let mut want = vec![true; 11];
+    want[1..3].fill(false);
+    assert_eq!(kept, want);
+    assert_eq!(cache.usage(), on_disk(&cache));
+}

@@ -1,7 +1,8 @@
 //! Keeping a cache directory within its bound, at any size: no write lists the directory.
-//! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, every
-//! shard over its share of nine tenths of the bound is cleaned down to it, least recently
-//! used entries first (as ccache cleans its subdirectories). Upkeep runs under an advisory lock taken without waiting: a
+//! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, the
+//! least recently used entries of the whole cache are removed until it holds nine tenths
+//! of it, so a cleaning comes once per tenth of the bound written, and its cost per entry
+//! removed does not grow with the cache. Upkeep runs under an advisory lock taken without waiting: a
 //! process that finds it taken leaves the work to the one holding it, and a holder that
 //! dies lets go with its file. Entries of the last layout (`zebin-v1`, one flat
 //! directory) are moved into their shards, never lost.
@@ -159,22 +160,43 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
     ))
 }
 
-/// Remove least recently used entries until the cache holds at most nine tenths of
-/// `max_bytes`: every shard over its share of that (a 16th) is cleaned down to it, its
-/// oldest entries first, so what was used last stays, whichever shard it is in. The
-/// number removed.
+/// Remove the least recently used entries of the whole cache until it holds at most nine
+/// tenths of `max_bytes` (the oldest go first, whichever shard they are in). Two passes
+/// over the shards, so that memory stays at 16 bytes an entry: the first recounts each
+/// shard and keeps every entry's last use and size, to find the last use before which
+/// entries go; the second lists each shard again and removes those (an entry used
+/// meanwhile is newer, and stays). The number removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
-    let share = (max_bytes - max_bytes / 10) / SHARDS as u64;
-    let mut removed = 0;
+    let target = max_bytes - max_bytes / 10;
+    let mut uses: Vec<(u64, u64)> = Vec::new();
     for shard in 0..SHARDS {
-        if ledger.shard_bytes(shard) <= share {
-            continue;
+        uses.extend(
+            recount(dir, ledger, shard)
+                .iter()
+                .map(|f| (nanos(f.0), f.1)),
+        );
+    }
+    let total = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
+    if total <= target {
+        return 0;
+    }
+    uses.sort_unstable();
+    let (mut left, mut cutoff) = (total, 0);
+    for &(used, len) in &uses {
+        if left <= target {
+            break;
         }
-        let mut found = recount(dir, ledger, shard); // its true size first
-        let mut bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
+        (left, cutoff) = (left.saturating_sub(len), used);
+    }
+    drop(uses);
+    let mut removed = 0;
+    let mut bytes = total;
+    for shard in 0..SHARDS {
+        let mut found = list(&dir.join(shard_name(shard)));
+        found.retain(|f| nanos(f.0) <= cutoff);
         found.sort();
         for (_, len, path) in found {
-            if bytes <= share {
+            if bytes <= target {
                 break;
             }
             if std::fs::remove_file(&path).is_ok() {
@@ -186,6 +208,12 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
     }
     ledger.count(Counter::Evictions, removed);
     removed
+}
+
+/// A last use as nanoseconds since 1970 (0 before it).
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 pub fn recount_all(dir: &Path, ledger: &Ledger) {

@@ -18,7 +18,7 @@ from xpu_zebin import _core
 from .. import targets
 from .._files import read_regular
 from ..errors import BuildError, InvalidArgumentError
-from .format import MAX_ENTRY_BYTES, MAX_MANIFEST_BYTES, PathLike, as_directory, info, verify
+from .format import MAX_ENTRY_BYTES, MAX_MANIFEST_BYTES, PathLike, as_directory
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
@@ -35,7 +35,7 @@ def import_checked(
     before anything is written; returns where the bundle is and the checksums of the
     entries that loaded here (``try_here``)."""
     with as_directory(bundle) as src:
-        report = verify(src)
+        report = _core.bundle_verify(os.fspath(src), True)
         if report["bad"]:
             key, why = report["bad"][0]
             raise InvalidArgumentError(f"{bundle}: entry {key[:20]} is bad ({why}); not imported")
@@ -163,34 +163,49 @@ def _replaceable(moved: Path, dest: Path) -> None:
         raise InvalidArgumentError(f"{dest} exists and is not an installed bundle: not replaced")
 
 
+#: Entries tried at once: the binaries read and the modules loaded are this many at most,
+#: whatever the bundle's size.
+TRY_AT_ONCE = 64
+
+
 def try_local_entries(bundle: Path) -> set:
     """Load the entries built for this machine's device (for its driver or for any) in
-    workers now, all at once, so each is remembered as safe here and later loads skip the
-    trial (and refuse nothing). Returns the checksums of the bytes that loaded."""
+    workers now, :data:`TRY_AT_ONCE` at a time, so each is remembered as safe here and
+    later loads skip the trial (and refuse nothing). Returns the checksums of the bytes
+    that loaded."""
 
     try:
         profile = targets.local()
     except BuildError as e:
         logger.info("%s: entries not tried here (%s)", bundle, e)
         return set()
-    manifest = info(bundle)
     ids = (profile.id, profile.any_driver().id)
-    mine, binaries = [], []
-    for e in (e for e in manifest["entries"] if e["target"] in ids):
+    mine = _core.bundle_entries_for(os.fspath(bundle), list(ids))
+    loaded: set = set()
+    for start in range(0, len(mine), TRY_AT_ONCE):
+        _try_entries(bundle, mine[start : start + TRY_AT_ONCE], loaded)
+    return loaded
+
+
+def _try_entries(bundle: Path, entries: list, loaded: set) -> None:
+    """Try ``entries`` (file, kernel, build flags) here in workers; the checksums of those
+    that loaded go to ``loaded``."""
+    tried, binaries = [], []
+    for file, kernel, flags in entries:
         try:  # the installed copy's own files: a FIFO or link swapped in is refused
-            binaries.append(read_regular(bundle / e["file"], MAX_ENTRY_BYTES, follow_links=False))
-            mine.append(e)
+            binaries.append(read_regular(bundle / file, MAX_ENTRY_BYTES, follow_links=False))
+            tried.append((kernel, flags))
         except OSError as why:
-            logger.warning("%s: %s not tried here: %s", bundle, e["kernel"], why.strerror or why)
+            logger.warning("%s: %s not tried here: %s", bundle, kernel, why.strerror or why)
     requests = [
-        {"binary": b, "kernel_name": e["kernel"], "is_spv": False, "build_flags": e["build_flags"]}
-        for e, b in zip(mine, binaries)
+        {"binary": b, "kernel_name": kernel, "is_spv": False, "build_flags": flags}
+        for (kernel, flags), b in zip(tried, binaries)
     ]
-    loaded = set()
-    for entry, binary, result in zip(mine, binaries, xpu_zebin.compile_and_load_many(requests)):
+    for (kernel, _), binary, result in zip(
+        tried, binaries, xpu_zebin.compile_and_load_many(requests)
+    ):
         if isinstance(result, BuildError):
-            logger.warning("%s: %s does not load here: %s", bundle, entry["kernel"], result)
+            logger.warning("%s: %s does not load here: %s", bundle, kernel, result)
         else:
             result.close()
             loaded.add(_core.bundle_checksum(binary))
-    return loaded

@@ -7,6 +7,7 @@ those kernels compiled: :func:`import_bundle` is the bundle's import and this.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -19,7 +20,7 @@ from xpu_zebin import _core
 
 from .. import targets
 from .._files import read_regular
-from ..bundle.format import PathLike, as_directory, info, triton_version
+from ..bundle.format import PathLike, as_directory, triton_version
 from ..bundle.importing import import_checked, try_local_entries
 from ..errors import BuildError, InvalidArgumentError
 from ..targets import TargetProfile
@@ -178,64 +179,82 @@ def import_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = No
     checksums, a binary that is SPIR-V or one of the bundle's checked native entries for
     that kernel and target, metadata for its own key and kernel. Returns how many."""
     with as_directory(bundle) as d:
-        checked = checked_entries(d, target)
-        if target is None and any(t["native"] for t, _ in checked):
-            # Triton loads a native entry with no trial of its own: as import_bundle, only
-            # the exact bytes that loaded here in a worker go into its cache.
-            loaded = try_local_entries(d)
-            kept = [(t, f) for t, f in checked if not t["native"] or holds(f, loaded)]
-            if len(kept) < len(checked):
-                logger.warning("%s: %d native Triton entries do not load here: not imported",
-                               bundle, len(checked) - len(kept))  # fmt: skip
-            checked = kept
-    put_entries(bundle, checked)
-    return len(checked)
+        chosen = checked_entries(d, target)
+        if chosen is None:
+            return 0
+        # Triton loads a native entry with no trial of its own: as import_bundle, only the
+        # exact bytes that loaded here in a worker go into its cache.
+        loaded = try_local_entries(d) if target is None and chosen.natives else None
+        return put_entries(d, chosen, loaded)
 
 
-def put_entries(bundle: PathLike, checked: List[Tuple[Dict[str, Any], Dict[str, bytes]]]) -> None:
-    for t, files in checked:
+@dataclasses.dataclass
+class Chosen:
+    """The Triton entries of a bundle to put into Triton's cache, every one checked: by
+    Triton key, the target of the one chosen (this exact driver's over any driver's)."""
+
+    ids: List[str]
+    target_by_hash: Dict[str, str]
+    natives: bool
+
+
+def put_entries(bundle: PathLike, chosen: Chosen, loaded: Optional[set] = None) -> int:
+    """Put the ``chosen`` Triton entries of ``bundle`` into Triton's cache, read (and
+    checked) again one at a time; with ``loaded``, a native one only when its bytes are
+    among those that loaded here. Returns how many."""
+    put_count, unloaded = 0, 0
+    for t, files in _core.bundle_triton_entries(os.fspath(bundle), chosen.ids):
+        if chosen.target_by_hash.get(t["hash"]) != t["target"]:
+            continue
+        named = dict(files)
+        if loaded is not None and t["native"] and not holds(named, loaded):
+            unloaded += 1
+            continue
         try:
-            put(t, files)
+            put(t, named)
         except OSError as e:
             raise InvalidArgumentError(
                 f"cannot put {t['hash'][:12]} into Triton's cache: {e}"
             ) from None
-    if checked:
-        logger.info("%s: %d Triton cache entries imported", bundle, len(checked))
+        put_count += 1
+    if unloaded:
+        logger.warning("%s: %d native Triton entries do not load here: not imported", bundle,
+                       unloaded)  # fmt: skip
+    if put_count:
+        logger.info("%s: %d Triton cache entries imported", bundle, put_count)
+    return put_count
 
 
-def checked_entries(
-    bundle: Path, target: Optional[TargetProfile]
-) -> List[Tuple[Dict[str, Any], Dict[str, bytes]]]:
-    """The bundle's Triton entries for ``target`` (default: this device), each checked,
-    with their files; none when Triton is absent or another build of it made them."""
-    manifest = info(bundle)
+def checked_entries(bundle: Path, target: Optional[TargetProfile]) -> Optional[Chosen]:
+    """Check every Triton entry of ``bundle`` for ``target`` (default: this device), one
+    at a time (their files are not kept: a bundle may hold a hundred thousand), and choose
+    which to put; None when there is none, Triton is absent or another build made them."""
     if target is None:
         try:
             target = targets.local()
         except BuildError as e:
             logger.info("%s: Triton entries not imported: %s", bundle, e)
-            return []
+            return None
     ids = [target.id, target.any_driver().id]
-    mine = [t for t in manifest.get("triton_cache", []) if t["target"] in ids]
-    here = key_digest() if mine else None
-    if not mine or here is None:
-        if mine:
+    entries = _core.bundle_triton_entries(os.fspath(bundle), ids)
+    here = key_digest() if len(entries) else None
+    if not len(entries) or here is None:
+        if len(entries):
             logger.info("%s: Triton is not installed here: its Triton entries are not", bundle)
-        return []
-    if manifest.get("triton_key") != here:
+        return None
+    if entries.triton_key != here:
         logger.warning("%s: its Triton cache entries were made by another Triton build than "
                        "this one (%s): they would never be found; not imported", bundle,
                        triton_version())  # fmt: skip
-        return []
-    by_hash: Dict[str, Tuple[Dict[str, Any], Dict[str, bytes]]] = {}
-    for t, files in _core.bundle_triton_files(os.fspath(bundle), ids):
-        files = dict(files)
-        check_metadata(t, files)
+        return None
+    chosen = Chosen(ids, {}, False)
+    for t, files in entries:
+        check_metadata(t, dict(files))
         # One entry per Triton key: the one for this exact driver over one for any driver.
-        if by_hash.get(t["hash"], ({"target": ""},))[0]["target"] != target.id:
-            by_hash[t["hash"]] = (t, files)
-    return list(by_hash.values())
+        if chosen.target_by_hash.get(t["hash"]) != target.id:
+            chosen.target_by_hash[t["hash"]] = t["target"]
+        chosen.natives = chosen.natives or bool(t["native"])
+    return chosen
 
 
 def holds(files: Dict[str, bytes], binaries: set) -> bool:
@@ -262,12 +281,12 @@ def import_bundle(
     cache through Triton's cache manager, every one checked before anything is written.
     Triton loads a native entry with no trial of its own: only the exact bytes that
     loaded here in a worker go into its cache. Returns where the bundle is."""
-    checked: List[Tuple[Dict[str, Any], Dict[str, bytes]]] = []
+    chosen: List[Optional[Chosen]] = []
     dest, loaded = import_checked(
         bundle, into, replace=replace, try_here=target is None,
-        before=(lambda src: checked.extend(checked_entries(src, target))) if triton else None,
+        before=(lambda src: chosen.append(checked_entries(src, target))) if triton else None,
     )  # fmt: skip
-    if target is None:
-        checked = [(t, f) for t, f in checked if not t["native"] or holds(f, loaded)]
-    put_entries(dest, checked)
+    if chosen and chosen[0] is not None:
+        # Read again from the installed copy (every entry was checked in the source).
+        put_entries(dest, chosen[0], loaded if target is None else None)
     return dest

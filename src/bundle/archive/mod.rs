@@ -27,8 +27,9 @@ pub use pack::pack;
 pub use unpack::unpack;
 
 /// The most members (headers of any kind: files, directories, name records) an archive
-/// may have: room for tens of thousands of kernels, and a bound on a hostile one's work.
-const MAX_MEMBERS: u64 = 1 << 16;
+/// may have: room for a million kernels with their Triton entries, and a bound on a
+/// hostile one's work.
+const MAX_MEMBERS: u64 = 1 << 22;
 
 /// The most bytes an archive's files may unpack to, all together (disk, not memory).
 const MAX_TOTAL_BYTES: u64 = 16 << 30;

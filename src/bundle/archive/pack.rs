@@ -4,7 +4,9 @@
 use super::layout::{header, triton_path};
 use super::{MAX_MEMBERS, MAX_TOTAL_BYTES};
 use crate::bundle::MAX_ENTRY_BYTES;
-use crate::bundle::{bad, native_dir, publish, read, triton, Manifest, TritonEntry, MANIFEST};
+use crate::bundle::{
+    bad, native_dir, publish, read, triton, Manifest, Natives, TritonEntry, MANIFEST,
+};
 use crate::error::{BuildError, ErrorKind, Result};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, Write};
@@ -117,8 +119,9 @@ pub fn pack(dir: &Path, out: &Path) -> Result<usize> {
     let mut tar = tar::Builder::new(BufWriter::new(tmp.as_file_mut()));
     tar.append_data(&mut header(text.len() as u64), MANIFEST, text.as_slice())
         .map_err(|e| cannot_write(out, e))?;
+    let natives = Natives::of(&manifest.entries);
     for m in &members {
-        append_member(&mut tar, m, &manifest, dir, out)?;
+        append_member(&mut tar, m, &natives, dir, out)?;
     }
     tar.into_inner()
         .and_then(|mut w| w.flush())
@@ -153,7 +156,7 @@ impl<R: Read> Read for Hashing<R> {
 fn append_member(
     tar: &mut tar::Builder<impl Write>,
     m: &Member,
-    manifest: &Manifest,
+    natives: &Natives,
     dir: &Path,
     out: &Path,
 ) -> Result<()> {
@@ -168,7 +171,7 @@ fn append_member(
         );
         return Err(bad(dir, why));
     }
-    check(&mut file, m, manifest).map_err(|why| bad(dir, why))?;
+    check(&mut file, m, natives).map_err(|why| bad(dir, why))?;
     file.rewind().map_err(|e| unreadable(&e))?;
     let mut reader = Hashing {
         inner: BufReader::with_capacity(1 << 16, file).take(m.size),
@@ -189,7 +192,7 @@ fn append_member(
 }
 
 /// The checks of `m` beyond size and checksum, reading only what they need of `file`.
-fn check(file: &mut File, m: &Member, manifest: &Manifest) -> std::result::Result<(), String> {
+fn check(file: &mut File, m: &Member, natives: &Natives) -> std::result::Result<(), String> {
     let holds_kernel = |file: &mut File, kernel: &str| {
         crate::zebin::parse_reader(BufReader::new(file))
             .and_then(|info| info.kernel_spill(kernel))
@@ -206,7 +209,7 @@ fn check(file: &mut File, m: &Member, manifest: &Manifest) -> std::result::Resul
                 .and_then(|_| file.rewind());
             read.map_err(|e| format!("{} cannot be read: {e}", m.path))?;
             let zebin = || holds_kernel(file, &entry.kernel).is_ok();
-            match triton::binary_allowed(&manifest.entries, entry, &head, m.blake3, zebin) {
+            match triton::binary_allowed(natives, entry, &head, m.blake3, zebin) {
                 true => Ok(()),
                 false => Err(triton::not_allowed(&m.path, entry)),
             }

@@ -351,15 +351,20 @@ fn members_and_bytes_are_bounded() {
     dir_header.set_size(0);
     dir_header.set_mode(0o755);
     dir_header.set_cksum();
-    for _ in 0..MAX_MEMBERS {
+    // A flood of headers past the bound (lowered here: the real one is millions).
+    let few = Limits {
+        members: 1 << 12,
+        ..LIMITS
+    };
+    for _ in 0..few.members {
         bytes.extend_from_slice(dir_header.as_bytes());
     }
     bytes.resize(bytes.len() + 1024, 0);
     let flood = dir.path().join("flood.tar");
     std::fs::write(&flood, &bytes).unwrap();
-    let err = unpack(&flood, &dir.path().join("f")).unwrap_err();
+    let err = unpack_with_limits(&flood, &dir.path().join("f"), few).unwrap_err();
     assert!(
-        err.message.contains("more than 65536 members"),
+        err.message.contains("more than 4096 members"),
         "{}",
         err.message
     );
@@ -466,4 +471,35 @@ proptest! {
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         prop_assert!(names.len() <= 2, "{names:?}");
     }
+}
+
+/// A signature covers the manifest as serialized less its signature: the borrowed view
+/// (no copy of a large manifest) writes the very bytes the whole manifest would, so the
+/// signatures of bundles signed before it still verify.
+#[test]
+fn the_signed_message_is_the_manifest_less_its_signature() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = bundle_of(dir.path(), 3, 4096);
+    manifest.format = super::super::FORMAT.to_string();
+    manifest.triton = Some("3.3.0".to_string());
+    manifest.triton_key = Some("d".repeat(64));
+    manifest
+        .targets
+        .insert("c".repeat(64), serde_json::json!({"arch": {"x": 1}}));
+    manifest.failures.push(super::super::Unbuilt {
+        kernel: "k".to_string(),
+        config: "c".to_string(),
+        target_id: "c".repeat(64),
+        kind: "scratch_overflow".to_string(),
+        message: "m".to_string(),
+    });
+    manifest.signature = Some(super::super::BundleSignature {
+        signer: "farm:00".to_string(),
+        signature: "11".to_string(),
+    });
+    let mut unsigned = manifest.clone();
+    unsigned.signature = None;
+    let mut whole = super::super::SIGNED_TAG.to_vec();
+    whole.extend(serde_json::to_vec(&unsigned).unwrap());
+    assert_eq!(super::super::signed_message(&manifest), whole);
 }
