@@ -3,6 +3,7 @@ No timing is asserted here: the numbers belong to the benchmark, not to a test."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -94,7 +95,11 @@ def test_bundle_scale_script_reports_ratios(system_ocloc, tmp_path):
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for key in ("import_ratio", "import_memory_ratio", "index_ratio", "lookup_ratio"):
         assert key in report, key
-    assert report["per_entry"]["120"]["import_s"] > 0 and report["per_entry"]["120"]["triton"]
+    # Triton's entries are imported too where Triton is installed (a test dependency on
+    # x86-64 Linux with CPython 3.11).
+    triton = importlib.util.find_spec("triton") is not None
+    assert report["per_entry"]["120"]["import_s"] > 0
+    assert report["per_entry"]["120"]["triton"] == triton
     assert _drawn(tmp_path / "out", "bundle_scale")["results"] == report
 
 

@@ -719,3 +719,37 @@ def test_a_full_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_pa
         assert "OutOfMemoryError" in caplog.text and server.client().keys(remote.PREFIX + "*") == []
     finally:
         server.stop()
+
+
+def test_a_survey_reads_a_page_at_once_and_says_each_bad_key(server, keys, spirvs,
+                                                             system_ocloc, tmp_path,
+                                                             monkeypatch):  # fmt: skip
+    """`remote verify` reads each SCAN page's values in one round; a page holding a key of
+    another type, an empty value or one over the bound is read key by key, and each bad
+    key is said with its reason; `purge` removes those it can compare."""
+    _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
+    client = server.client()
+    (good,) = client.keys(remote.PREFIX + "*")
+    client.rpush(remote.PREFIX + "a-list", b"x")
+    client.set(remote.PREFIX + "empty", b"")
+    client.set(remote.PREFIX + "huge", b"x" * (4 << 20))
+    assert client.strlen(good) < 1 << 20
+    env = {remote.REMOTE_ENV: server.url(), "XPU_ZEBIN_TRUSTED_KEYS": keys["farm_public"],
+           remote.MAX_BYTES_ENV: str(1 << 20)}  # fmt: skip
+    stats = json.loads(_cli("remote", "stats", "--json", env=env).stdout)
+    assert stats["entries"] == 4
+    out = _cli("remote", "verify", "--json", env=env)
+    why = {b["key"]: b["why"] for b in json.loads(out.stdout)["bad"]}
+    assert out.returncode == 1 and why == {
+        remote.PREFIX + "a-list": "not a string value",
+        remote.PREFIX + "empty": "malformed (an empty value)",
+        remote.PREFIX + "huge": "larger than the bound",
+    }, why
+    # Under the default bound the huge value is read with the others, and is no entry.
+    del env[remote.MAX_BYTES_ENV]
+    out = _cli("remote", "verify", "--json", env=env)
+    assert remote.PREFIX + "huge" in {b["key"] for b in json.loads(out.stdout)["bad"]}
+    # The list and the huge value go; an empty value cannot be compared, and stays.
+    purged = json.loads(_cli("remote", "purge", "--json", env=env).stdout)
+    assert purged["purged"] == 2
+    assert sorted(client.keys()) == sorted([good, (remote.PREFIX + "empty").encode()])

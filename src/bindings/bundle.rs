@@ -50,7 +50,9 @@ pub fn bundle_write<'py>(
     failures: Bound<'py, PyAny>,
     triton: Vec<TritonAddition<'py>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut h: Manifest = pythonize::depythonize(&header).map_err(value_error)?;
+    // Through JSON text: a manifest is read as a file is (its targets as text first).
+    let h: serde_json::Value = pythonize::depythonize(&header).map_err(value_error)?;
+    let mut h: Manifest = serde_json::from_str(&h.to_string()).map_err(value_error)?;
     h.format = bundle::FORMAT.to_string();
     let built = built
         .into_iter()
@@ -239,10 +241,11 @@ pub fn bundle_triton_entries(
         .detach(|| {
             let mut manifest = bundle::read(&dir)?;
             bundle::check_trusted(&dir, &manifest)?;
+            // A Triton entry's native binary is one of its own target's entries.
+            let asked = |target: &String| target_ids.contains(target);
+            manifest.entries.retain(|e| asked(&e.target_id));
+            manifest.triton_cache.retain(|t| asked(&t.target_id));
             let natives = bundle::Natives::of(&manifest.entries);
-            manifest
-                .triton_cache
-                .retain(|t| target_ids.contains(&t.target_id));
             crate::error::Result::Ok((natives, manifest.triton_cache, manifest.triton_key))
         })
         .map_err(|e: crate::error::BuildError| to_pyerr(py, e.into()))?;

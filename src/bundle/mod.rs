@@ -18,8 +18,13 @@ use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "xpu-zebin-bundle/1";
 const MANIFEST: &str = "manifest.json";
-/// A million entries' records fit (about 600 bytes each), with their Triton entries'.
-const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+/// Room for some 200,000 native entries with a Triton entry each (about 1.4 KB the pair,
+/// as written); parsed, the records take about as much again.
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+/// Target profiles are a few small objects; read as text first, so that a manifest's
+/// size is never multiplied by JSON values built from it.
+const MAX_TARGETS: usize = 1024;
+const MAX_TARGETS_BYTES: usize = 4 << 20;
 const MAX_ENTRY_BYTES: u64 = 256 << 20;
 
 /// One native binary of the bundle.
@@ -71,7 +76,7 @@ pub struct Manifest {
     #[serde(default)]
     pub triton_key: Option<String>,
     /// Target profiles by id, as their JSON.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded_targets")]
     pub targets: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
     pub entries: Vec<Entry>,
@@ -84,6 +89,27 @@ pub struct Manifest {
     /// file's checksum listed, it covers every byte of the bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<BundleSignature>,
+}
+
+/// A manifest's targets, read as text and bounded before any is made a JSON value.
+fn bounded_targets<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, serde_json::Value>, D::Error> {
+    use serde::de::Error;
+    let raw: BTreeMap<String, Box<serde_json::value::RawValue>> = BTreeMap::deserialize(d)?;
+    let text = raw
+        .values()
+        .fold(0usize, |n, r| n.saturating_add(r.get().len()));
+    if raw.len() > MAX_TARGETS || text > MAX_TARGETS_BYTES {
+        return Err(D::Error::custom(format!(
+            "{} targets of {text} bytes: more than a manifest may hold ({MAX_TARGETS}, \
+             {MAX_TARGETS_BYTES} bytes)",
+            raw.len()
+        )));
+    }
+    raw.into_iter()
+        .map(|(id, r)| Ok((id, serde_json::from_str(r.get()).map_err(D::Error::custom)?)))
+        .collect()
 }
 
 /// Who signed a bundle's manifest, and the signature (hex).

@@ -192,3 +192,34 @@ fn the_least_recently_used_go_first_across_shards() {
     assert_eq!(kept, want);
     assert_eq!(cache.usage(), on_disk(&cache));
 }
+
+/// Entries last used at the same time (time stamps are coarse; a cache restored by tar
+/// has whole seconds) go only as far as needed, and only after every older entry, in
+/// whichever shard each is.
+#[test]
+fn ties_at_the_cutoff_go_after_every_older_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    let now = SystemTime::now();
+    // Shard 0 holds ten entries used now, shard f ten used 100 s before.
+    for (name, used) in (0..10)
+        .map(|i| (format!("0tie{i}"), now))
+        .chain((0..10).map(|i| (format!("fold{i}"), now - Duration::from_secs(100))))
+    {
+        assert!(cache.put(&name, &"m".to_string(), &[7u8; 1000]).is_none());
+        let file = std::fs::File::options().write(true).open(cache.path(&name));
+        file.unwrap().set_modified(used).unwrap();
+    }
+    let (_, bytes) = on_disk(&cache);
+    let each = bytes / 20;
+    let ledger = cache.ledger().unwrap();
+    // Nine tenths of ten and a half entries: eleven go.
+    assert_eq!(upkeep::clean(cache.dir(), &ledger, each * 21 / 2), 11);
+    let kept = |prefix: &str| {
+        (0..10)
+            .filter(|i| cache.path(&format!("{prefix}{i}")).exists())
+            .count()
+    };
+    assert_eq!((kept("fold"), kept("0tie")), (0, 9));
+    assert_eq!(cache.usage(), on_disk(&cache));
+}

@@ -27,23 +27,35 @@ pub fn shard_of(key: &str) -> usize {
     }
 }
 
-/// One thread of this process at a time does upkeep (a POSIX lock is the process's: two
-/// threads would both hold it).
-static UPKEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The directories this process is keeping up now: one thread at a time each (a POSIX
+/// lock is the process's, so two threads would both hold it).
+static KEPT_UP: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-/// Held while doing upkeep: this process's turn, and the directory's lock.
+/// This thread's turn at a directory's upkeep, given back when dropped.
+struct Turn(PathBuf);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        crate::sync::lock(&KEPT_UP).retain(|d| *d != self.0);
+    }
+}
+
+/// Held while doing upkeep: this thread's turn, and the directory's lock.
 pub struct Held {
     _file: File,
-    _turn: std::sync::MutexGuard<'static, ()>,
+    _turn: Turn,
 }
 
 /// The upkeep lock of `dir`, when no other process or thread holds it. A lock file that
 /// is not this user's regular file (planted by a group member) is replaced.
 pub fn try_lock(dir: &Path) -> Option<Held> {
-    let turn = match UPKEEP.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return None,
+    let turn = {
+        let mut kept_up = crate::sync::lock(&KEPT_UP);
+        if kept_up.iter().any(|d| d == dir) {
+            return None;
+        }
+        kept_up.push(dir.to_path_buf());
+        Turn(dir.to_path_buf())
     };
     let path = dir.join("upkeep.lock");
     let open = || {
@@ -161,14 +173,16 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
 }
 
 /// Remove the least recently used entries of the whole cache until it holds at most nine
-/// tenths of `max_bytes` (the oldest go first, whichever shard they are in). Two passes
+/// tenths of `max_bytes` (the oldest go first, whichever shard they are in), in two passes
 /// over the shards, so that memory stays at 16 bytes an entry: the first recounts each
 /// shard and keeps every entry's last use and size, to find the last use before which
-/// entries go; the second lists each shard again and removes those (an entry used
-/// meanwhile is newer, and stays). The number removed.
+/// entries go; the second lists each shard again and removes those, then as many of the
+/// entries last used at that very time as it takes (they tie: time stamps are coarse).
+/// An entry used meanwhile is newer, and stays. The number removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
     let target = max_bytes - max_bytes / 10;
     let mut uses: Vec<(u64, u64)> = Vec::new();
+    uses.reserve_exact(usize::try_from(ledger.entries()).unwrap_or(0).min(1 << 26));
     for shard in 0..SHARDS {
         uses.extend(
             recount(dir, ledger, shard)
@@ -181,28 +195,37 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
         return 0;
     }
     uses.sort_unstable();
-    let (mut left, mut cutoff) = (total, 0);
+    // The last use at which the cache gets down to the target, and how many bytes of the
+    // entries last used then must go (those before it go whole).
+    let (mut left, mut cutoff, mut older) = (total, 0, 0u64);
     for &(used, len) in &uses {
         if left <= target {
             break;
         }
-        (left, cutoff) = (left.saturating_sub(len), used);
+        if used != cutoff {
+            (cutoff, older) = (used, total - left);
+        }
+        left = left.saturating_sub(len);
     }
+    let mut tied = (total - older).saturating_sub(target);
     drop(uses);
-    let mut removed = 0;
-    let mut bytes = total;
+    let (mut removed, mut bytes) = (0, total);
     for shard in 0..SHARDS {
-        let mut found = list(&dir.join(shard_name(shard)));
-        found.retain(|f| nanos(f.0) <= cutoff);
-        found.sort();
-        for (_, len, path) in found {
-            if bytes <= target {
-                break;
+        if bytes <= target {
+            break;
+        }
+        for (used, len, path) in list(&dir.join(shard_name(shard))) {
+            let at = nanos(used);
+            if at > cutoff || (at == cutoff && tied == 0) {
+                continue;
             }
             if std::fs::remove_file(&path).is_ok() {
                 ledger.add(shard, -(len as i64), -1);
                 bytes = bytes.saturating_sub(len);
                 removed += 1;
+                if at == cutoff {
+                    tied = tied.saturating_sub(len);
+                }
             }
         }
     }

@@ -80,8 +80,8 @@ pub const KNOBS: &[Knob] = &[
         "XPU_ZEBIN_CACHE_MAX_BYTES",
         Kind::Bytes,
         "1073741824 (1 GiB)",
-        "the cache's size bound in bytes; over it, each of the 16 shards is cleaned to its \
-         share of nine tenths of it, least recently used entries first",
+        "the cache's size bound in bytes; over it, the least recently used entries go first \
+         until the cache holds nine tenths of it",
     ),
     engine(
         "XPU_ZEBIN_TIMEOUT",

@@ -384,12 +384,10 @@ pub fn survey(
         let mut seen = std::collections::HashSet::new();
         loop {
             let (next, names) = store.scan(cursor, pattern.as_bytes()).map_err(said)?;
-            for name in names {
-                if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err("cancelled".into());
-                }
-                survey_one(&store, cfg, &trust, action, &name, &mut report).map_err(said)?;
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err("cancelled".into());
             }
+            survey_page(&store, cfg, &trust, action, &names, &mut report).map_err(said)?;
             // Redis's cursors end at 0; one seen before would go round for ever.
             if next == 0 || !seen.insert(next) || report.entries > MAX_SURVEYED {
                 if next != 0 {
@@ -403,7 +401,54 @@ pub fn survey(
     Ok(report)
 }
 
-/// One key of the survey: counted, checked, purged when bad.
+/// A page of SCAN's keys: their values read in one pipelined round (all of them within
+/// the bound of one value), each counted, checked, purged when bad; a page that cannot be
+/// read that way (a value over the bound, a key of another type) is read key by key.
+fn survey_page(
+    store: &client::Client,
+    cfg: &Config,
+    trust: &Trusted,
+    action: Action,
+    names: &[Vec<u8>],
+    report: &mut Survey,
+) -> std::result::Result<(), StoreError> {
+    let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    let values = match store.read(&keys, cfg.max_bytes, false) {
+        Ok(values) if values.len() == names.len() => values,
+        Ok(_) | Err(StoreError::TooLarge { .. }) => {
+            return survey_each(store, cfg, trust, action, names, report)
+        }
+        Err(e) if e.about_the_key() => {
+            return survey_each(store, cfg, trust, action, names, report)
+        }
+        Err(e) => return Err(e),
+    };
+    for (name, value) in names.iter().zip(values) {
+        let (value, why) = match value {
+            Some(value) => (Some(value), None),
+            None if !store.exists(name)? => continue, // gone since SCAN listed it
+            None => (None, Some("malformed (an empty value)".to_string())),
+        };
+        account(store, trust, action, name, value, why, report)?;
+    }
+    Ok(())
+}
+
+fn survey_each(
+    store: &client::Client,
+    cfg: &Config,
+    trust: &Trusted,
+    action: Action,
+    names: &[Vec<u8>],
+    report: &mut Survey,
+) -> std::result::Result<(), StoreError> {
+    for name in names {
+        survey_one(store, cfg, trust, action, name, report)?;
+    }
+    Ok(())
+}
+
+/// One key of the survey, read alone: counted, checked, purged when bad.
 fn survey_one(
     store: &client::Client,
     cfg: &Config,
@@ -422,6 +467,19 @@ fn survey_one(
         Err(e) if e.about_the_key() => (None, Some("not a string value".into())),
         Err(e) => return Err(e),
     };
+    account(store, trust, action, name, value, why, report)
+}
+
+/// A key read: counted, checked, purged when bad (`why`: what its read already found).
+fn account(
+    store: &client::Client,
+    trust: &Trusted,
+    action: Action,
+    name: &[u8],
+    value: Option<Vec<u8>>,
+    why: Option<String>,
+    report: &mut Survey,
+) -> std::result::Result<(), StoreError> {
     report.entries += 1;
     report.bytes += value.as_ref().map_or(0, |v| v.len() as u64);
     if action == Action::Stats {

@@ -16,7 +16,7 @@ from xpu_zebin import _core
 from ..targets import TargetProfile
 
 #: A manifest is read at most this big (as the engine reads it).
-MAX_MANIFEST_BYTES = 1 << 30
+MAX_MANIFEST_BYTES = 256 << 20
 #: An entry's binary is read at most this big (as the engine reads it: ``MAX_ENTRY_BYTES``
 #: in ``src/bundle/mod.rs``).
 MAX_ENTRY_BYTES = 256 << 20

@@ -184,27 +184,43 @@ def import_triton_entries(bundle: PathLike, target: Optional[TargetProfile] = No
             return 0
         # Triton loads a native entry with no trial of its own: as import_bundle, only the
         # exact bytes that loaded here in a worker go into its cache.
-        loaded = try_local_entries(d) if target is None and chosen.natives else None
+        loaded = (try_local_entries(d) if chosen.natives else set()) if target is None else None
         return put_entries(d, chosen, loaded)
 
 
 @dataclasses.dataclass
 class Chosen:
     """The Triton entries of a bundle to put into Triton's cache, every one checked: by
-    Triton key, the target of the one chosen (this exact driver's over any driver's)."""
+    Triton key, the entry chosen (this exact driver's over any driver's) as its target and
+    its files' checksums, and the Triton build they were made by."""
 
     ids: List[str]
-    target_by_hash: Dict[str, str]
+    triton_key: str
+    by_hash: Dict[str, Tuple[str, Tuple[Tuple[str, str], ...]]]
     natives: bool
 
 
+def _as_checked(t: Dict[str, Any]) -> Tuple[str, Tuple[Tuple[str, str], ...]]:
+    """An entry as its check saw it: its target and its files' names and checksums."""
+    return t["target"], tuple(sorted((f["name"], f["blake3"]) for f in t["files"]))
+
+
 def put_entries(bundle: PathLike, chosen: Chosen, loaded: Optional[set] = None) -> int:
-    """Put the ``chosen`` Triton entries of ``bundle`` into Triton's cache, read (and
-    checked) again one at a time; with ``loaded``, a native one only when its bytes are
-    among those that loaded here. Returns how many."""
-    put_count, unloaded = 0, 0
-    for t, files in _core.bundle_triton_entries(os.fspath(bundle), chosen.ids):
-        if chosen.target_by_hash.get(t["hash"]) != t["target"]:
+    """Put the ``chosen`` Triton entries of ``bundle`` into Triton's cache, read again one
+    at a time: only an entry whose files are the ones checked (their checksums, which the
+    engine holds the bytes to), made by the same Triton build; with ``loaded``, a native
+    one only when its bytes are among those that loaded here. Returns how many."""
+    entries = _core.bundle_triton_entries(os.fspath(bundle), chosen.ids)
+    if entries.triton_key != chosen.triton_key:
+        logger.warning("%s: its Triton entries changed since they were checked: not imported",
+                       bundle)  # fmt: skip
+        return 0
+    put_count, unloaded, changed = 0, 0, 0
+    for t, files in entries:
+        if t["hash"] not in chosen.by_hash:
+            continue
+        if chosen.by_hash[t["hash"]] != _as_checked(t):
+            changed += chosen.by_hash[t["hash"]][0] == t["target"]  # not the other target's
             continue
         named = dict(files)
         if loaded is not None and t["native"] and not holds(named, loaded):
@@ -220,6 +236,9 @@ def put_entries(bundle: PathLike, chosen: Chosen, loaded: Optional[set] = None) 
     if unloaded:
         logger.warning("%s: %d native Triton entries do not load here: not imported", bundle,
                        unloaded)  # fmt: skip
+    if changed:
+        logger.warning("%s: %d Triton entries changed since they were checked: not imported",
+                       bundle, changed)  # fmt: skip
     if put_count:
         logger.info("%s: %d Triton cache entries imported", bundle, put_count)
     return put_count
@@ -247,12 +266,12 @@ def checked_entries(bundle: Path, target: Optional[TargetProfile]) -> Optional[C
                        "this one (%s): they would never be found; not imported", bundle,
                        triton_version())  # fmt: skip
         return None
-    chosen = Chosen(ids, {}, False)
+    chosen = Chosen(ids, here, {}, False)
     for t, files in entries:
         check_metadata(t, dict(files))
         # One entry per Triton key: the one for this exact driver over one for any driver.
-        if chosen.target_by_hash.get(t["hash"]) != target.id:
-            chosen.target_by_hash[t["hash"]] = t["target"]
+        if chosen.by_hash.get(t["hash"], ("",))[0] != target.id:
+            chosen.by_hash[t["hash"]] = _as_checked(t)
         chosen.natives = chosen.natives or bool(t["native"])
     return chosen
 

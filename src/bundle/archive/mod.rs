@@ -27,9 +27,9 @@ pub use pack::pack;
 pub use unpack::unpack;
 
 /// The most members (headers of any kind: files, directories, name records) an archive
-/// may have: room for a million kernels with their Triton entries, and a bound on a
-/// hostile one's work.
-const MAX_MEMBERS: u64 = 1 << 22;
+/// may have: room for some 200,000 native entries with a Triton entry each (a Triton
+/// file's long path is two headers), and a bound on a hostile one's work.
+const MAX_MEMBERS: u64 = 1 << 20;
 
 /// The most bytes an archive's files may unpack to, all together (disk, not memory).
 const MAX_TOTAL_BYTES: u64 = 16 << 30;

@@ -503,3 +503,28 @@ fn the_signed_message_is_the_manifest_less_its_signature() {
     whole.extend(serde_json::to_vec(&unsigned).unwrap());
     assert_eq!(super::super::signed_message(&manifest), whole);
 }
+
+/// A manifest's targets are read as text and bounded before any becomes a JSON value (a
+/// value takes many times its text): a flood of them is refused by name.
+#[test]
+fn a_manifest_flooding_its_targets_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = vec!["0"; 3 << 20].join(",");
+    let manifest = format!(
+        r#"{{"format": "{}", "package": "0", "targets": {{"x": [{zeros}]}}}}"#,
+        super::super::FORMAT
+    );
+    std::fs::write(dir.path().join(MANIFEST), manifest).unwrap();
+    let err = super::super::read(dir.path()).unwrap_err();
+    assert!(
+        err.message.contains("more than a manifest may hold"),
+        "{}",
+        err.message
+    );
+    let few = format!(
+        r#"{{"format": "{}", "package": "0", "targets": {{"x": {{"arch": 1}}}}}}"#,
+        super::super::FORMAT
+    );
+    std::fs::write(dir.path().join(MANIFEST), few).unwrap();
+    assert_eq!(super::super::read(dir.path()).unwrap().targets.len(), 1);
+}
