@@ -67,8 +67,10 @@ def synthesize(cache: Path, first: int, count: int) -> None:
     (layout / "ledger").unlink(missing_ok=True)
 
 
-def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
-    """A fresh node: one warm-up write, then ``n`` writes, hits and adoptions, timed."""
+def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int) -> None:
+    """A fresh node: one warm-up write, then ``n`` writes, hits of each (as many rounds as
+    make ``adopts`` hits) and ``adopts`` adoptions, timed (the cheap operations, many
+    times: a millisecond's file system noise is not their cost)."""
     import xpu_zebin
 
     spirvs = sorted(Path(spirv_dir).glob(f"{tag}-*.spv"))
@@ -81,27 +83,27 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int) -> None:
         t = time.perf_counter()
         assert not compile_(s).cached
         times["write"].append(time.perf_counter() - t)
-    for s in spirvs[1 : n + 1]:
+    for s in spirvs[1 : n + 1] * -(-adopts // n):
         t = time.perf_counter()
         assert compile_(s).cached
         times["hit"].append(time.perf_counter() - t)
     options = xpu_zebin.Options(ocloc=ocloc, cache_dir=cache)
     donor = options.replace(cache_dir=str(Path(spirv_dir) / "donor-cache"))
-    for d in donors[:n]:
+    for d in donors[:adopts]:
         entry = xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", donor).local()
         slot = xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options)
         t = time.perf_counter()
         slot.adopt(entry)
         times["adopt"].append(time.perf_counter() - t)
     medians = {k: statistics.median(v) for k, v in times.items()}
-    evicted = evict(cache, options, donor, donors[n], medians["adopt"])
+    evicted = evict(cache, options, donor, donors[adopts], medians["adopt"])
     # The oldest go first: the entries this node adopted last are all still there, when
     # older entries than its own were enough to clean (mtimes of the last few ms tie).
     lru_kept = None
-    if evicted["evicted"] <= evicted["entries_before"] - (2 * n + 2):
+    if evicted["evicted"] <= evicted["entries_before"] - (n + adopts + 2):
         lru_kept = all(
             xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options).local() is not None
-            for d in donors[: n + 1]
+            for d in donors[: adopts + 1]
         )
     # This process image's own peak (ru_maxrss keeps the forking parent's).
     status = Path("/proc/self/status").read_text().splitlines()
@@ -143,13 +145,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
     p.add_argument("--sizes", default="0,10000,100000,1000000")
-    p.add_argument("--ops", type=int, default=25, help="timed operations of each kind per size")
+    p.add_argument("--ops", type=int, default=25, help="timed writes per size")
+    p.add_argument("--adopts", type=int, default=100, help="timed hits and adoptions per size")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     record.add_output_argument(p)
     args = p.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], args.child[2], args.child[3], int(args.child[4]))
+        child(*args.child[:4], int(args.child[4]), int(args.child[5]))
         return 0
     import xpu_zebin
 
@@ -158,10 +161,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="xpu-zebin-scale-"))
     cache, spirv_dir = work / "cache", work / "spirv"
     spirv_dir.mkdir()
-    n = max(1, args.ops)
+    n, adopts = max(1, args.ops), max(1, args.adopts)
     for level, _ in enumerate(sizes):
         _spirvs(spirv_dir, ocloc, f"w{level}", n + 1, 1000 * (level + 1))
-        _spirvs(spirv_dir, ocloc, f"dw{level}", n + 1, 1000 * (level + 1) + 500)
+        _spirvs(spirv_dir, ocloc, f"dw{level}", adopts + 1, 100_000 * (level + 1) + 50_000)
     for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
         xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
                           cache_dir=spirv_dir / "donor-cache")  # fmt: skip
@@ -176,7 +179,7 @@ def main() -> int:
         filled = time.perf_counter() - started
         os.sync()  # the fill's writeback is setup: it would slow the node's own writes
         out = subprocess.run([sys.executable, __file__, "--child", str(cache), ocloc,
-                              str(spirv_dir), f"w{level}", str(n)], env=env,
+                              str(spirv_dir), f"w{level}", str(n), str(adopts)], env=env,
                              capture_output=True, text=True)  # fmt: skip
         if out.returncode != 0:
             raise SystemExit(f"node at {size} entries failed:\n{out.stderr[-3000:]}")

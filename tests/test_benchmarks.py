@@ -109,7 +109,7 @@ def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     scale = BENCH.parent / "scale.py"
     run = subprocess.run(
         [sys.executable, str(scale), "--ocloc", system_ocloc, "--sizes", "0,300", "--ops", "2",
-         "--json", "--output", str(tmp_path / "out" / "scale.json")],
+         "--adopts", "4", "--json", "--output", str(tmp_path / "out" / "scale.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]

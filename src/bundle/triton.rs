@@ -10,7 +10,7 @@
 use super::{bad, is_key, persist, read_file, Entry, MAX_ENTRY_BYTES};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// One Triton cache entry of the bundle.
@@ -104,33 +104,56 @@ pub(super) fn entry_dir(dir: &Path, entry: &TritonEntry) -> std::result::Result<
     Ok(here)
 }
 
-/// A bundle's native entries by checksum, what a Triton entry's native binary is matched
-/// against: looked up once per Triton entry, not searched for among every entry (that
-/// would grow with the bundle, for each of its Triton entries). Owned, so that it can
-/// outlive the manifest it was made from (a stream of checked entries keeps it).
+/// A bundle's native entries as a Triton entry's native binary is matched against them:
+/// by key (its `native_key`), and by kernel, target and config (bundles written before
+/// `native_key`: the `make_zebin` build of its config), each looked up at once, never
+/// searched for among entries (that would grow with the bundle, for each Triton entry,
+/// and entries of the same bytes would all be searched). Owned, so that it can outlive the
+/// manifest it was made from (a stream of checked entries keeps it).
 #[derive(Default)]
-pub struct Natives(HashMap<String, Vec<Native>>);
-
-/// What a Triton entry's binary is matched against, of a native entry.
-struct Native {
-    key: String,
-    kernel: String,
-    config: String,
-    target_id: String,
+pub struct Natives {
+    /// Key: (checksum, kernel, target).
+    by_key: HashMap<String, (String, String, String)>,
+    /// (kernel, target, config): the checksums of its entries.
+    by_config: HashMap<(String, String, String), HashSet<String>>,
 }
 
 impl Natives {
     pub fn of(entries: &[Entry]) -> Natives {
-        let mut by_sum: HashMap<String, Vec<Native>> = HashMap::new();
+        let mut natives = Natives::default();
         for e in entries {
-            by_sum.entry(e.blake3.clone()).or_default().push(Native {
-                key: e.key.clone(),
-                kernel: e.kernel.clone(),
-                config: e.config.clone(),
-                target_id: e.target_id.clone(),
-            });
+            let what = (e.blake3.clone(), e.kernel.clone(), e.target_id.clone());
+            natives.by_key.insert(e.key.clone(), what);
+            let slot = (e.kernel.clone(), e.target_id.clone(), e.config.clone());
+            natives
+                .by_config
+                .entry(slot)
+                .or_default()
+                .insert(e.blake3.clone());
         }
-        Natives(by_sum)
+        natives
+    }
+
+    /// Is `sum` the checksum of the native entry of `entry`'s own config, for its kernel
+    /// and target: its `native_key`, or (bundles written before it) the `make_zebin` build
+    /// of the same config?
+    fn own_build(&self, entry: &TritonEntry, sum: &str) -> bool {
+        if entry.native_key.is_empty() {
+            let slot = (
+                entry.kernel.clone(),
+                entry.target_id.clone(),
+                format!("{} (make_zebin)", entry.config),
+            );
+            self.by_config
+                .get(&slot)
+                .is_some_and(|sums| sums.contains(sum))
+        } else {
+            self.by_key
+                .get(&entry.native_key)
+                .is_some_and(|(s, kernel, target)| {
+                    s == sum && *kernel == entry.kernel && *target == entry.target_id
+                })
+        }
     }
 }
 
@@ -189,21 +212,7 @@ pub(super) fn binary_allowed(
     holds_kernel: impl FnOnce() -> bool,
 ) -> bool {
     head.starts_with(SPIRV_MAGIC)
-        || (head.starts_with(ELF_MAGIC)
-            && natives.0.get(sum).into_iter().flatten().any(|e| {
-                e.kernel == entry.kernel && e.target_id == entry.target_id && own_build(e, entry)
-            })
-            && holds_kernel())
-}
-
-/// Is `native` the build of `entry`'s own config: the entry's `native_key`, or (bundles
-/// written before it) the `make_zebin` build of the same config?
-fn own_build(native: &Native, entry: &TritonEntry) -> bool {
-    if entry.native_key.is_empty() {
-        native.config == format!("{} (make_zebin)", entry.config)
-    } else {
-        native.key == entry.native_key
-    }
+        || (head.starts_with(ELF_MAGIC) && natives.own_build(entry, sum) && holds_kernel())
 }
 
 /// Why `binary_allowed` refused the file `name`.
