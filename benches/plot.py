@@ -160,8 +160,8 @@ def _bundle_scale(r: dict) -> Tuple[bytes, str]:
     table = ["| entries | " + " | ".join(columns) + " |", "| --- " * (len(columns) + 1) + "|"]
     table += [f"| {int(s):,} | " + " | ".join(str(x["per_entry"][s][c]) for c in columns) + " |"
               for s in sizes]  # fmt: skip
-    table += ["", "| ratio, largest over smallest (target: at most 1.25) | value |",
-              "| --- | --- |"]  # fmt: skip
+    table += ["", f"| ratio, largest over {x.get('reference', sizes[0])} entries (target: at "
+              "most 1.25) | value |", "| --- | --- |"]  # fmt: skip
     table += [f"| `{k}` | {v} |" for k, v in sorted(x.items()) if k.endswith("_ratio")]
     return chart, "\n".join(table)
 

@@ -8,7 +8,6 @@ import contextlib
 import logging
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Set, Tuple
@@ -17,7 +16,7 @@ import xpu_zebin
 from xpu_zebin import _core
 
 from .. import targets
-from .._files import read_regular
+from .._files import read_regular, same_regular_files
 from ..errors import BuildError, InvalidArgumentError
 from .format import MAX_ENTRY_BYTES, MAX_MANIFEST_BYTES, PathLike, as_directory
 
@@ -145,28 +144,9 @@ def _same_manifest(a: Path, b: Path) -> bool:
     """Do two bundle directories hold the same manifest (the same bundle, imported again)?
     Compared a block at a time: a large bundle's manifest is never held whole."""
     try:
-        with _manifest(a) as x, _manifest(b) as y:
-            if os.fstat(x.fileno()).st_size != os.fstat(y.fileno()).st_size:
-                return False
-            while True:
-                block = x.read(1 << 20)
-                if block != y.read(1 << 20):
-                    return False
-                if not block:
-                    return True
+        return same_regular_files(a / "manifest.json", b / "manifest.json", MAX_MANIFEST_BYTES)
     except OSError:
         return False
-
-
-def _manifest(bundle: Path) -> Any:
-    """A bundle's manifest file, opened as a regular file of at most the manifest bound
-    (no link followed, never blocking on a FIFO)."""
-    fd = os.open(bundle / "manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
-        os.close(fd)
-        raise OSError(f"{bundle}/manifest.json is not a manifest")
-    return os.fdopen(fd, "rb")
 
 
 def _replaceable(moved: Path, dest: Path) -> None:
