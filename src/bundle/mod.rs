@@ -341,11 +341,39 @@ fn persist(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// large bundle's text is never held whole beside it).
 fn persist_manifest(dir: &Path, manifest: &Manifest) -> std::io::Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+    let mut out = std::io::BufWriter::new(AtMost {
+        inner: tmp.as_file_mut(),
+        left: MAX_MANIFEST_BYTES,
+    });
     serde_json::to_writer_pretty(&mut out, manifest)?;
     std::io::Write::flush(&mut out)?;
     drop(out);
     publish(tmp, &dir.join(MANIFEST))
+}
+
+/// A writer of at most `left` bytes: a manifest is never written larger than it can be
+/// read back (the bundle would be stuck: neither used nor added to).
+struct AtMost<W> {
+    inner: W,
+    left: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for AtMost<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::other(format!(
+                "its manifest would be larger than a manifest may be ({MAX_MANIFEST_BYTES} \
+                 bytes): split the bundle"
+            )));
+        }
+        let n = self.inner.write(buf)?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Put a written temp file at `path` (renamed: never half there), readable by all.

@@ -223,3 +223,28 @@ fn ties_at_the_cutoff_go_after_every_older_entry() {
     assert_eq!((kept("fold"), kept("0tie")), (0, 9));
     assert_eq!(cache.usage(), on_disk(&cache));
 }
+
+/// A tied entry removed early in the shards never spares an older one later in them.
+#[test]
+fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    let now = SystemTime::now();
+    let old = now - Duration::from_secs(100);
+    let mut put = |name: &str, len: usize, used: SystemTime| {
+        assert!(cache.put(name, &"m".to_string(), &vec![1u8; len]).is_none());
+        let file = std::fs::File::options().write(true).open(cache.path(name));
+        file.unwrap().set_modified(used).unwrap();
+        std::fs::metadata(cache.path(name)).unwrap().len()
+    };
+    let tie = (0..10).map(|i| put(&format!("0tie{i}"), 1000, now)).max();
+    let (tie, older) = (tie.unwrap(), put("fold", 10, old));
+    let (_, total) = on_disk(&cache);
+    // Half a tied entry more than the older one must go: the older one, and one tied.
+    let max = (total - older - tie / 2) * 10 / 9;
+    let ledger = cache.ledger().unwrap();
+    assert_eq!(upkeep::clean(cache.dir(), &ledger, max), 2);
+    assert!(!cache.path("fold").exists());
+    let tied = (0..10).filter(|i| cache.path(&format!("0tie{i}")).exists());
+    assert_eq!(tied.count(), 9);
+}

@@ -14,6 +14,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::sync::Renewable;
+
 /// The name of shard `shard`'s directory.
 pub fn shard_name(shard: usize) -> String {
     format!("{:x}", shard % SHARDS)
@@ -27,20 +29,29 @@ pub fn shard_of(key: &str) -> usize {
     }
 }
 
-/// The directories this process is keeping up now: one thread at a time each (a POSIX
-/// lock is the process's, so two threads would both hold it).
-static KEPT_UP: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+/// The directories this process is keeping up now, by device and inode (two spellings of
+/// one directory are one): one thread at a time each (a POSIX lock is the process's, so
+/// two threads would both hold it). A forked child starts with none.
+static KEPT_UP: Renewable<std::sync::Mutex<Vec<(u64, u64)>>> = Renewable::new(
+    || std::sync::Mutex::new(Vec::new()),
+    forget_turns_after_fork,
+);
+
+fn forget_turns_after_fork() {
+    KEPT_UP.renew();
+}
 
 /// This thread's turn at a directory's upkeep, given back when dropped.
-struct Turn(PathBuf);
+struct Turn((u64, u64));
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        crate::sync::lock(&KEPT_UP).retain(|d| *d != self.0);
+        crate::sync::lock(KEPT_UP.get()).retain(|d| *d != self.0);
     }
 }
 
-/// Held while doing upkeep: this thread's turn, and the directory's lock.
+/// Held while doing upkeep: the directory's lock, and this thread's turn (given back
+/// after the lock: its file is closed first).
 pub struct Held {
     _file: File,
     _turn: Turn,
@@ -49,13 +60,14 @@ pub struct Held {
 /// The upkeep lock of `dir`, when no other process or thread holds it. A lock file that
 /// is not this user's regular file (planted by a group member) is replaced.
 pub fn try_lock(dir: &Path) -> Option<Held> {
+    let id = std::fs::metadata(dir).map(|m| (m.dev(), m.ino())).ok()?;
     let turn = {
-        let mut kept_up = crate::sync::lock(&KEPT_UP);
-        if kept_up.iter().any(|d| d == dir) {
+        let mut kept_up = crate::sync::lock(KEPT_UP.get());
+        if kept_up.contains(&id) {
             return None;
         }
-        kept_up.push(dir.to_path_buf());
-        Turn(dir.to_path_buf())
+        kept_up.push(id);
+        Turn(id)
     };
     let path = dir.join("upkeep.lock");
     let open = || {
@@ -182,7 +194,8 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
     let target = max_bytes - max_bytes / 10;
     let mut uses: Vec<(u64, u64)> = Vec::new();
-    uses.reserve_exact(usize::try_from(ledger.entries()).unwrap_or(0).min(1 << 26));
+    // The ledger's count is a hint (shared, maybe stale): a start, never a large one.
+    uses.reserve_exact(usize::try_from(ledger.entries()).unwrap_or(0).min(1 << 20));
     for shard in 0..SHARDS {
         uses.extend(
             recount(dir, ledger, shard)
@@ -209,11 +222,10 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
     }
     let mut tied = (total - older).saturating_sub(target);
     drop(uses);
-    let (mut removed, mut bytes) = (0, total);
+    let mut removed = 0;
+    // Every shard is listed: an entry older than the cutoff goes wherever it is, and the
+    // tied ones only within their budget, whatever was removed before them.
     for shard in 0..SHARDS {
-        if bytes <= target {
-            break;
-        }
         for (used, len, path) in list(&dir.join(shard_name(shard))) {
             let at = nanos(used);
             if at > cutoff || (at == cutoff && tied == 0) {
@@ -221,7 +233,6 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
             }
             if std::fs::remove_file(&path).is_ok() {
                 ledger.add(shard, -(len as i64), -1);
-                bytes = bytes.saturating_sub(len);
                 removed += 1;
                 if at == cutoff {
                     tied = tied.saturating_sub(len);

@@ -412,6 +412,24 @@ fn survey_page(
     names: &[Vec<u8>],
     report: &mut Survey,
 ) -> std::result::Result<(), StoreError> {
+    for chunk in names.chunks(PIPELINED) {
+        survey_chunk(store, cfg, trust, action, chunk, report)?;
+    }
+    Ok(())
+}
+
+/// Keys whose values one pipelined read asks for: what a hostile store may answer each of
+/// them with (a 64 KiB error line) stays a few MiB whatever a SCAN page's size.
+const PIPELINED: usize = 64;
+
+fn survey_chunk(
+    store: &client::Client,
+    cfg: &Config,
+    trust: &Trusted,
+    action: Action,
+    names: &[Vec<u8>],
+    report: &mut Survey,
+) -> std::result::Result<(), StoreError> {
     let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
     let values = match store.read(&keys, cfg.max_bytes, false) {
         Ok(values) if values.len() == names.len() => values,
