@@ -231,7 +231,7 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
     let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
     let now = SystemTime::now();
     let old = now - Duration::from_secs(100);
-    let mut put = |name: &str, len: usize, used: SystemTime| {
+    let put = |name: &str, len: usize, used: SystemTime| {
         assert!(cache.put(name, &"m".to_string(), &vec![1u8; len]).is_none());
         let file = std::fs::File::options().write(true).open(cache.path(name));
         file.unwrap().set_modified(used).unwrap();

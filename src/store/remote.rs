@@ -387,7 +387,9 @@ pub fn survey(
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err("cancelled".into());
             }
-            survey_page(&store, cfg, &trust, action, &names, &mut report).map_err(said)?;
+            for chunk in names.chunks(PIPELINED) {
+                survey_chunk(&store, cfg, &trust, action, chunk, &mut report).map_err(said)?;
+            }
             // Redis's cursors end at 0; one seen before would go round for ever.
             if next == 0 || !seen.insert(next) || report.entries > MAX_SURVEYED {
                 if next != 0 {
@@ -401,27 +403,13 @@ pub fn survey(
     Ok(report)
 }
 
-/// A page of SCAN's keys: their values read in one pipelined round (all of them within
-/// the bound of one value), each counted, checked, purged when bad; a page that cannot be
-/// read that way (a value over the bound, a key of another type) is read key by key.
-fn survey_page(
-    store: &client::Client,
-    cfg: &Config,
-    trust: &Trusted,
-    action: Action,
-    names: &[Vec<u8>],
-    report: &mut Survey,
-) -> std::result::Result<(), StoreError> {
-    for chunk in names.chunks(PIPELINED) {
-        survey_chunk(store, cfg, trust, action, chunk, report)?;
-    }
-    Ok(())
-}
-
 /// Keys whose values one pipelined read asks for: what a hostile store may answer each of
 /// them with (a 64 KiB error line) stays a few MiB whatever a SCAN page's size.
 const PIPELINED: usize = 64;
 
+/// Keys of a SCAN page: their values read in one pipelined round (all of them within the
+/// bound of one value), each counted, checked, purged when bad; keys that cannot be read
+/// that way (a value over the bound, a key of another type) are read one by one.
 fn survey_chunk(
     store: &client::Client,
     cfg: &Config,
