@@ -421,37 +421,37 @@ fn survey_chunk(
     let keys: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
     let values = match store.read(&keys, cfg.max_bytes, false) {
         Ok(values) if values.len() == names.len() => values,
-        Ok(_) | Err(StoreError::TooLarge { .. }) => {
-            return survey_each(store, cfg, trust, action, names, report)
+        Err(e) if !matches!(e, StoreError::TooLarge { .. }) && !e.about_the_key() => return Err(e),
+        _ => {
+            for name in names {
+                survey_one(store, cfg, trust, action, name, report)?;
+            }
+            return Ok(());
         }
-        Err(e) if e.about_the_key() => {
-            return survey_each(store, cfg, trust, action, names, report)
-        }
-        Err(e) => return Err(e),
     };
     for (name, value) in names.iter().zip(values) {
-        let (value, why) = match value {
-            Some(value) => (Some(value), None),
-            None if !store.exists(name)? => continue, // gone since SCAN listed it
-            None => (None, Some("malformed (an empty value)".to_string())),
-        };
-        account(store, trust, action, name, value, why, report)?;
+        if let Some((value, why)) = as_read(store, name, value)? {
+            account(store, trust, action, name, value, why, report)?;
+        }
     }
     Ok(())
 }
 
-fn survey_each(
+/// A key as a survey read it: its value, or why it is bad.
+type Read = (Option<Vec<u8>>, Option<String>);
+
+/// A key's value as read (`None`: empty or gone): the value, or why it is bad; `None` when
+/// the key is gone since SCAN listed it.
+fn as_read(
     store: &client::Client,
-    cfg: &Config,
-    trust: &Trusted,
-    action: Action,
-    names: &[Vec<u8>],
-    report: &mut Survey,
-) -> std::result::Result<(), StoreError> {
-    for name in names {
-        survey_one(store, cfg, trust, action, name, report)?;
-    }
-    Ok(())
+    name: &[u8],
+    value: Option<Vec<u8>>,
+) -> std::result::Result<Option<Read>, StoreError> {
+    Ok(match value {
+        Some(value) => Some((Some(value), None)),
+        None if !store.exists(name)? => None,
+        None => Some((None, Some("malformed (an empty value)".to_string()))),
+    })
 }
 
 /// One key of the survey, read alone: counted, checked, purged when bad.
@@ -464,10 +464,9 @@ fn survey_one(
     report: &mut Survey,
 ) -> std::result::Result<(), StoreError> {
     let (value, why) = match store.read(&[name], cfg.max_bytes, false) {
-        Ok(mut v) => match v.pop().flatten() {
-            Some(value) => (Some(value), None),
-            None if !store.exists(name)? => return Ok(()), // gone since SCAN listed it
-            None => (None, Some("malformed (an empty value)".to_string())),
+        Ok(mut v) => match as_read(store, name, v.pop().flatten())? {
+            Some(read) => read,
+            None => return Ok(()),
         },
         Err(StoreError::TooLarge { .. }) => (None, Some("larger than the bound".into())),
         Err(e) if e.about_the_key() => (None, Some("not a string value".into())),
