@@ -1,23 +1,27 @@
 """The local cache at scale: what a write, a hit and a store entry's adoption cost with 0,
 10^4, 10^5 and 10^6 entries already in the cache.
 
-A cache directory is filled with synthesized entries of the real format (``zebin-v2``
-shards, a header, metadata, a body, a blake3 checksum over key and body); at each size a
-fresh node process (the first run on a node) measures, after one warm-up write:
+A cache directory per size is filled with synthesized entries of the real format
+(``zebin-v3`` shards, a header, metadata, a body, a blake3 checksum over key and body). In
+each of ``--rounds`` rounds a fresh node process (the first run on a node) measures each
+size in turn (the order rotated each round, so that the file system's moods fall on every
+size alike), after one warm-up write:
 
 - ``write``: a compile that ends in a cache write (small OpenCL kernels, each distinct);
 - ``hit``: the same request again, answered by the cache;
 - ``adopt``: another node's entry taken into this cache (what a fleet's store hit writes);
-- ``evict``: the cache's bound set to what it holds, one more entry adopted: the cleaning
-  that write sets off (least recently used entries removed until the cache holds nine
-  tenths of its bound), per entry it removed. The entries this node adopted last must
-  still be there afterwards (``lru_kept``): the least recently used go first.
+- ``evict`` (the last round): the cache's bound set to what it holds, one more entry
+  adopted: the cleaning that write sets off (least recently used entries removed until
+  the cache holds nine tenths of its bound), per entry it removed. The entries this node
+  adopted last must still be there afterwards (``lru_kept``): the least recently used go
+  first.
 
 Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
-``adopt_ratio``, the median cost at the largest size over that at 0, and ``evict_ratio``,
-the cost per evicted entry at the largest size over that at the smallest size that evicts
-a thousand or more (at most 1.25 is flat); the medians at every size, each node's peak
-memory, and the cache's size against its bound after each cleaning (``held``).
+``adopt_ratio``, the cost at the largest size over that at 0 (each the median over rounds
+of a node's median), and ``evict_ratio``, the cost per evicted entry at the largest size
+over that at the smallest size that evicts a thousand or more (at most 1.25 is flat); the
+costs at every size, each node's peak memory, and the cache's size against its bound
+after each cleaning (``held``).
 
     python benches/scale.py --ocloc <ocloc> [--sizes 0,10000,100000,1000000] [--json]
 """
@@ -50,16 +54,16 @@ def synthesize(cache: Path, first: int, count: int) -> None:
     """``count`` entries of the real format, ``first`` onwards, in their shards."""
     import blake3
 
-    layout = cache / "zebin-v2"
+    layout = cache / "zebin-v3"
     layout.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for shard in range(16):
-        (layout / f"{shard:x}").mkdir(mode=0o700, exist_ok=True)
+    for shard in range(256):
+        (layout / f"{shard:02x}").mkdir(mode=0o700, exist_ok=True)
     meta = json.dumps({"build_flags": "", "synthesized": True}).encode()
     for i in range(first, first + count):
         key = blake3.blake3(b"synthesized %d" % i).hexdigest()
         body = b"XZCACHE2" + len(meta).to_bytes(4, "little") + meta + os.urandom(256)
         data = body + blake3.blake3(key.encode() + body).digest()
-        path = layout / key[:1] / f"{key}.zeentry"
+        path = layout / key[:2] / f"{key}.zeentry"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.write(fd, data)
         os.close(fd)
@@ -67,10 +71,12 @@ def synthesize(cache: Path, first: int, count: int) -> None:
     (layout / "ledger").unlink(missing_ok=True)
 
 
-def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int) -> None:
+def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int,
+          evicts: bool) -> None:  # fmt: skip
     """A fresh node: one warm-up write, then ``n`` writes, hits of each (as many rounds as
     make ``adopts`` hits) and ``adopts`` adoptions, timed (the cheap operations, many
-    times: a millisecond's file system noise is not their cost)."""
+    times: a millisecond's file system noise is not their cost); then, if ``evicts``, a
+    cleaning."""
     import xpu_zebin
 
     spirvs = sorted(Path(spirv_dir).glob(f"{tag}-*.spv"))
@@ -95,21 +101,22 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int)
         t = time.perf_counter()
         slot.adopt(entry)
         times["adopt"].append(time.perf_counter() - t)
-    medians = {k: statistics.median(v) for k, v in times.items()}
-    evicted = evict(cache, options, donor, donors[adopts], medians["adopt"])
-    # The oldest go first: the entries this node adopted last are all still there, when
-    # older entries than its own were enough to clean (mtimes of the last few ms tie).
-    lru_kept = None
-    if evicted["evicted"] <= evicted["entries_before"] - (n + adopts + 2):
-        lru_kept = all(
-            xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options).local() is not None
-            for d in donors[: adopts + 1]
-        )
+    medians: Dict[str, Any] = {k: statistics.median(v) for k, v in times.items()}
+    if evicts:
+        medians.update(evict(cache, options, donor, donors[adopts], medians["adopt"]))
+        # The oldest go first: the entries this node adopted last are all still there,
+        # when older entries than its own were enough to clean (mtimes of the last few ms
+        # tie).
+        medians["lru_kept"] = None
+        if medians["evicted"] <= medians["entries_before"] - (n + adopts + 2):
+            medians["lru_kept"] = all(
+                xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options).local() is not None
+                for d in donors[: adopts + 1]
+            )
     # This process image's own peak (ru_maxrss keeps the forking parent's).
     status = Path("/proc/self/status").read_text().splitlines()
     rss = next(int(x.split()[1]) for x in status if x.startswith("VmHWM:")) / 1024
-    print(json.dumps({**medians, **evicted, "lru_kept": lru_kept, "rss_mib": round(rss, 1),
-                      "stats": xpu_zebin.stats(cache)}))  # fmt: skip
+    print(json.dumps({**medians, "rss_mib": round(rss, 1), "stats": xpu_zebin.stats(cache)}))
 
 
 def evict(cache: str, options: Any, donor: Any, spirv: Path, adopt: float) -> Dict[str, Any]:
@@ -141,70 +148,104 @@ def _spirvs(out: Path, ocloc: str, tag: str, count: int, start: int) -> None:
         )
 
 
+def prepare(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int, adopts: int) -> None:
+    """Each size's cache, filled; the kernels of every node (each its own) and the other
+    node's cache they adopt from."""
+    import xpu_zebin
+
+    spirv_dir = work / "spirv"
+    spirv_dir.mkdir()
+    for level, _ in enumerate(sizes):
+        for r in range(rounds):
+            at = 1000 * (level + 1) + 100 * r
+            _spirvs(spirv_dir, ocloc, f"w{level}r{r}", n + 1, at)
+            _spirvs(spirv_dir, ocloc, f"dw{level}r{r}", adopts + 1, 100 * at + 50_000)
+    for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
+        xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
+                          cache_dir=spirv_dir / "donor-cache")  # fmt: skip
+    for level, size in enumerate(sizes):
+        started = time.perf_counter()
+        synthesize(work / f"cache{level}", level * 10_000_000, size)
+        print(f"{size} entries synthesized in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr)  # fmt: skip
+    os.sync()  # the fill's writeback is setup: it would slow the nodes' own writes
+
+
+def node(work: Path, ocloc: str, level: int, r: int, n: int, adopts: int, evicts: bool) -> Dict:
+    bound = 1 << 40  # no eviction but the one the last round's node sets off at its end
+    env = {**os.environ, "XPU_ZEBIN_CACHE_MAX_BYTES": str(bound)}
+    out = subprocess.run([sys.executable, __file__, "--child", str(work / f"cache{level}"),
+                          ocloc, str(work / "spirv"), f"w{level}r{r}", str(n), str(adopts),
+                          str(int(evicts))], env=env, capture_output=True, text=True)  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"node of cache {level} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
+            adopts: int) -> Dict[str, Any]:  # fmt: skip
+    """Every size's nodes, the sizes in a rotated order each round; per size the median
+    over rounds of each cost, and the last round's cleaning."""
+    got: Dict[int, List[Dict[str, Any]]] = {level: [] for level, _ in enumerate(sizes)}
+    for r in range(rounds):
+        order = list(range(len(sizes)))
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for level in order:
+            got[level].append(node(work, ocloc, level, r, n, adopts, r == rounds - 1))
+            print(f"round {r}, {sizes[level]} entries: adopt "
+                  f"{got[level][-1]['adopt'] * 1e3:.4f} ms", file=sys.stderr)  # fmt: skip
+    rows: Dict[str, Any] = {}
+    for level, size in enumerate(sizes):
+        last = got[level][-1]
+        med = {k: statistics.median(g[k] for g in got[level]) for k in ("write", "hit", "adopt")}
+        rows[str(size)] = {**{k: round(v * 1e3, 4) for k, v in med.items()},
+                           "adopt_rounds": [round(g["adopt"] * 1e3, 4) for g in got[level]],
+                           "evict": round(last["evict"] * 1e3, 4), "evicted": last["evicted"],
+                           "lru_kept": last["lru_kept"], "held": last["evict_held"],
+                           "rss_mib": max(g["rss_mib"] for g in got[level]),
+                           "entries": last["stats"]["entries"],
+                           "bytes": last["stats"]["bytes"],
+                           "max_bytes": last["stats"]["max_bytes"]}  # fmt: skip
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
     p.add_argument("--sizes", default="0,10000,100000,1000000")
-    p.add_argument("--ops", type=int, default=25, help="timed writes per size")
-    p.add_argument("--adopts", type=int, default=100, help="timed hits and adoptions per size")
+    p.add_argument("--ops", type=int, default=25, help="timed writes per node")
+    p.add_argument("--adopts", type=int, default=100, help="timed hits and adoptions per node")
+    p.add_argument("--rounds", type=int, default=3, help="nodes per size, alternated")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     record.add_output_argument(p)
     args = p.parse_args()
     if args.child:
-        child(*args.child[:4], int(args.child[4]), int(args.child[5]))
+        c = args.child
+        child(*c[:4], int(c[4]), int(c[5]), c[6] == "1")
         return 0
     import xpu_zebin
 
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(tempfile.mkdtemp(prefix="xpu-zebin-scale-"))
-    cache, spirv_dir = work / "cache", work / "spirv"
-    spirv_dir.mkdir()
-    n, adopts = max(1, args.ops), max(1, args.adopts)
-    for level, _ in enumerate(sizes):
-        _spirvs(spirv_dir, ocloc, f"w{level}", n + 1, 1000 * (level + 1))
-        _spirvs(spirv_dir, ocloc, f"dw{level}", adopts + 1, 100_000 * (level + 1) + 50_000)
-    for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
-        xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
-                          cache_dir=spirv_dir / "donor-cache")  # fmt: skip
-    bound = 1 << 40  # no eviction but the one each node sets off at its end
-    env = {**os.environ, "XPU_ZEBIN_CACHE_MAX_BYTES": str(bound)}
-    rows: Dict[str, Any] = {}
-    have, made = 0, 0  # entries in the cache (a cleaning removes some); synthesized so far
-    for level, size in enumerate(sizes):
-        started = time.perf_counter()
-        synthesize(cache, made, max(size - have, 0))
-        made += max(size - have, 0)
-        filled = time.perf_counter() - started
-        os.sync()  # the fill's writeback is setup: it would slow the node's own writes
-        out = subprocess.run([sys.executable, __file__, "--child", str(cache), ocloc,
-                              str(spirv_dir), f"w{level}", str(n), str(adopts)], env=env,
-                             capture_output=True, text=True)  # fmt: skip
-        if out.returncode != 0:
-            raise SystemExit(f"node at {size} entries failed:\n{out.stderr[-3000:]}")
-        row = json.loads(out.stdout.strip().splitlines()[-1])
-        rows[str(size)] = {**{k: round(row[k] * 1e3, 4) for k in TIMED},
-                           "evicted": row["evicted"], "lru_kept": row["lru_kept"],
-                           "held": row["evict_held"], "rss_mib": row["rss_mib"],
-                           "entries": row["stats"]["entries"],
-                           "fill_s": round(filled, 1)}  # fmt: skip
-        have = row["stats"]["entries"]
-        print(f"{size} entries: {rows[str(size)]}", file=sys.stderr)
-        final = row["stats"]
+    n, adopts, rounds = max(1, args.ops), max(1, args.adopts), max(1, args.rounds)
+    prepare(work, ocloc, sizes, rounds, n, adopts)
+    rows = measure(work, ocloc, sizes, rounds, n, adopts)
     first, last = rows[str(sizes[0])], rows[str(sizes[-1])]
     # Evictions per entry against the first size that evicts enough to time per entry.
     base = next((v for v in rows.values() if v["evicted"] >= 1000), last)
     r: Dict[str, Any] = {
         "sizes": sizes,
+        "rounds": rounds,
         "ms": rows,
         **{f"{k}_ratio": round(last[k] / first[k], 2) for k in ("write", "hit", "adopt")},
         "evict_ratio": round(last["evict"] / base["evict"], 2) if base["evict"] else None,
         "lru_kept": all(v["lru_kept"] is not False for v in rows.values()),
         "peak_rss_mib": max(v["rss_mib"] for v in rows.values()),
-        "size_bytes": final["bytes"],
-        "bound_bytes": final["max_bytes"],
-        "held": all(v["held"] for v in rows.values()) and final["bytes"] <= final["max_bytes"],
+        "size_bytes": last["bytes"],
+        "bound_bytes": last["max_bytes"],
+        "held": all(v["held"] and v["bytes"] <= v["max_bytes"] for v in rows.values()),
     }
     record.write(args.output, "scale", r, ocloc)
     subprocess.run(["rm", "-rf", str(work)], check=False)

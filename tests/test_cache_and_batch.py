@@ -14,7 +14,7 @@ from xpu_zebin import samples
 
 
 def _entries(cache_dir: Path):
-    return sorted(cache_dir.glob("zebin-v2/*/*.zeentry"))
+    return sorted(cache_dir.glob("zebin-v3/*/*.zeentry"))
 
 
 def test_warm_compile_comes_from_cache(system_ocloc, spill_spirv, private_cache):

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import xpu_zebin
 from xpu_zebin import samples
 
@@ -71,7 +73,7 @@ def test_counts_are_exact_across_processes(system_ocloc, tmp_path):
     assert abs(s["entries"] - 2 * kernels) <= 4
     s = xpu_zebin.stats(cache, recount=True)
     assert s["entries"] == 2 * kernels and s["counters"] == c
-    assert s["bytes"] == sum(p.stat().st_size for p in cache.glob("zebin-v2/*/*.zeentry"))
+    assert s["bytes"] == sum(p.stat().st_size for p in cache.glob("zebin-v3/*/*.zeentry"))
     cli = subprocess.run([sys.executable, "-m", "xpu_zebin.cli", "stats", "--cache-dir",
                           str(cache), "--json", "--zero"], capture_output=True, text=True,
                          timeout=300)  # fmt: skip
@@ -97,16 +99,17 @@ def test_a_ptss_retry_is_counted_by_its_trigger(modern_ocloc, tmp_path):
     assert abs(c["saved_microseconds"] / 1e6 - spent) < 0.01
 
 
-def test_a_cache_of_the_last_layout_is_still_served(system_ocloc, add_spirv, tmp_path):
-    """An entry the last release wrote (one flat ``zebin-v1`` directory) is moved into its
-    shard and answers, never lost."""
+@pytest.mark.parametrize("layout", ["zebin-v2", "zebin-v1"])
+def test_a_cache_of_the_last_layouts_is_still_served(system_ocloc, add_spirv, tmp_path, layout):
+    """An entry a last release wrote (16 shards ``zebin-v2/<first hex digit>``, or one flat
+    ``zebin-v1`` directory) is moved into its shard and answers, never lost."""
     cache = tmp_path / "cache"
     built = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc, cache_dir=cache)
-    (entry,) = cache.glob("zebin-v2/*/*.zeentry")
-    old = cache / "zebin-v1"
-    old.mkdir(mode=0o700)
+    (entry,) = cache.glob("zebin-v3/*/*.zeentry")
+    old = cache / layout / (entry.name[:1] if layout == "zebin-v2" else "")
+    old.mkdir(mode=0o700, parents=True)
     shutil.move(str(entry), old / entry.name)
-    shutil.rmtree(cache / "zebin-v2")
+    shutil.rmtree(cache / "zebin-v3")
     env = {**os.environ, "XPU_ZEBIN_OCLOC": system_ocloc}
     code = ("import sys, xpu_zebin\n"
             "r = xpu_zebin.compile(sys.stdin.buffer.read(), device='pvc', cache_dir=sys.argv[1])\n"
@@ -115,4 +118,4 @@ def test_a_cache_of_the_last_layout_is_still_served(system_ocloc, add_spirv, tmp
                          capture_output=True, env=env, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == b"cache " + built.binary
-    assert not old.exists() and xpu_zebin.stats(cache)["entries"] == 1
+    assert not (cache / layout).exists() and xpu_zebin.stats(cache)["entries"] == 1

@@ -151,7 +151,7 @@ def test_a_poisoned_cache_entry_is_rebuilt_never_loaded_here(add_spirv, private_
 
     with xpu_zebin.compile_and_load(add_spirv, "add") as first:
         good = first.native_binary
-    entries = list((private_cache / "zebin-v2").glob("*/*.zeentry"))
+    entries = list((private_cache / "zebin-v3").glob("*/*.zeentry"))
     assert entries
     poisoned = _dangling_kernel_symbol(good)
     replaced = 0
@@ -239,8 +239,8 @@ def test_a_full_or_read_only_cache_never_fails_a_compile(add_spirv, system_ocloc
     """A cache that cannot be written (a file-size limit, a read-only directory) is a note;
     the compile succeeds."""
     ro = tmp_path / "ro"
-    (ro / "zebin-v2").mkdir(parents=True)
-    os.chmod(ro / "zebin-v2", 0o500)
+    (ro / "zebin-v3").mkdir(parents=True)
+    os.chmod(ro / "zebin-v3", 0o500)
     code = (
         "import resource, sys, xpu_zebin\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
@@ -263,7 +263,7 @@ def test_a_full_or_read_only_cache_never_fails_a_compile(add_spirv, system_ocloc
 
 def test_foreign_and_corrupt_entries_are_misses(add_spirv, system_ocloc, private_cache):
     r = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
-    (entry,) = (private_cache / "zebin-v2").glob("*/*.zeentry")
+    (entry,) = (private_cache / "zebin-v3").glob("*/*.zeentry")
     data = entry.read_bytes()
     entry.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # corrupt
     again = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
@@ -361,7 +361,7 @@ def test_the_triton_drop_in_never_hands_the_driver_a_poisoned_cached_zebin(
     utils = xt.install(Recording(), backend=False)
     try:
         utils.load_binary("add", add_spirv, 0, "", True, 0, "pvc")  # builds, caches
-        (entry,) = (private_cache / "zebin-v2").glob("*/*.zeentry")
+        (entry,) = (private_cache / "zebin-v3").glob("*/*.zeentry")
         data = entry.read_bytes()
         (meta_len,) = struct.unpack_from("<I", data, 8)
         meta, good = data[12 : 12 + meta_len], data[12 + meta_len : -32]

@@ -106,7 +106,7 @@ def _forge(entry: Path, binary: bytes) -> None:
 
 
 def _poison(cache: Path, good: bytes, poisoned: bytes) -> Path:
-    (entry,) = [p for p in (cache / "zebin-v2").glob("*/*.zeentry") if good in p.read_bytes()]
+    (entry,) = [p for p in (cache / "zebin-v3").glob("*/*.zeentry") if good in p.read_bytes()]
     _forge(entry, poisoned)
     return entry
 

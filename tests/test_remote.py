@@ -648,7 +648,7 @@ def test_a_trusted_but_refused_entry_is_not_the_compilers_fault(server, keys, sp
     _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
     good = xpu_zebin.compile(spirv, device="pvc", options=options).binary
     forged = regex.sub(rb"(version:[ ]*')1[.]", rb"\g<1>9.", good, count=1)
-    (entry,) = list((tmp_path / "cache-a" / "zebin-v2").glob("*/*.zeentry"))
+    (entry,) = list((tmp_path / "cache-a" / "zebin-v3").glob("*/*.zeentry"))
     _forge(entry, forged)
     client = server.client()
     client.flushdb()

@@ -13,10 +13,11 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Shards of a cache directory: each made once (a new directory costs a node a fraction of
-/// a millisecond here), each a 16th of the cache (an ext4 directory indexes its names).
-pub const SHARDS: usize = 16;
-const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR2");
+/// Shards of a cache directory, each made on its first entry: 256, so that a shard of a
+/// million entries' cache (3,900 each) still has a one-level ext4 name index (a shard of
+/// 62,500, a 16th, needs two, and every create in it then costs more).
+pub const SHARDS: usize = 256;
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR3");
 /// Words: a header, bytes and entries of each shard, counters.
 const HEADER: usize = 8;
 const COUNTERS: usize = 64;
@@ -24,9 +25,9 @@ const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
 /// The file's size: whole pages.
 pub const FILE_BYTES: usize = 8192;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
-/// One shard is recounted every this many writes (round robin: each shard every 65,536
-/// writes; a write pays a 4096th of a shard's listing).
-pub const RECOUNT_EVERY: u64 = 4096;
+/// One shard is recounted every this many writes (round robin: each shard every 262,144
+/// writes; a write pays a 1024th of a shard's listing).
+pub const RECOUNT_EVERY: u64 = 1024;
 
 // Header words (1 and 2 unused).
 const W_MAGIC: usize = 0;
@@ -169,7 +170,9 @@ impl Ledger {
 
     /// Whether this is the ledger file of `dir` now (not one removed or replaced since).
     pub fn is_at(&self, dir: &Path) -> bool {
-        std::fs::symlink_metadata(dir.join("ledger")).is_ok_and(|m| (m.dev(), m.ino()) == self.file)
+        location(dir)
+            .and_then(std::fs::symlink_metadata)
+            .is_ok_and(|m| (m.dev(), m.ino()) == self.file)
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
@@ -287,6 +290,13 @@ fn location(dir: &Path) -> std::io::Result<std::path::PathBuf> {
         meta.ino()
     );
     Ok(Path::new("/dev/shm").join(name))
+}
+
+/// Remove the ledger of `dir` (a layout no longer used), wherever it lives.
+pub fn remove(dir: &Path) {
+    if let Ok(path) = location(dir) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The ledger file, when it is one: a regular file of this user's, of its size.

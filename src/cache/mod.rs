@@ -1,9 +1,10 @@
 //! Content-addressed native-binary cache, flat in cost at any size.
 //!
-//! Entries live in 16 shards (`zebin-v2/<the key's first hex digit>/`); the
+//! Entries live in 256 shards (`zebin-v3/<the key's first two hex digits>/`); the
 //! directory's accounts (bytes, entries, counters) are one shared mapped file
 //! (`ledger.rs`), so a write never lists the directory: when the ledger says the cache is
-//! over its bound, `upkeep.rs` cleans the largest shards, least recently used first.
+//! over its bound, `upkeep.rs` removes the least recently used entries. The last layouts'
+//! entries are moved in a slice at a time (`migrate.rs`).
 //!
 //! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | checksum`, the
 //! checksum blake3 over the key and everything before it: an entry renamed onto another
@@ -15,6 +16,7 @@
 //! fail a compile; every problem comes back as a note.
 
 mod ledger;
+mod migrate;
 pub mod stats;
 mod upkeep;
 
@@ -27,6 +29,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -42,9 +45,8 @@ pub(crate) const TEMP_PREFIX: &str = ".tmp-";
 /// A temp file untouched this long belongs to a writer that died (an entry is a few MB
 /// written in one go); it is removed.
 pub(crate) const ABANDONED_TEMP: Duration = Duration::from_secs(3600);
-/// This layout's directory, and the last one's (entries moved from it, never lost).
-const LAYOUT: &str = "zebin-v2";
-const OLD_LAYOUT: &str = "zebin-v1";
+/// This layout's directory (the last layouts' entries are moved from theirs, never lost).
+const LAYOUT: &str = "zebin-v3";
 /// No entry is larger (a zebin is a few MB): a bigger file is not an entry, and is never
 /// read into memory whole.
 pub const MAX_ENTRY_BYTES: u64 = 256 << 20;
@@ -158,62 +160,96 @@ impl Cache {
     }
 
     /// Count every shard again, now (waiting for no one: false when another process holds
-    /// the upkeep lock).
+    /// the upkeep lock); the last layouts' entries are all moved in first.
     pub fn recount(&self) -> bool {
-        let Some(ledger) = self.ledger() else {
+        let Some((here, _)) = self.here() else {
             return false;
         };
         let Some(_held) = upkeep::try_lock(&self.dir) else {
             return false;
         };
-        upkeep::recount_all(&self.dir, &ledger);
+        self.move_old(&here, usize::MAX);
+        upkeep::recount_all(&self.dir, &here.ledger);
         true
     }
 
-    /// This directory's ledger (one per process and directory, made on first use: then
-    /// the last layout's entries are moved in); None while the directory does not exist
-    /// or is refused.
+    /// This directory's ledger (one per process and directory, made on first use); None
+    /// while the directory does not exist or is refused.
     pub fn ledger(&self) -> Option<Arc<Ledger>> {
+        self.here().map(|(here, _)| here.ledger.clone())
+    }
+
+    /// This directory as this process uses it, and whether that began now. On first use
+    /// its ledger is mapped, and a slice of the last layouts' entries moved in.
+    fn here(&self) -> Option<(Arc<Here>, bool)> {
         if self.refused.is_some() {
             return None;
         }
         if let Some(found) = lock(LEDGERS.get()).get(&self.dir) {
             // The same file still: a directory removed and made again has a new ledger.
-            if found.is_at(&self.dir) {
-                return Some(found.clone());
+            if found.ledger.is_at(&self.dir) {
+                return Some((found.clone(), false));
             }
         }
-        let old = self.dir.parent().map(|base| base.join(OLD_LAYOUT));
-        if old.as_ref().is_some_and(|o| o.is_dir()) {
-            // An upgrade: this layout's directory is made now, to move the old one in.
+        let old_left = migrate::any_left(&self.dir);
+        if old_left {
+            // An upgrade: this layout's directory is made now, to move the old ones in.
             let _ = std::fs::DirBuilder::new().mode(0o700).create(&self.dir);
         }
         if private::check_dir(&self.dir, 0o002).is_err() {
             return None;
         }
-        let ledger = Arc::new(Ledger::open(&self.dir).ok()?);
-        if let Some(old) = old {
-            if upkeep::migrate(&old, &self.dir) {
-                ledger.mark_unknown();
+        let here = Arc::new(Here {
+            ledger: Arc::new(Ledger::open(&self.dir).ok()?),
+            old_left: AtomicBool::new(old_left),
+        });
+        lock(LEDGERS.get()).insert(self.dir.clone(), here.clone());
+        if old_left {
+            if let Some(_held) = upkeep::try_lock(&self.dir) {
+                self.move_old(&here, migrate::SLICE);
             }
         }
-        lock(LEDGERS.get()).insert(self.dir.clone(), ledger.clone());
-        Some(ledger)
+        Some((here, true))
+    }
+
+    /// Move up to `budget` of the last layouts' entries in (the caller holds the upkeep
+    /// lock, so that no recount runs meanwhile).
+    fn move_old(&self, here: &Here, budget: usize) {
+        if !migrate::slice(&self.dir, &here.ledger, budget) {
+            here.old_left.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// After a miss: whether to look again, because this process had not used the
+    /// directory before (a slice of the last layouts was just moved in), or `key`'s own
+    /// entry of a last layout was moved in now.
+    fn take_old(&self, key: &str) -> bool {
+        let Some((here, made)) = self.here() else {
+            return false;
+        };
+        let taken =
+            here.old_left.load(Ordering::Relaxed) && migrate::take(&self.dir, &here.ledger, key);
+        made || taken
     }
 
     /// What the ledger asks after a write: accounts recounted when unknown, one shard
-    /// recounted now and then, entries evicted when over the bound. A note says what was
-    /// evicted. Skipped while another process does it.
-    fn upkeep(&self, ledger: &Ledger) -> Option<String> {
+    /// recounted now and then, a slice of the last layouts moved in, entries evicted when
+    /// over the bound. A note says what was evicted. Skipped while another process does it.
+    fn upkeep(&self, here: &Here) -> Option<String> {
+        let ledger = &here.ledger;
         let recount = ledger.wrote();
         let over = ledger.bytes() > self.max_bytes;
         let unknown = ledger.unknown();
-        if recount.is_none() && !over && unknown == 0 {
+        let old_left = here.old_left.load(Ordering::Relaxed);
+        if recount.is_none() && !over && unknown == 0 && !old_left {
             return None;
         }
         let Some(_held) = upkeep::try_lock(&self.dir) else {
             return None; // the process that holds the lock does it, or the next writer
         };
+        if old_left {
+            self.move_old(here, migrate::SLICE);
+        }
         if unknown != 0 {
             upkeep::recount_all(&self.dir, ledger);
             ledger.known(unknown);
@@ -228,15 +264,6 @@ impl Cache {
             "cache over {} bytes: evicted {removed} least recently used entries",
             self.max_bytes
         ))
-    }
-
-    /// True when this process had not used this directory before: its ledger is opened
-    /// now, and the last layout's entries moved in.
-    fn first_use_here(&self) -> bool {
-        if lock(LEDGERS.get()).contains_key(&self.dir) {
-            return false;
-        }
-        self.ledger().is_some()
     }
 
     fn shard_dir(&self, key: &str) -> PathBuf {
@@ -283,12 +310,12 @@ impl Cache {
         }
         let path = self.path(key);
         let mut read = self.read(&path);
-        if read
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-            && self.first_use_here()
-        {
-            read = self.read(&path); // the last layout's entries were just moved in
+        let missed = |r: &std::io::Result<_>| {
+            r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        };
+        if missed(&read) && self.take_old(key) {
+            read = self.read(&path);
         }
         let bytes = match read {
             Ok(b) => b,
@@ -331,7 +358,7 @@ impl Cache {
         let path = self.path(key);
         let bytes = match self.read(&path) {
             Ok(b) => b,
-            Err(_) if self.first_use_here() => self.read(&path).ok()?,
+            Err(_) if self.take_old(key) => self.read(&path).ok()?,
             Err(_) => return None,
         };
         decode::<serde::de::IgnoredAny>(key, &bytes).ok()?;
@@ -413,10 +440,10 @@ impl Cache {
             }
         })();
         match result {
-            Ok((grown, new)) => match self.ledger() {
-                Some(ledger) => {
-                    ledger.add(upkeep::shard_of(key), grown, new);
-                    self.upkeep(&ledger)
+            Ok((grown, new)) => match self.here() {
+                Some((here, _)) => {
+                    here.ledger.add(upkeep::shard_of(key), grown, new);
+                    self.upkeep(&here)
                 }
                 // No ledger here (a file system without shared maps, a name taken): the
                 // bound is still held, by listing the cache (its cost grows with it).
@@ -427,9 +454,16 @@ impl Cache {
     }
 }
 
-/// Ledgers by directory: one mapping per process and directory (a forked child keeps its
-/// parent's mappings, which stay valid, and makes its own map).
-static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<Ledger>>>> =
+/// A cache directory as this process uses it: its ledger, and whether the last layouts
+/// may still hold entries to move in.
+struct Here {
+    ledger: Arc<Ledger>,
+    old_left: AtomicBool,
+}
+
+/// Directories in use: one ledger mapping per process and directory (a forked child keeps
+/// its parent's mappings, which stay valid, and makes its own map).
+static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<Here>>>> =
     Renewable::new(|| Mutex::new(HashMap::new()), forget_ledgers_after_fork);
 
 fn forget_ledgers_after_fork() {

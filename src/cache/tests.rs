@@ -109,22 +109,97 @@ fn writers_killed_mid_write_leave_nothing_wrong() {
     assert_eq!(cache.usage(), (n, bytes));
 }
 
+/// Write `key`'s entry as a last layout held it (`zebin-v1` flat, `zebin-v2` by the key's
+/// first hex digit); its size.
+fn old_entry(base: &Path, layout: &str, key: &str, binary: &[u8]) -> u64 {
+    let bytes = encode(key, &"old".to_string(), binary).unwrap();
+    let mut dir = base.join(layout);
+    if layout == "zebin-v2" {
+        dir = dir.join(&key[..1]);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .unwrap();
+    std::fs::write(dir.join(format!("{key}.zeentry")), &bytes).unwrap();
+    bytes.len() as u64
+}
+
 #[test]
-fn entries_of_the_last_layout_are_moved_in_and_served() {
+fn entries_of_the_last_layouts_are_moved_in_and_served() {
+    for layout in ["zebin-v1", "zebin-v2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(Some(dir.path()));
+        let key = key(&[layout.as_bytes()]);
+        let len = old_entry(dir.path(), layout, &key, b"old binary");
+        match cache.get::<String>(&key) {
+            Lookup::Hit(m, b) => {
+                assert_eq!((m.as_str(), b.as_slice()), ("old", &b"old binary"[..]))
+            }
+            _ => panic!("the {layout} entry was not served"),
+        }
+        assert_eq!(cache.usage(), (1, len));
+        assert!(!dir.path().join(layout).exists(), "{layout} is left");
+    }
+}
+
+/// Many entries of the last layout: each process's first use and each write move a slice
+/// (no request moves them all), a miss takes its own key's entry at once, and every entry
+/// ends up here, counted once, the old directory gone.
+#[test]
+fn a_large_last_layout_is_moved_in_slices_never_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3 * migrate::SLICE as u64;
+    let keys: Vec<String> = (0..n).map(|i| key(&[&i.to_le_bytes()])).collect();
+    let mut bytes = 0;
+    for k in &keys {
+        bytes += old_entry(dir.path(), "zebin-v2", k, &[3u8; 100]);
+    }
+    let cache = Cache::open(Some(dir.path()));
+    let last = keys.last().unwrap();
+    // The first lookup moves one slice, and takes its own entry whatever the slice held.
+    assert!(matches!(cache.get::<String>(last), Lookup::Hit(..)));
+    let here = on_disk(&cache).0;
+    assert!((migrate::SLICE as u64..=migrate::SLICE as u64 + 1).contains(&here));
+    assert!(cache.put("new", &"m".to_string(), b"new").is_none()); // one more slice
+    assert!(on_disk(&cache).0 > here + migrate::SLICE as u64 - 2);
+    assert!(dir.path().join("zebin-v2").exists());
+    for k in keys.iter().step_by(97) {
+        assert!(
+            matches!(cache.get::<String>(k), Lookup::Hit(..)),
+            "{k} lost"
+        );
+    }
+    assert!(cache.recount()); // moves what is left
+    let new = std::fs::metadata(cache.path("new")).unwrap().len();
+    assert_eq!(cache.usage(), (n + 1, bytes + new));
+    assert_eq!(on_disk(&cache), (n + 1, bytes + new));
+    assert!(!dir.path().join("zebin-v2").exists());
+}
+
+/// A process killed between linking an old entry in and unlinking its old name leaves it
+/// under both; it is dropped from the old layout, never counted twice, and an entry
+/// written here since is never replaced by an old one.
+#[test]
+fn an_old_entry_never_replaces_one_written_here() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::open(Some(dir.path()));
-    let bytes = encode("abc", &"old".to_string(), b"old binary").unwrap();
-    let old = dir.path().join(OLD_LAYOUT);
-    std::fs::DirBuilder::new().mode(0o700).create(&old).unwrap();
-    std::fs::write(old.join("abc.zeentry"), &bytes).unwrap();
-    match cache.get::<String>("abc") {
-        Lookup::Hit(m, b) => {
-            assert_eq!((m.as_str(), b.as_slice()), ("old", &b"old binary"[..]))
-        }
-        _ => panic!("the last layout's entry was not served"),
+    let (a, b) = (key(&[b"a"]), key(&[b"b"]));
+    old_entry(dir.path(), "zebin-v2", &a, b"old a");
+    old_entry(dir.path(), "zebin-v1", &b, b"old b");
+    std::fs::create_dir_all(cache.shard_dir(&a)).unwrap();
+    let v2 = dir.path().join("zebin-v2").join(&a[..1]);
+    std::fs::hard_link(v2.join(format!("{a}.zeentry")), cache.path(&a)).unwrap();
+    assert!(cache.put(&b, &"new".to_string(), b"new b").is_none());
+    assert!(cache.recount());
+    assert_eq!(on_disk(&cache), cache.usage());
+    assert_eq!(cache.usage().0, 2);
+    match cache.get::<String>(&b) {
+        Lookup::Hit(m, _) => assert_eq!(m, "new"),
+        _ => panic!("the entry written here was lost"),
     }
-    assert_eq!(cache.usage(), (1, bytes.len() as u64));
-    assert!(!old.exists());
+    assert!(!dir.path().join("zebin-v1").exists() && !dir.path().join("zebin-v2").exists());
 }
 
 #[test]
@@ -154,10 +229,20 @@ fn temp_files_of_dead_writers_are_removed_live_ones_kept() {
         .open(&abandoned)
         .and_then(|f| f.set_modified(two_hours_ago))
         .unwrap();
+    // A ledger's temp file left by a process killed while making it.
+    let ledger_temp = cache.dir().join(format!("{TEMP_PREFIX}ledger-dead"));
+    std::fs::write(&ledger_temp, b"half a ledger").unwrap();
+    let file = std::fs::File::options().append(true).open(&ledger_temp);
+    file.and_then(|f| f.set_modified(two_hours_ago)).unwrap();
     // Over its bound (0): the shard is cleaned, and the dead writer's file with it.
     assert!(cache.put("k", &"meta".to_string(), b"binary").is_some());
     assert!(!abandoned.exists(), "a dead writer's temp file stays");
     assert!(writing.exists(), "a live writer's temp file was removed");
+    assert!(cache.recount());
+    assert!(
+        !ledger_temp.exists(),
+        "a dead process's ledger temp file stays"
+    );
 }
 
 /// Over its bound, the cache loses its least recently used entries first, whichever shard
@@ -201,10 +286,10 @@ fn ties_at_the_cutoff_go_after_every_older_entry() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
     let now = SystemTime::now();
-    // Shard 0 holds ten entries used now, shard f ten used 100 s before.
+    // Shard 00 holds ten entries used now, shard ff ten used 100 s before.
     for (name, used) in (0..10)
-        .map(|i| (format!("0tie{i}"), now))
-        .chain((0..10).map(|i| (format!("fold{i}"), now - Duration::from_secs(100))))
+        .map(|i| (format!("00tie{i}"), now))
+        .chain((0..10).map(|i| (format!("ffold{i}"), now - Duration::from_secs(100))))
     {
         assert!(cache.put(&name, &"m".to_string(), &[7u8; 1000]).is_none());
         let file = std::fs::File::options().write(true).open(cache.path(&name));
@@ -220,7 +305,7 @@ fn ties_at_the_cutoff_go_after_every_older_entry() {
             .filter(|i| cache.path(&format!("{prefix}{i}")).exists())
             .count()
     };
-    assert_eq!((kept("fold"), kept("0tie")), (0, 9));
+    assert_eq!((kept("ffold"), kept("00tie")), (0, 9));
     assert_eq!(cache.usage(), on_disk(&cache));
 }
 
@@ -237,14 +322,14 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
         file.unwrap().set_modified(used).unwrap();
         std::fs::metadata(cache.path(name)).unwrap().len()
     };
-    let tie = (0..10).map(|i| put(&format!("0tie{i}"), 1000, now)).max();
-    let (tie, older) = (tie.unwrap(), put("fold", 10, old));
+    let tie = (0..10).map(|i| put(&format!("00tie{i}"), 1000, now)).max();
+    let (tie, older) = (tie.unwrap(), put("ffold", 10, old));
     let (_, total) = on_disk(&cache);
     // Half a tied entry more than the older one must go: the older one, and one tied.
     let max = (total - older - tie / 2) * 10 / 9;
     let ledger = cache.ledger().unwrap();
     assert_eq!(upkeep::clean(cache.dir(), &ledger, max), 2);
-    assert!(!cache.path("fold").exists());
-    let tied = (0..10).filter(|i| cache.path(&format!("0tie{i}")).exists());
+    assert!(!cache.path("ffold").exists());
+    let tied = (0..10).filter(|i| cache.path(&format!("00tie{i}")).exists());
     assert_eq!(tied.count(), 9);
 }

@@ -2,15 +2,14 @@
 //! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, the
 //! least recently used entries of the whole cache are removed until it holds nine tenths
 //! of it, so a cleaning comes once per tenth of the bound written, and its cost per entry
-//! removed does not grow with the cache. Upkeep runs under an advisory lock taken without waiting: a
-//! process that finds it taken leaves the work to the one holding it, and a holder that
-//! dies lets go with its file. Entries of the last layout (`zebin-v1`, one flat
-//! directory) are moved into their shards, never lost.
+//! removed does not grow with the cache. Upkeep runs under an advisory lock taken without
+//! waiting: a process that finds it taken leaves the work to the one holding it, and a
+//! holder that dies lets go with its file.
 
 use super::ledger::{Counter, Ledger, SHARDS};
 use super::{ABANDONED_TEMP, MAX_ENTRY_BYTES, TEMP_PREFIX};
 use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -18,13 +17,13 @@ use crate::sync::Renewable;
 
 /// The name of shard `shard`'s directory.
 pub fn shard_name(shard: usize) -> String {
-    format!("{:x}", shard % SHARDS)
+    format!("{:02x}", shard % SHARDS)
 }
 
-/// The shard of `key`: its first hex digit (keys are blake3 in hex), else a hash's.
+/// The shard of `key`: its first two hex digits (keys are blake3 in hex), else a hash's.
 pub fn shard_of(key: &str) -> usize {
-    match key.get(..1).and_then(|h| usize::from_str_radix(h, 16).ok()) {
-        Some(s) => s,
+    match key.get(..2).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+        Some(s) => s as usize % SHARDS,
         None => blake3::hash(key.as_bytes()).as_bytes()[0] as usize % SHARDS,
     }
 }
@@ -138,17 +137,38 @@ fn list(shard: &Path) -> Vec<Found> {
             }
             if path.extension().is_some_and(|x| x == "zeentry") && m.len() <= MAX_ENTRY_BYTES {
                 found.push((modified, m.len(), path));
-            } else if entry
-                .file_name()
-                .as_encoded_bytes()
-                .starts_with(TEMP_PREFIX.as_bytes())
-                && now.duration_since(modified).unwrap_or_default() > ABANDONED_TEMP
-            {
+            } else if abandoned(&entry.file_name(), modified, now) {
                 let _ = std::fs::remove_file(&path);
             }
         }
     }
     found
+}
+
+/// Whether a file is a temp file of a writer that died (`.tmp-`, untouched for an hour).
+pub fn abandoned(name: &std::ffi::OsStr, modified: SystemTime, now: SystemTime) -> bool {
+    name.as_encoded_bytes().starts_with(TEMP_PREFIX.as_bytes())
+        && now.duration_since(modified).unwrap_or_default() > ABANDONED_TEMP
+}
+
+/// Remove the temp files of dead writers directly in `dir` (a ledger being made, an
+/// entry of a last layout), when it is this user's private directory.
+pub fn sweep(dir: &Path) {
+    if crate::private::check_dir(dir, 0o002).is_err() {
+        return;
+    }
+    let now = SystemTime::now();
+    let uid = crate::private::uid();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = entry.metadata() else { continue };
+        let ours = m.file_type().is_file() && m.uid() == uid;
+        if ours
+            && m.modified()
+                .is_ok_and(|t| abandoned(&entry.file_name(), t, now))
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// (entries, bytes) of every shard, listed (when there is no ledger).
@@ -251,39 +271,8 @@ fn nanos(t: SystemTime) -> u64 {
 }
 
 pub fn recount_all(dir: &Path, ledger: &Ledger) {
+    sweep(dir);
     for shard in 0..SHARDS {
         recount(dir, ledger, shard);
     }
-}
-
-/// Move the entries of the last layout (`old`, one flat directory) into their shards of
-/// `dir`; true when any was moved (the ledger must then be recounted).
-pub fn migrate(old: &Path, dir: &Path) -> bool {
-    if crate::private::check_dir(old, 0o002).is_err() {
-        return false; // none, or not this user's alone: its entries were never taken
-    }
-    let Ok(entries) = std::fs::read_dir(old) else {
-        return false;
-    };
-    let mut moved = false;
-    for entry in entries.filter_map(|e| e.ok()) {
-        let path = entry.path();
-        let Some(key) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".zeentry"))
-        else {
-            continue;
-        };
-        let shard = dir.join(shard_name(shard_of(key)));
-        let made = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&shard);
-        if made.is_ok() && std::fs::rename(&path, shard.join(format!("{key}.zeentry"))).is_ok() {
-            moved = true;
-        }
-    }
-    let _ = std::fs::remove_dir(old); // when empty: nothing of it is left to read
-    moved
 }
