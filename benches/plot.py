@@ -114,6 +114,10 @@ def _scale(r: dict) -> Tuple[bytes, str]:
     table += ["", "| ratio, largest over empty (evict: over the first size evicting 1,000) "
               "(target: at most 1.25) | value |", "| --- | --- |"]  # fmt: skip
     table += [f"| `{k}_ratio` | {x[f'{k}_ratio']} |" for k in kinds if f"{k}_ratio" in x]
+    if "evict_stall_ratio" in x:
+        stalls = ", ".join(f"{int(s):,}: {x['ms'][s]['evict_stall']} ms" for s in sizes)
+        table += [f"| the most one write paid for a cleaning ({stalls}) | "
+                  f"`evict_stall_ratio` {x['evict_stall_ratio']} |"]  # fmt: skip
     table += [f"| size against its bound | {x['size_bytes']:,} of {x['bound_bytes']:,} bytes "
               f"(held: {x['held']}) |"]  # fmt: skip
     if "lru_kept" in x:

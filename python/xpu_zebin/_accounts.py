@@ -19,6 +19,7 @@ def stats(
     retries by trigger, entries refused (untrusted, checksum, driver), evictions, compiler
     microseconds spent and saved by hits. ``zero`` sets the counters back to zero after
     they are read; ``recount`` counts every entry on disk again first (a writer killed
-    mid-write leaves the accounts off by its entry until its shard is recounted). As
-    ``xpu-zebin stats``."""
+    mid-write leaves the accounts off by its entry until its shard is recounted).
+    ``cleaning`` is the cleaning in progress (``next_shard`` of ``shards``: over its bound,
+    the cache is cleaned a slice per write), or None. As ``xpu-zebin stats``."""
     return _core.cache_stats(None if cache_dir is None else os.fspath(cache_dir), zero, recount)

@@ -29,12 +29,26 @@ const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// writes; a write pays a 1024th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 1024;
 
-// Header words (1 and 2 unused).
+// Header words (7 unused).
 const W_MAGIC: usize = 0;
 const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
 /// Nonzero: the accounts are not known yet (a new file): recount everything.
 const W_UNKNOWN: usize = 5;
+/// A cleaning round (`Round`): its next shard plus one (0: none), cutoff, tied bytes.
+const W_ROUND_NEXT: usize = 1;
+const W_ROUND_CUT: usize = 2;
+const W_ROUND_TIED: usize = 6;
+
+/// A cleaning in progress, done a slice at a time by whichever process keeps the
+/// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
+/// more bytes of those last used at `cut`, shard by shard from `next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    pub cut: u64,
+    pub tied: u64,
+    pub next: usize,
+}
 
 /// The counters `xpu-zebin stats` reports, by index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +259,29 @@ impl Ledger {
         let n = self.word(W_WRITES).fetch_add(1, Ordering::Relaxed) + 1;
         n.is_multiple_of(RECOUNT_EVERY)
             .then(|| self.word(W_NEXT_RECOUNT).fetch_add(1, Ordering::Relaxed) as usize % SHARDS)
+    }
+
+    /// The cleaning round in progress, if any (changed only under the upkeep lock).
+    pub fn round(&self) -> Option<Round> {
+        let next = self.word(W_ROUND_NEXT).load(Ordering::Acquire);
+        (1..=SHARDS as u64).contains(&next).then(|| Round {
+            cut: self.word(W_ROUND_CUT).load(Ordering::Relaxed),
+            tied: self.word(W_ROUND_TIED).load(Ordering::Relaxed),
+            next: (next - 1) as usize,
+        })
+    }
+
+    /// Where the round is now: `None`, or a round past its last shard, ends it.
+    pub fn set_round(&self, round: Option<&Round>) {
+        match round.filter(|r| r.next < SHARDS) {
+            Some(r) => {
+                self.word(W_ROUND_CUT).store(r.cut, Ordering::Relaxed);
+                self.word(W_ROUND_TIED).store(r.tied, Ordering::Relaxed);
+                self.word(W_ROUND_NEXT)
+                    .store(r.next as u64 + 1, Ordering::Release);
+            }
+            None => self.word(W_ROUND_NEXT).store(0, Ordering::Release),
+        }
     }
 
     pub fn count(&self, c: Counter, n: u64) {

@@ -233,15 +233,17 @@ impl Cache {
     }
 
     /// What the ledger asks after a write: accounts recounted when unknown, one shard
-    /// recounted now and then, a slice of the last layouts moved in, entries evicted when
-    /// over the bound. A note says what was evicted. Skipped while another process does it.
+    /// recounted now and then, a slice of the last layouts moved in, a slice of a cleaning
+    /// when over the bound or in one. A note says what was evicted. Skipped while another
+    /// process does it.
     fn upkeep(&self, here: &Here) -> Option<String> {
         let ledger = &here.ledger;
         let recount = ledger.wrote();
         let over = ledger.bytes() > self.max_bytes;
         let unknown = ledger.unknown();
         let old_left = here.old_left.load(Ordering::Relaxed);
-        if recount.is_none() && !over && unknown == 0 && !old_left {
+        let cleaning = ledger.round().is_some();
+        if recount.is_none() && !over && unknown == 0 && !old_left && !cleaning {
             return None;
         }
         let Some(_held) = upkeep::try_lock(&self.dir) else {
@@ -256,14 +258,16 @@ impl Cache {
         } else if let Some(shard) = recount {
             upkeep::recount(&self.dir, ledger, shard);
         }
-        if ledger.bytes() <= self.max_bytes {
+        if !cleaning && ledger.bytes() <= self.max_bytes {
             return None;
         }
-        let removed = upkeep::clean(&self.dir, ledger, self.max_bytes);
-        Some(format!(
-            "cache over {} bytes: evicted {removed} least recently used entries",
-            self.max_bytes
-        ))
+        let removed = upkeep::clean(&self.dir, ledger, self.max_bytes, upkeep::SLICE_ENTRIES);
+        (removed > 0).then(|| {
+            format!(
+                "cache over {} bytes: evicted {removed} least recently used entries",
+                self.max_bytes
+            )
+        })
     }
 
     fn shard_dir(&self, key: &str) -> PathBuf {

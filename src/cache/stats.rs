@@ -14,6 +14,14 @@ pub struct Stats {
     pub max_bytes: u64,
     /// Counters by name (`Counter::name`).
     pub counters: BTreeMap<&'static str, u64>,
+    /// A cleaning in progress (done a slice per write): the next of its shards.
+    pub cleaning: Option<Cleaning>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Cleaning {
+    pub next_shard: usize,
+    pub shards: usize,
 }
 
 /// The stats of `cache` (zeros for a directory never written); `zero`: its counters are
@@ -42,5 +50,9 @@ pub fn stats(cache: &Cache, zero: bool, recount: bool) -> Stats {
         bytes,
         max_bytes: cache.max_bytes,
         counters,
+        cleaning: ledger.and_then(|l| l.round()).map(|r| Cleaning {
+            next_shard: r.next,
+            shards: super::ledger::SHARDS,
+        }),
     }
 }

@@ -299,7 +299,10 @@ fn ties_at_the_cutoff_go_after_every_older_entry() {
     let each = bytes / 20;
     let ledger = cache.ledger().unwrap();
     // Nine tenths of ten and a half entries: eleven go.
-    assert_eq!(upkeep::clean(cache.dir(), &ledger, each * 21 / 2), 11);
+    assert_eq!(
+        upkeep::clean(cache.dir(), &ledger, each * 21 / 2, upkeep::WHOLE),
+        11
+    );
     let kept = |prefix: &str| {
         (0..10)
             .filter(|i| cache.path(&format!("{prefix}{i}")).exists())
@@ -328,8 +331,66 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
     // Half a tied entry more than the older one must go: the older one, and one tied.
     let max = (total - older - tie / 2) * 10 / 9;
     let ledger = cache.ledger().unwrap();
-    assert_eq!(upkeep::clean(cache.dir(), &ledger, max), 2);
+    assert_eq!(upkeep::clean(cache.dir(), &ledger, max, upkeep::WHOLE), 2);
     assert!(!cache.path("ffold").exists());
     let tied = (0..10).filter(|i| cache.path(&format!("00tie{i}")).exists());
     assert_eq!(tied.count(), 9);
+}
+
+/// A cache larger than a round's sample is cleaned a slice per write: no write removes
+/// the whole tenth, the round goes on in the next writes (from the ledger, whoever makes
+/// them), and what it removed is exactly the least recently used, down to under the bound.
+#[test]
+fn a_large_cache_is_cleaned_a_slice_per_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    assert!(cache.put("first", &"m".to_string(), b"x").is_none()); // the directory, its ledger
+    let n = 20_000u64;
+    let start = SystemTime::now() - Duration::from_secs(2 * n);
+    let keys: Vec<String> = (0..n).map(|i| key(&[b"large", &i.to_le_bytes()])).collect();
+    for (i, k) in keys.iter().enumerate() {
+        std::fs::create_dir_all(cache.shard_dir(k)).unwrap();
+        let file = std::fs::File::create(cache.path(k)).unwrap();
+        std::io::Write::write_all(&mut &file, &encode(k, &"m".to_string(), &[1; 100]).unwrap())
+            .unwrap();
+        file.set_modified(start + Duration::from_secs(i as u64))
+            .unwrap();
+    }
+    assert!(cache.recount());
+    let (_, bytes) = cache.usage();
+    let cache = cache.with_max_bytes(bytes);
+    let ledger = cache.ledger().unwrap();
+    let mut writes = 0;
+    let mut removed_by_one = Vec::new();
+    loop {
+        let before = ledger.counter(Counter::Evictions);
+        cache.put_copy(&format!("new{writes}"), &"m".to_string(), b"new");
+        removed_by_one.push(ledger.counter(Counter::Evictions) - before);
+        writes += 1;
+        if ledger.round().is_none() || writes > 2 * ledger::SHARDS {
+            break;
+        }
+    }
+    assert!(ledger.round().is_none(), "the round never ended");
+    assert!(
+        writes > 2,
+        "{removed_by_one:?}: the cleaning was not spread"
+    );
+    let total: u64 = removed_by_one.iter().sum();
+    assert!(
+        removed_by_one.iter().all(|r| *r < total / 2),
+        "{removed_by_one:?}"
+    );
+    // The oldest went, and only they: what is left of the old entries is a suffix.
+    let kept: Vec<bool> = keys.iter().map(|k| cache.path(k).exists()).collect();
+    let first_kept = kept.iter().position(|k| *k).unwrap();
+    assert!(kept[first_kept..].iter().all(|k| *k));
+    assert_eq!(first_kept as u64, total);
+    assert!((0..writes).all(|w| cache.path(&format!("new{w}")).exists()));
+    let (_, after) = on_disk(&cache);
+    assert!(
+        after <= bytes && after >= bytes * 8 / 10,
+        "{after} of {bytes}"
+    );
+    assert_eq!(cache.usage(), on_disk(&cache));
 }

@@ -1,12 +1,12 @@
 //! Keeping a cache directory within its bound, at any size: no write lists the directory.
 //! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, the
 //! least recently used entries of the whole cache are removed until it holds nine tenths
-//! of it, so a cleaning comes once per tenth of the bound written, and its cost per entry
-//! removed does not grow with the cache. Upkeep runs under an advisory lock taken without
+//! of it, a slice per write, so a cleaning comes once per tenth of the bound written, and
+//! neither its cost per entry removed nor what one write pays grows with the cache. Upkeep runs under an advisory lock taken without
 //! waiting: a process that finds it taken leaves the work to the one holding it, and a
 //! holder that dies lets go with its file.
 
-use super::ledger::{Counter, Ledger, SHARDS};
+use super::ledger::{Counter, Ledger, Round, SHARDS};
 use super::{ABANDONED_TEMP, MAX_ENTRY_BYTES, TEMP_PREFIX};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -204,64 +204,96 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
     ))
 }
 
-/// Remove the least recently used entries of the whole cache until it holds at most nine
-/// tenths of `max_bytes` (the oldest go first, whichever shard they are in), in two passes
-/// over the shards, so that memory stays at 16 bytes an entry: the first recounts each
-/// shard and keeps every entry's last use and size, to find the last use before which
-/// entries go; the second lists each shard again and removes those, then as many of the
-/// entries last used at that very time as it takes (they tie: time stamps are coarse).
-/// An entry used meanwhile is newer, and stays. The number removed.
-pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64) -> u64 {
-    let target = max_bytes - max_bytes / 10;
-    let mut uses: Vec<(u64, u64)> = Vec::new();
-    // The ledger's count is a hint (shared, maybe stale): a start, never a large one.
-    uses.reserve_exact(usize::try_from(ledger.entries()).unwrap_or(0).min(1 << 20));
-    for shard in 0..SHARDS {
-        uses.extend(
-            recount(dir, ledger, shard)
-                .iter()
-                .map(|f| (nanos(f.0), f.1)),
-        );
-    }
-    let total = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
-    if total <= target {
+/// Entries listed to plan a round: every shard of a cache this small; of a larger one, a
+/// sample of whole shards (keys spread evenly over the shards), scaled up.
+const SAMPLE_ENTRIES: usize = 16_384;
+/// Entries listed per slice of a round: what one write pays for, whatever the cache's size.
+pub const SLICE_ENTRIES: usize = 2048;
+/// A whole cleaning in one call (tests: writes clean a slice each).
+#[cfg(test)]
+pub const WHOLE: usize = usize::MAX;
+
+/// Remove the least recently used entries of the whole cache until it holds nine tenths of
+/// `max_bytes` (the oldest go first, whichever shard they are in), a slice at a time: a
+/// round is planned when the cache is over its bound, then each call lists shards of it
+/// until it has seen `slice` entries, removing those last used before the round's cutoff,
+/// then as many of the entries last used at that very time as it takes (they tie: time
+/// stamps are coarse). The round lives in the ledger, so whichever process next keeps the
+/// directory up goes on with it, and no write pays for a cleaning of the whole cache. An
+/// entry used meanwhile is newer, and stays. The number removed.
+pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
+    let Some(mut round) = ledger.round().or_else(|| plan(dir, ledger, max_bytes)) else {
         return 0;
-    }
-    uses.sort_unstable();
-    // The last use at which the cache gets down to the target, and how many bytes of the
-    // entries last used then must go (those before it go whole).
-    let (mut left, mut cutoff, mut older) = (total, 0, 0u64);
-    for &(used, len) in &uses {
-        if left <= target {
-            break;
-        }
-        if used != cutoff {
-            (cutoff, older) = (used, total - left);
-        }
-        left = left.saturating_sub(len);
-    }
-    let mut tied = (total - older).saturating_sub(target);
-    drop(uses);
-    let mut removed = 0;
-    // Every shard is listed: an entry older than the cutoff goes wherever it is, and the
-    // tied ones only within their budget, whatever was removed before them.
-    for shard in 0..SHARDS {
-        for (used, len, path) in list(&dir.join(shard_name(shard))) {
+    };
+    let (mut seen, mut removed) = (0usize, 0);
+    while round.next < SHARDS && seen < slice {
+        for (used, len, path) in list(&dir.join(shard_name(round.next))) {
+            seen += 1;
             let at = nanos(used);
-            if at > cutoff || (at == cutoff && tied == 0) {
+            if at > round.cut || (at == round.cut && round.tied == 0) {
                 continue;
             }
             if std::fs::remove_file(&path).is_ok() {
-                ledger.add(shard, -(len as i64), -1);
+                ledger.add(round.next, -(len as i64), -1);
                 removed += 1;
-                if at == cutoff {
-                    tied = tied.saturating_sub(len);
+                if at == round.cut {
+                    round.tied = round.tied.saturating_sub(len);
                 }
             }
         }
+        round.next += 1;
+        ledger.set_round(Some(&round)); // ends it past the last shard
     }
     ledger.count(Counter::Evictions, removed);
     removed
+}
+
+/// A round for a cache over its bound, set in the ledger: the last use before which
+/// entries go, and the bytes of those used then that go too. The first shards are
+/// recounted, keeping each entry's last use and size (16 bytes an entry), until
+/// `SAMPLE_ENTRIES` are seen: when that is every shard, the round is exact; otherwise it
+/// takes the sample's share of what the cache must lose.
+fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
+    let target = max_bytes - max_bytes / 10;
+    let mut uses: Vec<(u64, u64)> = Vec::new();
+    let mut listed = 0;
+    while listed < SHARDS && uses.len() < SAMPLE_ENTRIES {
+        let found = recount(dir, ledger, listed);
+        uses.extend(found.iter().map(|f| (nanos(f.0), f.1)));
+        listed += 1;
+    }
+    let sample = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
+    let total = if listed == SHARDS {
+        sample
+    } else {
+        ledger.bytes()
+    };
+    if total <= target {
+        return None;
+    }
+    let share =
+        |bytes: u64, of: u64, whole: u64| (bytes as u128 * of as u128 / whole as u128) as u64;
+    // The sample's share of what must go: all of it, when the sample is the cache.
+    let go = share(sample, total - target, total);
+    uses.sort_unstable();
+    // The last use at which enough is gone, and the bytes of the entries used before it.
+    let (mut gone, mut cut, mut older) = (0u64, 0, 0u64);
+    for &(used, len) in &uses {
+        if gone >= go {
+            break;
+        }
+        if used != cut {
+            (cut, older) = (used, gone);
+        }
+        gone = gone.saturating_add(len);
+    }
+    let round = Round {
+        cut,
+        tied: share(go - older, SHARDS as u64, listed as u64),
+        next: 0,
+    };
+    ledger.set_round(Some(&round));
+    Some(round)
 }
 
 /// A last use as nanoseconds since 1970 (0 before it).

@@ -64,7 +64,12 @@ def stats_lines(s: dict) -> list:
         "large-GRF retries    " + ", ".join(f"{k} {v}" for k, v in retries.items()),
         f"refused entries      untrusted {c['refused_untrusted']}, checksum "
         f"{c['refused_checksum']}, driver {c['refused_driver']}",
-        f"evictions            {c['evictions']}",
+        f"evictions            {c['evictions']}"
+        + (
+            f" (cleaning: shard {k['next_shard']} of {k['shards']} next)"
+            if (k := s.get("cleaning"))
+            else ""
+        ),
         f"saved by hits        {c['saved_microseconds'] / 1e6:.1f} s of compiler",
     ]
 
