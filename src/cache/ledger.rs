@@ -17,6 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// million entries' cache (3,900 each) still has a one-level ext4 name index (a shard of
 /// 62,500, a 16th, needs two, and every create in it then costs more).
 pub const SHARDS: usize = 256;
+/// Parts of a shard a cleaning round goes through one at a time (by the key's third hex
+/// digit), and so the parts of a round.
+pub const PARTS: usize = 16;
+pub const ROUND_PARTS: usize = SHARDS * PARTS;
 const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR3");
 /// Words: a header, bytes and entries of each shard, counters.
 const HEADER: usize = 8;
@@ -35,14 +39,14 @@ const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
 /// Nonzero: the accounts are not known yet (a new file): recount everything.
 const W_UNKNOWN: usize = 5;
-/// A cleaning round (`Round`): its next shard plus one (0: none), cutoff, tied bytes.
+/// A cleaning round (`Round`): its next part plus one (0: none), cutoff, tied bytes.
 const W_ROUND_NEXT: usize = 1;
 const W_ROUND_CUT: usize = 2;
 const W_ROUND_TIED: usize = 6;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
-/// more bytes of those last used at `cut`, shard by shard from `next`.
+/// more bytes of those last used at `cut`, part by part from `next` (`ROUND_PARTS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Round {
     pub cut: u64,
@@ -224,8 +228,15 @@ impl Ledger {
 
     pub fn entries(&self) -> u64 {
         (0..SHARDS)
-            .map(|s| clamp(self.word(HEADER + SHARDS + s).load(Ordering::Relaxed)))
+            .map(|s| self.shard_entries(s))
             .fold(0, u64::saturating_add)
+    }
+
+    pub fn shard_entries(&self, shard: usize) -> u64 {
+        clamp(
+            self.word(HEADER + SHARDS + shard % SHARDS)
+                .load(Ordering::Relaxed),
+        )
     }
 
     pub fn shard_bytes(&self, shard: usize) -> u64 {
@@ -264,16 +275,16 @@ impl Ledger {
     /// The cleaning round in progress, if any (changed only under the upkeep lock).
     pub fn round(&self) -> Option<Round> {
         let next = self.word(W_ROUND_NEXT).load(Ordering::Acquire);
-        (1..=SHARDS as u64).contains(&next).then(|| Round {
+        (1..=ROUND_PARTS as u64).contains(&next).then(|| Round {
             cut: self.word(W_ROUND_CUT).load(Ordering::Relaxed),
             tied: self.word(W_ROUND_TIED).load(Ordering::Relaxed),
             next: (next - 1) as usize,
         })
     }
 
-    /// Where the round is now: `None`, or a round past its last shard, ends it.
+    /// Where the round is now: `None`, or a round past its last part, ends it.
     pub fn set_round(&self, round: Option<&Round>) {
-        match round.filter(|r| r.next < SHARDS) {
+        match round.filter(|r| r.next < ROUND_PARTS) {
             Some(r) => {
                 self.word(W_ROUND_CUT).store(r.cut, Ordering::Relaxed);
                 self.word(W_ROUND_TIED).store(r.tied, Ordering::Relaxed);

@@ -51,7 +51,7 @@ pub fn stats(cache: &Cache, zero: bool, recount: bool) -> Stats {
         max_bytes: cache.max_bytes,
         counters,
         cleaning: ledger.and_then(|l| l.round()).map(|r| Cleaning {
-            next_shard: r.next,
+            next_shard: r.next / super::ledger::PARTS,
             shards: super::ledger::SHARDS,
         }),
     }

@@ -337,6 +337,56 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
     assert_eq!(tied.count(), 9);
 }
 
+/// `n` entries written straight into the cache (as a fill would), the `i`th last used `i`
+/// seconds after the first; their keys.
+fn fill(cache: &Cache, n: u64) -> Vec<String> {
+    let start = SystemTime::now() - Duration::from_secs(2 * n);
+    let keys: Vec<String> = (0..n).map(|i| key(&[b"fill", &i.to_le_bytes()])).collect();
+    for (i, k) in keys.iter().enumerate() {
+        std::fs::create_dir_all(cache.shard_dir(k)).unwrap();
+        let file = std::fs::File::create(cache.path(k)).unwrap();
+        let entry = encode(k, &"m".to_string(), &[1; 100]).unwrap();
+        std::io::Write::write_all(&mut &file, &entry).unwrap();
+        file.set_modified(start + Duration::from_secs(i as u64))
+            .unwrap();
+    }
+    assert!(cache.recount());
+    keys
+}
+
+/// A round whose slices are smaller than a shard goes part by part (by the keys' third
+/// hex digit), a slice never listing much more than asked, and removes exactly the least
+/// recently used, down to nine tenths of the bound.
+#[test]
+fn a_round_goes_part_by_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    assert!(cache.put("first", &"m".to_string(), b"x").is_none());
+    let keys = fill(&cache, 2000);
+    let (_, bytes) = cache.usage();
+    let ledger = cache.ledger().unwrap();
+    let (mut calls, mut removed) = (0, 0);
+    while calls == 0 || ledger.round().is_some() {
+        let now = upkeep::clean(cache.dir(), &ledger, bytes - 1, 5);
+        assert!(now <= 5, "{now} removed by a slice of 5");
+        removed += now;
+        calls += 1;
+        assert!(calls < 3 * ledger::ROUND_PARTS, "the round never ended");
+    }
+    assert!(calls > ledger::SHARDS, "{calls} slices: not part by part");
+    let kept: Vec<bool> = keys.iter().map(|k| cache.path(k).exists()).collect();
+    let gone = removed as usize;
+    assert!(kept[gone..].iter().all(|k| *k) && !kept[..gone].contains(&true));
+    let (_, after) = on_disk(&cache);
+    let each = std::fs::metadata(cache.path(&keys[1999])).unwrap().len();
+    let target = (bytes - 1) - (bytes - 1) / 10;
+    assert!(
+        after <= target && after + each > target,
+        "{after} against {target}"
+    );
+    assert_eq!(cache.usage(), on_disk(&cache));
+}
+
 /// A cache larger than a round's sample is cleaned a slice per write: no write removes
 /// the whole tenth, the round goes on in the next writes (from the ledger, whoever makes
 /// them), and what it removed is exactly the least recently used, down to under the bound.
@@ -345,18 +395,7 @@ fn a_large_cache_is_cleaned_a_slice_per_write() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
     assert!(cache.put("first", &"m".to_string(), b"x").is_none()); // the directory, its ledger
-    let n = 20_000u64;
-    let start = SystemTime::now() - Duration::from_secs(2 * n);
-    let keys: Vec<String> = (0..n).map(|i| key(&[b"large", &i.to_le_bytes()])).collect();
-    for (i, k) in keys.iter().enumerate() {
-        std::fs::create_dir_all(cache.shard_dir(k)).unwrap();
-        let file = std::fs::File::create(cache.path(k)).unwrap();
-        std::io::Write::write_all(&mut &file, &encode(k, &"m".to_string(), &[1; 100]).unwrap())
-            .unwrap();
-        file.set_modified(start + Duration::from_secs(i as u64))
-            .unwrap();
-    }
-    assert!(cache.recount());
+    let keys = fill(&cache, 20_000);
     let (_, bytes) = cache.usage();
     let cache = cache.with_max_bytes(bytes);
     let ledger = cache.ledger().unwrap();

@@ -6,7 +6,7 @@
 //! waiting: a process that finds it taken leaves the work to the one holding it, and a
 //! holder that dies lets go with its file.
 
-use super::ledger::{Counter, Ledger, Round, SHARDS};
+use super::ledger::{Counter, Ledger, Round, PARTS, ROUND_PARTS, SHARDS};
 use super::{ABANDONED_TEMP, MAX_ENTRY_BYTES, TEMP_PREFIX};
 use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -112,13 +112,14 @@ type Found = (SystemTime, u64, PathBuf);
 /// the ledger set to what they hold. Only this user's regular files of an entry's size
 /// are entries; a shard that is not this user's private directory holds none.
 pub fn recount(dir: &Path, ledger: &Ledger, shard: usize) -> Vec<Found> {
-    let found = list(&dir.join(shard_name(shard)));
+    let found = list(&dir.join(shard_name(shard)), None);
     let bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
     ledger.set_shard(shard, bytes, found.len() as u64);
     found
 }
 
-fn list(shard: &Path) -> Vec<Found> {
+/// A shard's entries: all of them, or those of one of its parts (`part_of`).
+fn list(shard: &Path, part: Option<usize>) -> Vec<Found> {
     let mut found = Vec::new();
     if crate::private::check_dir(shard, 0o002).is_err() {
         return found;
@@ -127,6 +128,9 @@ fn list(shard: &Path) -> Vec<Found> {
     let uid = crate::private::uid();
     if let Ok(entries) = std::fs::read_dir(shard) {
         for entry in entries.filter_map(|e| e.ok()) {
+            if part.is_some_and(|p| part_of(&entry.file_name()) != p) {
+                continue; // a name is read without a system call; its metadata is not
+            }
             // DirEntry::metadata does not follow a link.
             let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
                 continue;
@@ -174,7 +178,7 @@ pub fn sweep(dir: &Path) {
 /// (entries, bytes) of every shard, listed (when there is no ledger).
 pub fn listed(dir: &Path) -> (u64, u64) {
     (0..SHARDS)
-        .flat_map(|s| list(&dir.join(shard_name(s))))
+        .flat_map(|s| list(&dir.join(shard_name(s)), None))
         .fold((0, 0), |(n, b), f| (n + 1, b + f.1))
 }
 
@@ -182,7 +186,7 @@ pub fn listed(dir: &Path) -> (u64, u64) {
 /// removed until the cache fits; a note when any was.
 pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
     let mut all: Vec<Found> = (0..SHARDS)
-        .flat_map(|s| list(&dir.join(shard_name(s))))
+        .flat_map(|s| list(&dir.join(shard_name(s)), None))
         .collect();
     let mut total = all.iter().fold(0u64, |t, f| t.saturating_add(f.1));
     if total <= max_bytes {
@@ -204,8 +208,8 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
     ))
 }
 
-/// Entries listed to plan a round: every shard of a cache this small; of a larger one, a
-/// sample of whole shards (keys spread evenly over the shards), scaled up.
+/// Entries listed to plan a round: every part of a cache this small; of a larger one, a
+/// sample of whole parts (keys spread evenly over them), scaled up.
 const SAMPLE_ENTRIES: usize = 16_384;
 /// Entries listed per slice of a round: what one write pays for, whatever the cache's size.
 pub const SLICE_ENTRIES: usize = 2048;
@@ -213,57 +217,89 @@ pub const SLICE_ENTRIES: usize = 2048;
 #[cfg(test)]
 pub const WHOLE: usize = usize::MAX;
 
+/// The part of its shard an entry is in, for a round's slices: its key's third hex digit,
+/// else a hash's (a file that is no entry is in part 0), so that a slice stays a few
+/// hundred entries at a million entries' cache.
+fn part_of(name: &std::ffi::OsStr) -> usize {
+    let Some(key) = name.to_str().and_then(|n| n.strip_suffix(".zeentry")) else {
+        return 0;
+    };
+    match key.get(2..3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+        Some(d) => d as usize % PARTS,
+        None => blake3::hash(key.as_bytes()).as_bytes()[1] as usize % PARTS,
+    }
+}
+
+/// The shard of a round's part `next`, and how many parts to list at once: its whole
+/// shard, when the round is at a shard's start and the ledger says the shard holds at most
+/// `budget` entries (a small cache: one listing a shard), else one part.
+fn step(ledger: &Ledger, next: usize, budget: usize) -> (usize, usize) {
+    let shard = next / PARTS;
+    let whole = next.is_multiple_of(PARTS) && ledger.shard_entries(shard) <= budget as u64;
+    (shard, if whole { PARTS } else { 1 })
+}
+
 /// Remove the least recently used entries of the whole cache until it holds nine tenths of
 /// `max_bytes` (the oldest go first, whichever shard they are in), a slice at a time: a
-/// round is planned when the cache is over its bound, then each call lists shards of it
-/// until it has seen `slice` entries, removing those last used before the round's cutoff,
-/// then as many of the entries last used at that very time as it takes (they tie: time
-/// stamps are coarse). The round lives in the ledger, so whichever process next keeps the
-/// directory up goes on with it, and no write pays for a cleaning of the whole cache. An
-/// entry used meanwhile is newer, and stays. The number removed.
+/// round is planned when the cache is over its bound, then each call lists parts of
+/// shards until it has seen `slice` entries, removing those last used before the round's
+/// cutoff, then as many of the entries last used at that very time as it takes (they tie:
+/// time stamps are coarse). The round lives in the ledger, so whichever process next
+/// keeps the directory up goes on with it, and no write pays for a cleaning of the whole
+/// cache. An entry used meanwhile is newer, and stays. The number removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
     let Some(mut round) = ledger.round().or_else(|| plan(dir, ledger, max_bytes)) else {
         return 0;
     };
     let (mut seen, mut removed) = (0usize, 0);
-    while round.next < SHARDS && seen < slice {
-        for (used, len, path) in list(&dir.join(shard_name(round.next))) {
+    while round.next < ROUND_PARTS && seen < slice {
+        let (shard, parts) = step(ledger, round.next, slice - seen);
+        let part = (parts == 1).then_some(round.next % PARTS);
+        for (used, len, path) in list(&dir.join(shard_name(shard)), part) {
             seen += 1;
             let at = nanos(used);
             if at > round.cut || (at == round.cut && round.tied == 0) {
                 continue;
             }
             if std::fs::remove_file(&path).is_ok() {
-                ledger.add(round.next, -(len as i64), -1);
+                ledger.add(shard, -(len as i64), -1);
                 removed += 1;
                 if at == round.cut {
                     round.tied = round.tied.saturating_sub(len);
                 }
             }
         }
-        round.next += 1;
-        ledger.set_round(Some(&round)); // ends it past the last shard
+        round.next += parts;
+        ledger.set_round(Some(&round)); // ends it past the last part
     }
     ledger.count(Counter::Evictions, removed);
     removed
 }
 
 /// A round for a cache over its bound, set in the ledger: the last use before which
-/// entries go, and the bytes of those used then that go too. The first shards are
-/// recounted, keeping each entry's last use and size (16 bytes an entry), until
-/// `SAMPLE_ENTRIES` are seen: when that is every shard, the round is exact; otherwise it
-/// takes the sample's share of what the cache must lose.
+/// entries go, and the bytes of those used then that go too. The first parts are listed,
+/// keeping each entry's last use and size (16 bytes an entry), until `SAMPLE_ENTRIES` are
+/// seen: when that is every part, the round is exact (and the ledger set to what the
+/// shards hold); otherwise it takes the sample's share of what the cache must lose.
 fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
     let target = max_bytes - max_bytes / 10;
     let mut uses: Vec<(u64, u64)> = Vec::new();
-    let mut listed = 0;
-    while listed < SHARDS && uses.len() < SAMPLE_ENTRIES {
-        let found = recount(dir, ledger, listed);
-        uses.extend(found.iter().map(|f| (nanos(f.0), f.1)));
-        listed += 1;
+    let (mut listed, mut shard_total) = (0, (0u64, 0u64));
+    while listed < ROUND_PARTS && uses.len() < SAMPLE_ENTRIES {
+        let (shard, parts) = step(ledger, listed, SAMPLE_ENTRIES - uses.len());
+        let part = (parts == 1).then_some(listed % PARTS);
+        for (used, len, _) in list(&dir.join(shard_name(shard)), part) {
+            uses.push((nanos(used), len));
+            shard_total = (shard_total.0.saturating_add(len), shard_total.1 + 1);
+        }
+        listed += parts;
+        if listed.is_multiple_of(PARTS) {
+            ledger.set_shard(shard, shard_total.0, shard_total.1); // counted whole
+            shard_total = (0, 0);
+        }
     }
     let sample = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
-    let total = if listed == SHARDS {
+    let total = if listed == ROUND_PARTS {
         sample
     } else {
         ledger.bytes()
@@ -289,7 +325,7 @@ fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
     }
     let round = Round {
         cut,
-        tied: share(go - older, SHARDS as u64, listed as u64),
+        tied: share(go - older, ROUND_PARTS as u64, listed as u64),
         next: 0,
     };
     ledger.set_round(Some(&round));
