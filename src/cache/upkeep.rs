@@ -112,41 +112,72 @@ type Found = (SystemTime, u64, PathBuf);
 /// the ledger set to what they hold. Only this user's regular files of an entry's size
 /// are entries; a shard that is not this user's private directory holds none.
 pub fn recount(dir: &Path, ledger: &Ledger, shard: usize) -> Vec<Found> {
-    let found = list(&dir.join(shard_name(shard)), None);
+    let found = list(&dir.join(shard_name(shard)));
     let bytes = found.iter().fold(0u64, |t, f| t.saturating_add(f.1));
     ledger.set_shard(shard, bytes, found.len() as u64);
     found
 }
 
-/// A shard's entries: all of them, or those of one of its parts (`part_of`).
-fn list(shard: &Path, part: Option<usize>) -> Vec<Found> {
-    let mut found = Vec::new();
-    if crate::private::check_dir(shard, 0o002).is_err() {
-        return found;
+/// A shard's entries.
+fn list(shard: &Path) -> Vec<Found> {
+    found(names(shard).into_iter().flatten())
+}
+
+/// A shard's directory read (names only: no system call per entry), by part
+/// (`part_of`); nothing when it is not this user's private directory.
+fn names(shard: &Path) -> [Vec<std::fs::DirEntry>; PARTS] {
+    let mut by_part: [Vec<std::fs::DirEntry>; PARTS] = Default::default();
+    if crate::private::check_dir(shard, 0o002).is_ok() {
+        for entry in std::fs::read_dir(shard).into_iter().flatten().flatten() {
+            by_part[part_of(&entry.file_name())].push(entry);
+        }
     }
+    by_part
+}
+
+/// Which of `entries` are entries: this user's regular files of an entry's size, with
+/// their last use (a dead writer's temp file is removed on the way).
+fn found(entries: impl Iterator<Item = std::fs::DirEntry>) -> Vec<Found> {
     let now = SystemTime::now();
     let uid = crate::private::uid();
-    if let Ok(entries) = std::fs::read_dir(shard) {
-        for entry in entries.filter_map(|e| e.ok()) {
-            if part.is_some_and(|p| part_of(&entry.file_name()) != p) {
-                continue; // a name is read without a system call; its metadata is not
-            }
-            // DirEntry::metadata does not follow a link.
-            let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
-                continue;
-            };
-            let Ok(modified) = m.modified() else { continue };
-            if !m.file_type().is_file() || m.uid() != uid {
-                continue;
-            }
-            if path.extension().is_some_and(|x| x == "zeentry") && m.len() <= MAX_ENTRY_BYTES {
-                found.push((modified, m.len(), path));
-            } else if abandoned(&entry.file_name(), modified, now) {
-                let _ = std::fs::remove_file(&path);
-            }
+    let mut found = Vec::new();
+    for entry in entries {
+        // DirEntry::metadata does not follow a link.
+        let (path, Ok(m)) = (entry.path(), entry.metadata()) else {
+            continue;
+        };
+        let Ok(modified) = m.modified() else { continue };
+        if !m.file_type().is_file() || m.uid() != uid {
+            continue;
+        }
+        if path.extension().is_some_and(|x| x == "zeentry") && m.len() <= MAX_ENTRY_BYTES {
+            found.push((modified, m.len(), path));
+        } else if abandoned(&entry.file_name(), modified, now) {
+            let _ = std::fs::remove_file(&path);
         }
     }
     found
+}
+
+/// The parts of a round from `next` on, within `budget` entries (at least one part): a
+/// shard's directory is read once, and only the parts taken are stat'ed. Each part's
+/// entries go to `each` (the part, its entries); the part after the last one taken.
+fn parts(dir: &Path, next: usize, budget: usize, mut each: impl FnMut(usize, Vec<Found>)) -> usize {
+    let (mut next, mut seen) = (next, 0usize);
+    while next < ROUND_PARTS && seen < budget {
+        let shard = next / PARTS;
+        let mut by_part = names(&dir.join(shard_name(shard)));
+        while seen < budget {
+            let part = std::mem::take(&mut by_part[next % PARTS]);
+            seen += part.len();
+            each(next, found(part.into_iter()));
+            next += 1;
+            if next.is_multiple_of(PARTS) {
+                break;
+            }
+        }
+    }
+    next
 }
 
 /// Whether a file is a temp file of a writer that died (`.tmp-`, untouched for an hour).
@@ -178,7 +209,7 @@ pub fn sweep(dir: &Path) {
 /// (entries, bytes) of every shard, listed (when there is no ledger).
 pub fn listed(dir: &Path) -> (u64, u64) {
     (0..SHARDS)
-        .flat_map(|s| list(&dir.join(shard_name(s)), None))
+        .flat_map(|s| list(&dir.join(shard_name(s))))
         .fold((0, 0), |(n, b), f| (n + 1, b + f.1))
 }
 
@@ -186,7 +217,7 @@ pub fn listed(dir: &Path) -> (u64, u64) {
 /// removed until the cache fits; a note when any was.
 pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
     let mut all: Vec<Found> = (0..SHARDS)
-        .flat_map(|s| list(&dir.join(shard_name(s)), None))
+        .flat_map(|s| list(&dir.join(shard_name(s))))
         .collect();
     let mut total = all.iter().fold(0u64, |t, f| t.saturating_add(f.1));
     if total <= max_bytes {
@@ -230,15 +261,6 @@ fn part_of(name: &std::ffi::OsStr) -> usize {
     }
 }
 
-/// The shard of a round's part `next`, and how many parts to list at once: its whole
-/// shard, when the round is at a shard's start and the ledger says the shard holds at most
-/// `budget` entries (a small cache: one listing a shard), else one part.
-fn step(ledger: &Ledger, next: usize, budget: usize) -> (usize, usize) {
-    let shard = next / PARTS;
-    let whole = next.is_multiple_of(PARTS) && ledger.shard_entries(shard) <= budget as u64;
-    (shard, if whole { PARTS } else { 1 })
-}
-
 /// Remove the least recently used entries of the whole cache until it holds nine tenths of
 /// `max_bytes` (the oldest go first, whichever shard they are in), a slice at a time: a
 /// round is planned when the cache is over its bound, then each call lists parts of
@@ -248,30 +270,27 @@ fn step(ledger: &Ledger, next: usize, budget: usize) -> (usize, usize) {
 /// keeps the directory up goes on with it, and no write pays for a cleaning of the whole
 /// cache. An entry used meanwhile is newer, and stays. The number removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
-    let Some(mut round) = ledger.round().or_else(|| plan(dir, ledger, max_bytes)) else {
+    let Some(round) = ledger.round().or_else(|| plan(dir, ledger, max_bytes)) else {
         return 0;
     };
-    let (mut seen, mut removed) = (0usize, 0);
-    while round.next < ROUND_PARTS && seen < slice {
-        let (shard, parts) = step(ledger, round.next, slice - seen);
-        let part = (parts == 1).then_some(round.next % PARTS);
-        for (used, len, path) in list(&dir.join(shard_name(shard)), part) {
-            seen += 1;
+    let (cut, mut tied, mut removed) = (round.cut, round.tied, 0);
+    let next = parts(dir, round.next, slice, |part, found| {
+        let shard = part / PARTS;
+        for (used, len, path) in found {
             let at = nanos(used);
-            if at > round.cut || (at == round.cut && round.tied == 0) {
+            if at > cut || (at == cut && tied == 0) {
                 continue;
             }
             if std::fs::remove_file(&path).is_ok() {
                 ledger.add(shard, -(len as i64), -1);
                 removed += 1;
-                if at == round.cut {
-                    round.tied = round.tied.saturating_sub(len);
+                if at == cut {
+                    tied = tied.saturating_sub(len);
                 }
             }
         }
-        round.next += parts;
-        ledger.set_round(Some(&round)); // ends it past the last part
-    }
+    });
+    ledger.set_round(Some(&Round { cut, tied, next })); // ends it past the last part
     ledger.count(Counter::Evictions, removed);
     removed
 }
@@ -284,20 +303,17 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
 fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
     let target = max_bytes - max_bytes / 10;
     let mut uses: Vec<(u64, u64)> = Vec::new();
-    let (mut listed, mut shard_total) = (0, (0u64, 0u64));
-    while listed < ROUND_PARTS && uses.len() < SAMPLE_ENTRIES {
-        let (shard, parts) = step(ledger, listed, SAMPLE_ENTRIES - uses.len());
-        let part = (parts == 1).then_some(listed % PARTS);
-        for (used, len, _) in list(&dir.join(shard_name(shard)), part) {
+    let mut shard_total = (0u64, 0u64);
+    let listed = parts(dir, 0, SAMPLE_ENTRIES, |part, found| {
+        for (used, len, _) in found {
             uses.push((nanos(used), len));
             shard_total = (shard_total.0.saturating_add(len), shard_total.1 + 1);
         }
-        listed += parts;
-        if listed.is_multiple_of(PARTS) {
-            ledger.set_shard(shard, shard_total.0, shard_total.1); // counted whole
+        if (part + 1).is_multiple_of(PARTS) {
+            ledger.set_shard(part / PARTS, shard_total.0, shard_total.1); // counted whole
             shard_total = (0, 0);
         }
-    }
+    });
     let sample = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
     let total = if listed == ROUND_PARTS {
         sample
