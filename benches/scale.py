@@ -205,7 +205,8 @@ def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
         last = got[level][-1]
         med = {k: statistics.median(g[k] for g in got[level]) for k in ("write", "hit", "adopt")}
         rows[str(size)] = {**{k: round(v * 1e3, 4) for k, v in med.items()},
-                           "adopt_rounds": [round(g["adopt"] * 1e3, 4) for g in got[level]],
+                           **{f"{k}_rounds": [round(g[k] * 1e3, 4) for g in got[level]]
+                              for k in ("hit", "adopt")},
                            "evict": round(last["evict"] * 1e3, 4), "evicted": last["evicted"],
                            "evict_writes": last["evict_writes"],
                            "evict_stall": round(last["evict_stall"] * 1e3, 1),
