@@ -97,7 +97,7 @@ pub fn cache_stats<'py>(
 /// Never fails: a directory that cannot be used counts nothing.
 #[pyfunction]
 #[pyo3(signature = (name, n=1, cache_dir=None))]
-pub fn cache_count(name: &str, n: u64, cache_dir: Option<PathBuf>) -> PyResult<()> {
+pub fn cache_count(py: Python<'_>, name: &str, n: u64, cache_dir: Option<PathBuf>) -> PyResult<()> {
     let Some(counter) = crate::cache::Counter::ALL
         .into_iter()
         .find(|c| c.name() == name)
@@ -106,9 +106,13 @@ pub fn cache_count(name: &str, n: u64, cache_dir: Option<PathBuf>) -> PyResult<(
             "{name:?} is not a counter of the cache's stats"
         )));
     };
-    if let Some(l) = crate::cache::Cache::open(cache_dir.as_deref()).ledger() {
-        l.count(counter, n);
-    }
+    // Off the GIL: a first use of the directory may move a slice of the last layouts in.
+    py.detach(|| {
+        if let Some(l) = crate::cache::Cache::open(cache_dir.as_deref()).ledger() {
+            l.count(counter, n);
+        }
+    });
+    super::emit_warnings(py);
     Ok(())
 }
 

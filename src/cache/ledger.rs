@@ -23,7 +23,7 @@ pub const PARTS: usize = 16;
 pub const ROUND_PARTS: usize = SHARDS * PARTS;
 const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR3");
 /// Words: a header, bytes and entries of each shard, counters.
-const HEADER: usize = 8;
+const HEADER: usize = 16;
 const COUNTERS: usize = 64;
 const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
 /// The file's size: whole pages.
@@ -33,25 +33,31 @@ const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// writes; a write pays a 1024th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 1024;
 
-// Header words (7 unused).
+// Header words (10 to 15 unused).
 const W_MAGIC: usize = 0;
 const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
 /// Nonzero: the accounts are not known yet (a new file): recount everything.
 const W_UNKNOWN: usize = 5;
-/// A cleaning round (`Round`): its next part plus one (0: none), cutoff, tied bytes.
+/// A cleaning round (`Round`): its next part plus one (0: none), cutoff, tied bytes, and
+/// what it kept so far of the shard it is in.
 const W_ROUND_NEXT: usize = 1;
 const W_ROUND_CUT: usize = 2;
 const W_ROUND_TIED: usize = 6;
+const W_ROUND_KEPT_BYTES: usize = 7;
+const W_ROUND_KEPT_ENTRIES: usize = 8;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
-/// more bytes of those last used at `cut`, part by part from `next` (`ROUND_PARTS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// more bytes of those last used at `cut`, part by part from `next` (`ROUND_PARTS`);
+/// `kept` (bytes, entries) is what it left of `next`'s shard in the parts before `next`,
+/// so that each shard's accounts are set as the round passes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Round {
     pub cut: u64,
     pub tied: u64,
     pub next: usize,
+    pub kept: (u64, u64),
 }
 
 /// The counters `xpu-zebin stats` reports, by index.
@@ -243,7 +249,7 @@ impl Ledger {
         clamp(self.word(HEADER + shard % SHARDS).load(Ordering::Relaxed))
     }
 
-    /// The accounts are unknown (a new ledger, entries moved in): a generation, 0 when
+    /// The accounts are unknown (a new ledger): a generation, 0 when
     /// known. Cleared by `known` only after a whole recount, so a process killed while
     /// recounting leaves them unknown.
     pub fn unknown(&self) -> u64 {
@@ -260,11 +266,6 @@ impl Ledger {
         );
     }
 
-    /// Mark the accounts unknown (entries moved in from elsewhere).
-    pub fn mark_unknown(&self) {
-        self.word(W_UNKNOWN).fetch_add(1, Ordering::AcqRel);
-    }
-
     /// Count a write; every `RECOUNT_EVERY`th returns the shard to recount now.
     pub fn wrote(&self) -> Option<usize> {
         let n = self.word(W_WRITES).fetch_add(1, Ordering::Relaxed) + 1;
@@ -279,6 +280,10 @@ impl Ledger {
             cut: self.word(W_ROUND_CUT).load(Ordering::Relaxed),
             tied: self.word(W_ROUND_TIED).load(Ordering::Relaxed),
             next: (next - 1) as usize,
+            kept: (
+                self.word(W_ROUND_KEPT_BYTES).load(Ordering::Relaxed),
+                self.word(W_ROUND_KEPT_ENTRIES).load(Ordering::Relaxed),
+            ),
         })
     }
 
@@ -288,6 +293,10 @@ impl Ledger {
             Some(r) => {
                 self.word(W_ROUND_CUT).store(r.cut, Ordering::Relaxed);
                 self.word(W_ROUND_TIED).store(r.tied, Ordering::Relaxed);
+                self.word(W_ROUND_KEPT_BYTES)
+                    .store(r.kept.0, Ordering::Relaxed);
+                self.word(W_ROUND_KEPT_ENTRIES)
+                    .store(r.kept.1, Ordering::Relaxed);
                 self.word(W_ROUND_NEXT)
                     .store(r.next as u64 + 1, Ordering::Release);
             }

@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 const OLD_LAYOUTS: [&str; 2] = ["zebin-v2", "zebin-v1"];
 /// Shards of `zebin-v2`.
 const V2_SHARDS: usize = 16;
-/// Entries looked at per slice: a few tens of milliseconds of renames here.
+/// Entries moved per slice: a few tens of milliseconds of links here.
 pub const SLICE: usize = 1024;
+/// Names a slice looks at, at most (entries that cannot be moved use no budget).
+const LOOK_AT: usize = 16 * SLICE;
 
 /// Whether any last layout's directory is beside `dir` (this layout's).
 pub fn any_left(dir: &Path) -> bool {
@@ -52,30 +54,101 @@ fn old_dirs(base: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Move one entry file to `to`: its length when moved; None when it is not this user's
-/// entry, or an entry is already at `to` (the old name is then dropped: the entry here
-/// was written since, or is this very one, linked by a process killed before its unlink).
-fn move_one(from: &Path, to: &Path) -> Option<u64> {
-    let meta = std::fs::symlink_metadata(from).ok()?;
+/// What moving one old entry did.
+#[derive(Debug, PartialEq)]
+pub(super) enum Moved {
+    /// Moved in: counted now, by the one process whose unlink of the old name took.
+    In(u64),
+    /// The old name dropped (an entry was already here), or nothing to do.
+    Dropped,
+    /// Left where it is (not this user's entry, or it could not be moved).
+    Left,
+}
+
+/// Move one entry file to `to`, never over an entry there: by a hard link and an unlink of
+/// the old name, or where links do not work (AFS, some FUSE and CIFS mounts, another
+/// mount), by a rename that replaces nothing. An entry already at `to` means the old name
+/// is dropped: if it is another file (written here since), or this very file under two
+/// names (a process killed between its link and its unlink); never when `from` and `to` are
+/// one name reached twice (a directory swapped for a link), which would lose the entry.
+pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
+    let Ok(meta) = std::fs::symlink_metadata(from) else {
+        return Moved::Dropped; // taken meanwhile
+    };
     if !meta.file_type().is_file()
         || meta.uid() != crate::private::uid()
         || meta.len() > MAX_ENTRY_BYTES
     {
-        return None;
+        return Moved::Left;
     }
-    if let Some(shard) = to.parent() {
-        let _ = std::fs::DirBuilder::new().mode(0o700).create(shard);
+    let Some(shard) = to.parent() else {
+        return Moved::Left;
+    };
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(shard);
+    if crate::private::check_dir(shard, 0o002).is_err() {
+        return Moved::Left;
     }
     match std::fs::hard_link(from, to) {
-        Ok(()) => {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return rename_noreplace(from, to, meta.len()),
+    }
+    let (Ok(old), Ok(new)) = (
+        std::fs::symlink_metadata(from),
+        std::fs::symlink_metadata(to),
+    ) else {
+        return Moved::Dropped;
+    };
+    let same = (old.dev(), old.ino()) == (new.dev(), new.ino());
+    if same && new.nlink() < 2 {
+        return Moved::Left; // one name reached twice: nothing to move
+    }
+    // Whoever unlinks the old name counts the entry (another process may race this one).
+    match std::fs::remove_file(from) {
+        Ok(()) if same => Moved::In(new.len()),
+        _ => Moved::Dropped,
+    }
+}
+
+/// A rename of `from` to `to` that fails rather than replace an entry there.
+fn rename_noreplace(from: &Path, to: &Path, len: u64) -> Moved {
+    use std::os::unix::ffi::OsStrExt;
+    let (Ok(f), Ok(t)) = (
+        std::ffi::CString::new(from.as_os_str().as_bytes()),
+        std::ffi::CString::new(to.as_os_str().as_bytes()),
+    ) else {
+        return Moved::Left;
+    };
+    // SAFETY: two NUL-terminated paths, relative to the working directory.
+    let got = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    let failed = std::io::Error::last_os_error().raw_os_error();
+    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => true, // unknown: as if one, never removed
+    };
+    match failed {
+        _ if got == 0 => Moved::In(len),
+        // An entry is here already: the old one goes, unless it is this very file.
+        Some(libc::EEXIST) if !same(from, to) => {
             let _ = std::fs::remove_file(from);
-            Some(meta.len())
+            Moved::Dropped
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let _ = std::fs::remove_file(from);
-            None
+        // No RENAME_NOREPLACE on this file system: a plain rename, when nothing is there.
+        Some(libc::EINVAL | libc::ENOSYS) if std::fs::symlink_metadata(to).is_err() => {
+            match std::fs::rename(from, to) {
+                Ok(()) => Moved::In(len),
+                Err(_) => Moved::Left,
+            }
         }
-        Err(_) => None,
+        _ => Moved::Left,
     }
 }
 
@@ -97,7 +170,7 @@ pub fn take(dir: &Path, ledger: &Ledger, key: &str) -> bool {
                 .parent()
                 .is_some_and(|p| crate::private::check_dir(p, 0o002).is_ok());
         if private {
-            if let Some(len) = move_one(&old.join(&name), &to) {
+            if let Moved::In(len) = move_one(&old.join(&name), &to) {
                 ledger.add(shard, len as i64, 1);
                 return true;
             }
@@ -107,12 +180,16 @@ pub fn take(dir: &Path, ledger: &Ledger, key: &str) -> bool {
 }
 
 /// Move up to `budget` entries of the last layouts into `dir`, each counted in `ledger`;
-/// true when some may be left (the budget ran out). When none is left, the emptied old
-/// directories are removed with their ledgers and locks.
+/// true when some may be left to move (the budget ran out). Entries that cannot be moved
+/// do not use the budget, but no more than `LOOK_AT` names are looked at: a slice that
+/// moved nothing says none is left, for this process. When the old directories hold
+/// nothing more, they are removed, with their ledger and lock (taken first, so that a
+/// process of an older release still cleaning there keeps them).
 pub fn slice(dir: &Path, ledger: &Ledger, mut budget: usize) -> bool {
     let Some(base) = dir.parent() else {
         return false;
     };
+    let (mut looked, mut moved) = (0usize, false);
     for old in old_dirs(base) {
         let Ok(entries) = std::fs::read_dir(&old) else {
             continue;
@@ -122,27 +199,33 @@ pub fn slice(dir: &Path, ledger: &Ledger, mut budget: usize) -> bool {
             let Some(key) = name.to_str().and_then(|n| n.strip_suffix(".zeentry")) else {
                 continue;
             };
-            if budget == 0 {
-                return true;
+            if budget == 0 || looked >= LOOK_AT.max(budget.saturating_mul(16)) {
+                return moved;
             }
-            budget -= 1;
+            looked += 1;
             let shard = shard_of(key);
-            let to = dir.join(shard_name(shard)).join(&name);
-            if let Some(len) = move_one(&entry.path(), &to) {
-                ledger.add(shard, len as i64, 1);
+            match move_one(&entry.path(), &dir.join(shard_name(shard)).join(&name)) {
+                Moved::In(len) => ledger.add(shard, len as i64, 1),
+                Moved::Dropped => {}
+                Moved::Left => continue,
             }
+            (budget, moved) = (budget - 1, true);
         }
         upkeep::sweep(&old); // dead writers' temp files, so that it can go
         let _ = std::fs::remove_dir(&old); // when empty
     }
     for layout in OLD_LAYOUTS {
         let old = base.join(layout);
-        if crate::private::check_dir(&old, 0o002).is_ok() {
+        let shards_left = (0..V2_SHARDS).any(|d| old.join(format!("{d:x}")).exists());
+        if shards_left || crate::private::check_dir(&old, 0o002).is_err() {
+            continue;
+        }
+        if let Some(_held) = upkeep::try_lock(&old) {
             ledger::remove(&old);
             upkeep::sweep(&old);
             let _ = std::fs::remove_file(old.join("upkeep.lock"));
-            let _ = std::fs::remove_dir(&old); // when nothing else is left in it
         }
+        let _ = std::fs::remove_dir(&old); // when nothing else is left in it
     }
     false
 }

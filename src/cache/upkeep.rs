@@ -2,7 +2,9 @@
 //! The ledger (`ledger.rs`) says how large the cache is; when it is over its bound, the
 //! least recently used entries of the whole cache are removed until it holds nine tenths
 //! of it, a slice per write, so a cleaning comes once per tenth of the bound written, and
-//! neither its cost per entry removed nor what one write pays grows with the cache. Upkeep runs under an advisory lock taken without
+//! neither its cost per entry removed nor the entries one write stats and removes grow
+//! with the cache (a slice reads the names of the shards it is in: a 256th of the cache's
+//! each). Upkeep runs under an advisory lock taken without
 //! waiting: a process that finds it taken leaves the work to the one holding it, and a
 //! holder that dies lets go with its file.
 
@@ -83,8 +85,22 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
         f.metadata()
             .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
     };
+    // Replaced only when it is provably not this user's lock file (a link, a directory,
+    // another user's file), never on any other failure (no descriptors left): another
+    // process may hold it.
+    let not_a_lock = |e: &std::io::Error| {
+        let planted = [
+            libc::ELOOP,
+            libc::EISDIR,
+            libc::ENXIO,
+            libc::EACCES,
+            libc::EPERM,
+        ];
+        e.raw_os_error().is_some_and(|c| planted.contains(&c))
+    };
     let file = match open() {
         Ok(f) if ours(&f) => f,
+        Err(e) if !not_a_lock(&e) => return None,
         _ => {
             let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
             open().ok().filter(ours)?
@@ -242,7 +258,8 @@ pub fn evict_listed(dir: &Path, max_bytes: u64) -> Option<String> {
 /// Entries listed to plan a round: every part of a cache this small; of a larger one, a
 /// sample of whole parts (keys spread evenly over them), scaled up.
 const SAMPLE_ENTRIES: usize = 16_384;
-/// Entries listed per slice of a round: what one write pays for, whatever the cache's size.
+/// Names taken per slice of a round (its entries stat'ed, the old ones removed): what one
+/// write pays for, whatever the cache's size, besides reading its shards' names.
 pub const SLICE_ENTRIES: usize = 2048;
 /// A whole cleaning in one call (tests: writes clean a slice each).
 #[cfg(test)]
@@ -266,42 +283,78 @@ fn part_of(name: &std::ffi::OsStr) -> usize {
 /// round is planned when the cache is over its bound, then each call lists parts of
 /// shards until it has seen `slice` entries, removing those last used before the round's
 /// cutoff, then as many of the entries last used at that very time as it takes (they tie:
-/// time stamps are coarse). The round lives in the ledger, so whichever process next
-/// keeps the directory up goes on with it, and no write pays for a cleaning of the whole
-/// cache. An entry used meanwhile is newer, and stays. The number removed.
+/// time stamps are coarse), and setting each shard's accounts to what it left there. The
+/// round lives in the ledger, so whichever process next keeps the directory up goes on
+/// with it, and no write pays for a cleaning of the whole cache; it ends early once the
+/// cache is within this process's nine tenths (a bound raised meanwhile). An entry used
+/// meanwhile is newer, and stays. The number removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
-    let Some(round) = ledger.round().or_else(|| plan(dir, ledger, max_bytes)) else {
-        return 0;
+    let target = max_bytes - max_bytes / 10;
+    let round = match ledger.round() {
+        // A round the ledger cannot have planned (its words are shared) is dropped.
+        Some(r) if sane(&r, ledger) && ledger.bytes() > target => r,
+        _ if ledger.bytes() <= max_bytes => {
+            ledger.set_round(None);
+            return 0;
+        }
+        _ => match plan(dir, ledger, target) {
+            Some(r) => r,
+            None => return 0,
+        },
     };
-    let (cut, mut tied, mut removed) = (round.cut, round.tied, 0);
+    let Round {
+        cut,
+        mut tied,
+        mut kept,
+        ..
+    } = round;
+    let mut removed = 0;
     let next = parts(dir, round.next, slice, |part, found| {
         let shard = part / PARTS;
         for (used, len, path) in found {
             let at = nanos(used);
-            if at > cut || (at == cut && tied == 0) {
-                continue;
-            }
-            if std::fs::remove_file(&path).is_ok() {
+            let old = at < cut || (at == cut && tied > 0);
+            if old && std::fs::remove_file(&path).is_ok() {
                 ledger.add(shard, -(len as i64), -1);
                 removed += 1;
                 if at == cut {
                     tied = tied.saturating_sub(len);
                 }
+            } else {
+                kept = (kept.0.saturating_add(len), kept.1 + 1);
             }
         }
+        if (part + 1).is_multiple_of(PARTS) {
+            ledger.set_shard(shard, kept.0, kept.1); // listed whole: its true accounts
+            kept = (0, 0);
+        }
     });
-    ledger.set_round(Some(&Round { cut, tied, next })); // ends it past the last part
+    ledger.set_round(Some(&Round {
+        cut,
+        tied,
+        next,
+        kept,
+    })); // ends it past the last part
     ledger.count(Counter::Evictions, removed);
     removed
 }
 
-/// A round for a cache over its bound, set in the ledger: the last use before which
-/// entries go, and the bytes of those used then that go too. The first parts are listed,
-/// keeping each entry's last use and size (16 bytes an entry), until `SAMPLE_ENTRIES` are
-/// seen: when that is every part, the round is exact (and the ledger set to what the
-/// shards hold); otherwise it takes the sample's share of what the cache must lose.
-fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
-    let target = max_bytes - max_bytes / 10;
+/// Whether a round is one a cleaning could have planned: cut no later than a day from now
+/// (clocks differ), tied bytes no more than the cache holds.
+fn sane(round: &Round, ledger: &Ledger) -> bool {
+    const DAY: u64 = 86_400_000_000_000;
+    round.cut <= nanos(SystemTime::now()).saturating_add(DAY) && round.tied <= ledger.bytes()
+}
+
+/// A round for a cache over its bound, down to `target` bytes, set in the ledger: the
+/// last use before which entries go, and the bytes of those used then that go too. The
+/// first parts are listed, keeping each entry's last use and size (16 bytes an entry),
+/// until `SAMPLE_ENTRIES` are seen: when that is every part, the round is exact (and every
+/// shard's accounts set); otherwise it takes the sample's share of what the cache must
+/// lose, the cache's size being the ledger's when the sample bears it out (within half to
+/// twice the sample's estimate), else the estimate. When the entries show the cache is
+/// not over after all, a sampled round removes nothing and sets each shard's accounts.
+fn plan(dir: &Path, ledger: &Ledger, target: u64) -> Option<Round> {
     let mut uses: Vec<(u64, u64)> = Vec::new();
     let mut shard_total = (0u64, 0u64);
     let listed = parts(dir, 0, SAMPLE_ENTRIES, |part, found| {
@@ -314,17 +367,21 @@ fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
             shard_total = (0, 0);
         }
     });
+    let share = |bytes: u64, of: u64, whole: u64| {
+        u64::try_from(bytes as u128 * of as u128 / whole.max(1) as u128).unwrap_or(u64::MAX)
+    };
     let sample = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
-    let total = if listed == ROUND_PARTS {
-        sample
-    } else {
-        ledger.bytes()
+    let estimate = share(sample, ROUND_PARTS as u64, listed as u64);
+    let total = match ledger.bytes() {
+        _ if listed == ROUND_PARTS => sample,
+        said if said >= estimate / 2 && said / 2 <= estimate => said,
+        _ => estimate,
     };
     if total <= target {
+        let recount = Round::default();
+        (listed < ROUND_PARTS).then(|| ledger.set_round(Some(&recount)));
         return None;
     }
-    let share =
-        |bytes: u64, of: u64, whole: u64| (bytes as u128 * of as u128 / whole as u128) as u64;
     // The sample's share of what must go: all of it, when the sample is the cache.
     let go = share(sample, total - target, total);
     uses.sort_unstable();
@@ -339,10 +396,11 @@ fn plan(dir: &Path, ledger: &Ledger, max_bytes: u64) -> Option<Round> {
         }
         gone = gone.saturating_add(len);
     }
+    let tied = share(go - older, ROUND_PARTS as u64, listed as u64);
     let round = Round {
         cut,
-        tied: share(go - older, ROUND_PARTS as u64, listed as u64),
-        next: 0,
+        tied,
+        ..Round::default()
     };
     ledger.set_round(Some(&round));
     Some(round)
