@@ -21,7 +21,7 @@ pub const SHARDS: usize = 256;
 /// digit), and so the parts of a round.
 pub const PARTS: usize = 16;
 pub const ROUND_PARTS: usize = SHARDS * PARTS;
-const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR3");
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR4");
 /// Words: a header, bytes and entries of each shard, counters.
 const HEADER: usize = 16;
 const COUNTERS: usize = 64;
@@ -33,7 +33,7 @@ const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// writes; a write pays a 1024th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 1024;
 
-// Header words (10 to 15 unused).
+// Header words (11 to 15 unused).
 const W_MAGIC: usize = 0;
 const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
@@ -46,18 +46,24 @@ const W_ROUND_CUT: usize = 2;
 const W_ROUND_TIED: usize = 6;
 const W_ROUND_KEPT_BYTES: usize = 7;
 const W_ROUND_KEPT_ENTRIES: usize = 8;
+const W_ROUND_TARGET: usize = 9;
+/// Nonzero: the last round walked every shard and set its accounts (the ledger's total is
+/// then trusted by the next plan, whatever its sample shows).
+const W_WALKED: usize = 10;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
 /// more bytes of those last used at `cut`, part by part from `next` (`ROUND_PARTS`);
 /// `kept` (bytes, entries) is what it left of `next`'s shard in the parts before `next`,
-/// so that each shard's accounts are set as the round passes it.
+/// so that each shard's accounts are set as the round passes it; `target`, the bytes the
+/// round cleans down to (the bound of the process that planned it, less a tenth).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Round {
     pub cut: u64,
     pub tied: u64,
     pub next: usize,
     pub kept: (u64, u64),
+    pub target: u64,
 }
 
 /// The counters `xpu-zebin stats` reports, by index.
@@ -284,6 +290,7 @@ impl Ledger {
                 self.word(W_ROUND_KEPT_BYTES).load(Ordering::Relaxed),
                 self.word(W_ROUND_KEPT_ENTRIES).load(Ordering::Relaxed),
             ),
+            target: self.word(W_ROUND_TARGET).load(Ordering::Relaxed),
         })
     }
 
@@ -297,11 +304,22 @@ impl Ledger {
                     .store(r.kept.0, Ordering::Relaxed);
                 self.word(W_ROUND_KEPT_ENTRIES)
                     .store(r.kept.1, Ordering::Relaxed);
+                self.word(W_ROUND_TARGET).store(r.target, Ordering::Relaxed);
                 self.word(W_ROUND_NEXT)
                     .store(r.next as u64 + 1, Ordering::Release);
             }
             None => self.word(W_ROUND_NEXT).store(0, Ordering::Release),
         }
+    }
+
+    /// Whether the last round walked every shard (and so set the ledger right); the plan
+    /// after the next checks the ledger against its sample again.
+    pub fn take_walked(&self) -> bool {
+        self.word(W_WALKED).swap(0, Ordering::Relaxed) != 0
+    }
+
+    pub fn set_walked(&self) {
+        self.word(W_WALKED).store(1, Ordering::Relaxed);
     }
 
     pub fn count(&self, c: Counter, n: u64) {

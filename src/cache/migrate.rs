@@ -65,12 +65,14 @@ pub(super) enum Moved {
     Left,
 }
 
-/// Move one entry file to `to`, never over an entry there: by a hard link and an unlink of
-/// the old name, or where links do not work (AFS, some FUSE and CIFS mounts, another
-/// mount), by a rename that replaces nothing. An entry already at `to` means the old name
-/// is dropped: if it is another file (written here since), or this very file under two
-/// names (a process killed between its link and its unlink); never when `from` and `to` are
-/// one name reached twice (a directory swapped for a link), which would lose the entry.
+/// Move one entry file to `to`, never over an entry there: by a hard link (counted by the
+/// process whose link made the name: one killed before counting leaves it to the next
+/// recount, as a killed writer does) and an unlink of the old name; where links do not
+/// work (AFS, some FUSE and CIFS mounts), by a rename that replaces nothing. An entry
+/// already at `to` means the old name is dropped (an entry was written here since, or
+/// this is the same file under two names, left by a process killed between its link and
+/// its unlink), unless `from` and `to` are one name reached twice (an old directory
+/// swapped for a link to this layout's shard), which would lose the entry.
 pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
     let Ok(meta) = std::fs::symlink_metadata(from) else {
         return Moved::Dropped; // taken meanwhile
@@ -89,24 +91,33 @@ pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
         return Moved::Left;
     }
     match std::fs::hard_link(from, to) {
-        Ok(()) => {}
+        Ok(()) => {
+            let _ = std::fs::remove_file(from);
+            return Moved::In(meta.len());
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(_) => return rename_noreplace(from, to, meta.len()),
     }
-    let (Ok(old), Ok(new)) = (
-        std::fs::symlink_metadata(from),
-        std::fs::symlink_metadata(to),
-    ) else {
-        return Moved::Dropped;
-    };
-    let same = (old.dev(), old.ino()) == (new.dev(), new.ino());
-    if same && new.nlink() < 2 {
-        return Moved::Left; // one name reached twice: nothing to move
+    if one_name(from, to) {
+        return Moved::Left;
     }
-    // Whoever unlinks the old name counts the entry (another process may race this one).
     match std::fs::remove_file(from) {
-        Ok(()) if same => Moved::In(new.len()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Moved::Left,
         _ => Moved::Dropped,
+    }
+}
+
+/// Whether `a` and `b` are one name (the same file name in one directory, however the
+/// directory was reached), or cannot be told apart.
+fn one_name(a: &Path, b: &Path) -> bool {
+    let dir = |p: &Path| {
+        p.parent()
+            .and_then(|d| std::fs::metadata(d).ok())
+            .map(|m| (m.dev(), m.ino()))
+    };
+    match (dir(a), dir(b)) {
+        (Some(x), Some(y)) => x == y && a.file_name() == b.file_name(),
+        _ => true,
     }
 }
 
@@ -130,18 +141,16 @@ fn rename_noreplace(from: &Path, to: &Path, len: u64) -> Moved {
         )
     };
     let failed = std::io::Error::last_os_error().raw_os_error();
-    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => true, // unknown: as if one, never removed
-    };
     match failed {
         _ if got == 0 => Moved::In(len),
-        // An entry is here already: the old one goes, unless it is this very file.
-        Some(libc::EEXIST) if !same(from, to) => {
-            let _ = std::fs::remove_file(from);
-            Moved::Dropped
-        }
-        // No RENAME_NOREPLACE on this file system: a plain rename, when nothing is there.
+        // An entry is here already: the old one goes, unless it is this very name.
+        Some(libc::EEXIST) if !one_name(from, to) => match std::fs::remove_file(from) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Moved::Left,
+            _ => Moved::Dropped,
+        },
+        // No RENAME_NOREPLACE on this file system: a plain rename, when nothing is there
+        // (a write of this key in between is replaced by the old entry: both are its).
+        // Another file system (EXDEV) is left where it is.
         Some(libc::EINVAL | libc::ENOSYS) if std::fs::symlink_metadata(to).is_err() => {
             match std::fs::rename(from, to) {
                 Ok(()) => Moved::In(len),

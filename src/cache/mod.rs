@@ -201,6 +201,7 @@ impl Cache {
         }
         let here = Arc::new(Here {
             ledger: Arc::new(Ledger::open(&self.dir).ok()?),
+            old_seen: old_left,
             old_left: AtomicBool::new(old_left),
         });
         lock(LEDGERS.get()).insert(self.dir.clone(), here.clone());
@@ -227,8 +228,7 @@ impl Cache {
         let Some((here, made)) = self.here() else {
             return false;
         };
-        let taken =
-            here.old_left.load(Ordering::Relaxed) && migrate::take(&self.dir, &here.ledger, key);
+        let taken = here.old_seen && migrate::take(&self.dir, &here.ledger, key);
         made || taken
     }
 
@@ -462,6 +462,9 @@ impl Cache {
 /// may still hold entries to move in.
 struct Here {
     ledger: Arc<Ledger>,
+    /// A last layout was there at first use: a miss looks for its key's old entry.
+    old_seen: bool,
+    /// Slices may still move entries in.
     old_left: AtomicBool,
 }
 

@@ -96,7 +96,9 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
             libc::EACCES,
             libc::EPERM,
         ];
-        e.raw_os_error().is_some_and(|c| planted.contains(&c))
+        let this_users_file = std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid());
+        e.raw_os_error().is_some_and(|c| planted.contains(&c)) && !this_users_file
     };
     let file = match open() {
         Ok(f) if ours(&f) => f,
@@ -285,19 +287,29 @@ fn part_of(name: &std::ffi::OsStr) -> usize {
 /// cutoff, then as many of the entries last used at that very time as it takes (they tie:
 /// time stamps are coarse), and setting each shard's accounts to what it left there. The
 /// round lives in the ledger, so whichever process next keeps the directory up goes on
-/// with it, and no write pays for a cleaning of the whole cache; it ends early once the
-/// cache is within this process's nine tenths (a bound raised meanwhile). An entry used
-/// meanwhile is newer, and stays. The number removed.
+/// with it, and no write pays for a cleaning of the whole cache; it ends once the cache is
+/// down to its target, and a process whose bound is larger leaves it alone once the cache
+/// is within its own nine tenths. An entry used meanwhile is newer, and stays. The number
+/// removed.
 pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
     let target = max_bytes - max_bytes / 10;
     let round = match ledger.round() {
         // A round the ledger cannot have planned (its words are shared) is dropped.
-        Some(r) if sane(&r, ledger) && ledger.bytes() > target => r,
-        _ if ledger.bytes() <= max_bytes => {
+        Some(r) if !sane(&r, ledger) => {
             ledger.set_round(None);
             return 0;
         }
-        _ => match plan(dir, ledger, target) {
+        // Done: down to the target it was planned for.
+        Some(r) if ledger.bytes() <= r.target => {
+            ledger.set_round(None);
+            return 0;
+        }
+        // A round for a smaller bound than this process's: left to the processes that have
+        // it (this one never cleans below its own nine tenths, nor ends their round).
+        Some(_) if ledger.bytes() <= target => return 0,
+        Some(r) => r,
+        None if ledger.bytes() <= max_bytes => return 0,
+        None => match plan(dir, ledger, target) {
             Some(r) => r,
             None => return 0,
         },
@@ -314,14 +326,16 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
         for (used, len, path) in found {
             let at = nanos(used);
             let old = at < cut || (at == cut && tied > 0);
-            if old && std::fs::remove_file(&path).is_ok() {
-                ledger.add(shard, -(len as i64), -1);
-                removed += 1;
-                if at == cut {
-                    tied = tied.saturating_sub(len);
+            match old.then(|| std::fs::remove_file(&path)) {
+                Some(Ok(())) => {
+                    ledger.add(shard, -(len as i64), -1);
+                    removed += 1;
+                    if at == cut {
+                        tied = tied.saturating_sub(len);
+                    }
                 }
-            } else {
-                kept = (kept.0.saturating_add(len), kept.1 + 1);
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {} // gone meanwhile
+                _ => kept = (kept.0.saturating_add(len), kept.1.saturating_add(1)),
             }
         }
         if (part + 1).is_multiple_of(PARTS) {
@@ -329,12 +343,17 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
             kept = (0, 0);
         }
     });
+    let target = round.target;
     ledger.set_round(Some(&Round {
         cut,
         tied,
         next,
         kept,
+        target,
     })); // ends it past the last part
+    if next >= ROUND_PARTS {
+        ledger.set_walked(); // every shard's accounts set: the next plan trusts them
+    }
     ledger.count(Counter::Evictions, removed);
     removed
 }
@@ -343,7 +362,9 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
 /// (clocks differ), tied bytes no more than the cache holds.
 fn sane(round: &Round, ledger: &Ledger) -> bool {
     const DAY: u64 = 86_400_000_000_000;
-    round.cut <= nanos(SystemTime::now()).saturating_add(DAY) && round.tied <= ledger.bytes()
+    round.cut <= nanos(SystemTime::now()).saturating_add(DAY)
+        && round.tied <= ledger.bytes()
+        && (!round.next.is_multiple_of(PARTS) || round.kept == (0, 0))
 }
 
 /// A round for a cache over its bound, down to `target` bytes, set in the ledger: the
@@ -351,9 +372,10 @@ fn sane(round: &Round, ledger: &Ledger) -> bool {
 /// first parts are listed, keeping each entry's last use and size (16 bytes an entry),
 /// until `SAMPLE_ENTRIES` are seen: when that is every part, the round is exact (and every
 /// shard's accounts set); otherwise it takes the sample's share of what the cache must
-/// lose, the cache's size being the ledger's when the sample bears it out (within half to
-/// twice the sample's estimate), else the estimate. When the entries show the cache is
-/// not over after all, a sampled round removes nothing and sets each shard's accounts.
+/// lose, the cache's size being the ledger's when the sample bears it out (within a fifth
+/// of the sample's estimate) or the last round walked every shard. Otherwise the round
+/// planned removes nothing and sets each shard's accounts as it passes it (a ledger set
+/// wrong by external removals, another host's writes over NFS, a stray word).
 fn plan(dir: &Path, ledger: &Ledger, target: u64) -> Option<Round> {
     let mut uses: Vec<(u64, u64)> = Vec::new();
     let mut shard_total = (0u64, 0u64);
@@ -372,14 +394,19 @@ fn plan(dir: &Path, ledger: &Ledger, target: u64) -> Option<Round> {
     };
     let sample = uses.iter().fold(0u64, |t, u| t.saturating_add(u.1));
     let estimate = share(sample, ROUND_PARTS as u64, listed as u64);
-    let total = match ledger.bytes() {
+    let (said, walked) = (ledger.bytes(), ledger.take_walked());
+    let near = |a: u64, b: u64| a as u128 * 5 >= b as u128 * 4; // within a fifth
+    let total = match said {
         _ if listed == ROUND_PARTS => sample,
-        said if said >= estimate / 2 && said / 2 <= estimate => said,
-        _ => estimate,
+        _ if walked || (near(said, estimate) && near(estimate, said)) => said,
+        _ => {
+            // The ledger and the sample disagree: a round that removes nothing first, and
+            // sets each shard's accounts as it passes it; the next plan trusts them.
+            ledger.set_round(Some(&Round::default()));
+            return None;
+        }
     };
     if total <= target {
-        let recount = Round::default();
-        (listed < ROUND_PARTS).then(|| ledger.set_round(Some(&recount)));
         return None;
     }
     // The sample's share of what must go: all of it, when the sample is the cache.
@@ -400,6 +427,7 @@ fn plan(dir: &Path, ledger: &Ledger, target: u64) -> Option<Round> {
     let round = Round {
         cut,
         tied,
+        target,
         ..Round::default()
     };
     ledger.set_round(Some(&round));
