@@ -39,25 +39,28 @@ fn v2_shard(key: &str) -> String {
     format!("{:x}", digit % V2_SHARDS)
 }
 
-/// The directories holding the last layouts' entries, each a private directory of this
-/// user's (entries anyone else may write were never taken, and are not now).
+/// Whether an old directory of entries, and the one holding it, are private directories
+/// of this user's (entries anyone else may write were never taken, and are not now).
+fn private(old: &Path) -> bool {
+    let parent = old.parent().unwrap_or(old);
+    crate::private::check_dir(parent, 0o002).is_ok()
+        && crate::private::check_dir(old, 0o002).is_ok()
+}
+
+/// The directories holding the last layouts' entries that may be taken (`private`).
 fn old_dirs(base: &Path) -> Vec<PathBuf> {
     let v2 = base.join(OLD_LAYOUTS[0]);
     (0..V2_SHARDS)
         .map(|d| v2.join(format!("{d:x}")))
         .chain([base.join(OLD_LAYOUTS[1])])
-        .filter(|d| {
-            let parent = d.parent().unwrap_or(d);
-            crate::private::check_dir(parent, 0o002).is_ok()
-                && crate::private::check_dir(d, 0o002).is_ok()
-        })
+        .filter(|d| private(d))
         .collect()
 }
 
 /// What moving one old entry did.
 #[derive(Debug, PartialEq)]
 pub(super) enum Moved {
-    /// Moved in: counted now, by the one process whose unlink of the old name took.
+    /// Moved in (its length): counted now, by the process whose link or rename made it.
     In(u64),
     /// The old name dropped (an entry was already here), or nothing to do.
     Dropped,
@@ -174,11 +177,7 @@ pub fn take(dir: &Path, ledger: &Ledger, key: &str) -> bool {
         base.join(OLD_LAYOUTS[0]).join(v2_shard(key)),
         base.join(OLD_LAYOUTS[1]),
     ] {
-        let private = crate::private::check_dir(&old, 0o002).is_ok()
-            && old
-                .parent()
-                .is_some_and(|p| crate::private::check_dir(p, 0o002).is_ok());
-        if private {
+        if private(&old) {
             if let Moved::In(len) = move_one(&old.join(&name), &to) {
                 ledger.add(shard, len as i64, 1);
                 return true;

@@ -339,9 +339,13 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
     assert_eq!(tied.count(), 2);
 }
 
-/// `n` entries written straight into the cache (as a fill would), the `i`th last used `i`
+/// A cache without a bound holding one written entry (its directory and ledger made)
+/// and `n` entries written straight into it (as a fill would), the `i`th last used `i`
 /// seconds after the first; their keys.
-fn fill(cache: &Cache, n: u64) -> Vec<String> {
+fn filled(n: u64) -> (tempfile::TempDir, Cache, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
+    assert!(cache.put("first", &"m".to_string(), b"x").is_none());
     let start = SystemTime::now() - Duration::from_secs(2 * n);
     let keys: Vec<String> = (0..n).map(|i| key(&[b"fill", &i.to_le_bytes()])).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -353,7 +357,7 @@ fn fill(cache: &Cache, n: u64) -> Vec<String> {
             .unwrap();
     }
     assert!(cache.recount());
-    keys
+    (dir, cache, keys)
 }
 
 /// A round whose slices are smaller than a shard goes part by part (by the keys' third
@@ -361,10 +365,7 @@ fn fill(cache: &Cache, n: u64) -> Vec<String> {
 /// recently used, down to nine tenths of the bound.
 #[test]
 fn a_round_goes_part_by_part() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
-    assert!(cache.put("first", &"m".to_string(), b"x").is_none());
-    let keys = fill(&cache, 2000);
+    let (_dir, cache, keys) = filled(2000);
     let (_, bytes) = cache.usage();
     let ledger = cache.ledger().unwrap();
     let (mut calls, mut removed) = (0, 0);
@@ -394,10 +395,7 @@ fn a_round_goes_part_by_part() {
 /// them), and what it removed is exactly the least recently used, down to under the bound.
 #[test]
 fn a_large_cache_is_cleaned_a_slice_per_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
-    assert!(cache.put("first", &"m".to_string(), b"x").is_none()); // the directory, its ledger
-    let keys = fill(&cache, 20_000);
+    let (_dir, cache, keys) = filled(20_000);
     let (_, bytes) = cache.usage();
     let cache = cache.with_max_bytes(bytes);
     let ledger = cache.ledger().unwrap();
@@ -441,10 +439,7 @@ fn a_large_cache_is_cleaned_a_slice_per_write() {
 /// sample shows, else first walks every shard, setting its accounts, removing nothing.
 #[test]
 fn a_wrong_ledger_never_wipes_the_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
-    assert!(cache.put("first", &"m".to_string(), b"x").is_none());
-    fill(&cache, 20_000);
+    let (_dir, cache, _) = filled(20_000);
     let (_, bytes) = on_disk(&cache);
     let cache = cache.with_max_bytes(bytes);
     let ledger = cache.ledger().unwrap();
@@ -470,10 +465,7 @@ fn a_wrong_ledger_never_wipes_the_cache() {
 /// and the round ends once the cache is down to the target it was planned for.
 #[test]
 fn a_larger_bound_leaves_a_round_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(Some(dir.path())).with_max_bytes(u64::MAX);
-    assert!(cache.put("first", &"m".to_string(), b"x").is_none());
-    fill(&cache, 2000);
+    let (_dir, cache, _) = filled(2000);
     let (entries, bytes) = on_disk(&cache);
     let ledger = cache.ledger().unwrap();
     assert_eq!(
