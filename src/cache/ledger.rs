@@ -66,6 +66,20 @@ pub struct Round {
     pub target: u64,
 }
 
+impl Round {
+    /// A round that removes nothing (no entry is older than `cut` 0, none tied): a walk that
+    /// sets every shard's accounts, planned when the ledger and its sample disagree.
+    pub fn walk() -> Round {
+        Round::default()
+    }
+
+    /// Whether this round only walks: it goes on to the last shard whatever the ledger
+    /// says meanwhile (each shard it sets may bring the total under any bound).
+    pub fn only_walks(&self) -> bool {
+        self.cut == 0 && self.tied == 0
+    }
+}
+
 /// The counters `xpu-zebin stats` reports, by index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]

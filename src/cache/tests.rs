@@ -460,6 +460,39 @@ fn a_wrong_ledger_never_wipes_the_cache() {
     );
 }
 
+/// A round that only walks (the ledger and its sample disagreed) goes on to the last shard
+/// even when the shards it has set bring the ledger under this process's nine tenths
+/// before then: it always ends, and writes stop taking the upkeep lock for it.
+#[test]
+fn a_walk_that_corrects_the_ledger_early_still_ends() {
+    let (_dir, cache, _) = filled(20_000);
+    let (_, bytes) = on_disk(&cache);
+    // Well within the bound once the ledger is right.
+    let cache = cache.with_max_bytes(bytes * 2);
+    let ledger = cache.ledger().unwrap();
+    // Shard e0: past the plan's sample (16,384 of 20,000 entries), well before ff, so the
+    // walk sets it right with many shards still to go.
+    ledger.set_shard(0xe0, 1 << 62, 1);
+    let mut writes = 0;
+    while writes < 2 || ledger.round().is_some() {
+        cache.put_copy(&format!("new{writes}"), &"m".to_string(), b"new");
+        writes += 1;
+        assert!(writes < 2 * ledger::SHARDS as u64, "the walk never ended");
+    }
+    let (entries, after) = on_disk(&cache);
+    assert_eq!(
+        ledger.counter(Counter::Evictions),
+        0,
+        "a walk removes nothing"
+    );
+    assert!(after >= bytes, "{after} of {bytes} left");
+    let counted = ledger.entries();
+    assert!(
+        counted.abs_diff(entries) <= writes,
+        "{counted} counted, {entries} on disk"
+    );
+}
+
 /// None is planned for a cache within its bound; a process whose bound is larger leaves
 /// another's round alone (it neither cleans below its own nine tenths nor ends the round),
 /// and the round ends once the cache is down to the target it was planned for.

@@ -299,6 +299,8 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
             ledger.set_round(None);
             return 0;
         }
+        // A walk ends at the last shard, never early: until then the ledger is not known.
+        Some(r) if r.only_walks() => r,
         // Done: down to the target it was planned for.
         Some(r) if ledger.bytes() <= r.target => {
             ledger.set_round(None);
@@ -402,7 +404,7 @@ fn plan(dir: &Path, ledger: &Ledger, target: u64) -> Option<Round> {
         _ => {
             // The ledger and the sample disagree: a round that removes nothing first, and
             // sets each shard's accounts as it passes it; the next plan trusts them.
-            ledger.set_round(Some(&Round::default()));
+            ledger.set_round(Some(&Round::walk()));
             return None;
         }
     };
