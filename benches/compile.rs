@@ -92,7 +92,7 @@ fn benches(c: &mut Criterion) {
         r
     };
     std::env::set_var(pool::PERSISTENT_ENV, "0");
-    let add_zebin = compile(&request(&add), &AtomicBool::new(false))
+    let add_zebin = compile(&request(&add), false, &AtomicBool::new(false))
         .expect("add compiles")
         .binary;
     let ptss_log = "warning: in kernel 'K': [RetryManager] Start recompilation of the kernel\n\
@@ -126,22 +126,22 @@ fn compile_small_kernel(
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.bench_function("ocloc_one_shot", |b| {
         std::env::set_var(pool::PERSISTENT_ENV, "0");
-        b.iter(|| compile(&request(add), &cancel).unwrap())
+        b.iter(|| compile(&request(add), false, &cancel).unwrap())
     });
     if configure_worker_python() {
         std::env::set_var(pool::PERSISTENT_ENV, "1");
-        compile(&request(add), &cancel).expect("worker warm-up");
+        compile(&request(add), false, &cancel).expect("worker warm-up");
         g.bench_function("ocloc_persistent_worker", |b| {
-            b.iter(|| compile(&request(add), &cancel).unwrap())
+            b.iter(|| compile(&request(add), false, &cancel).unwrap())
         });
     }
     let cache_dir = tempfile::tempdir().unwrap();
     let mut cached = request(add);
     cached.options.cache = true;
     cached.options.cache_dir = Some(cache_dir.path().to_path_buf());
-    compile(&cached, &cancel).expect("fill the cache");
+    compile(&cached, false, &cancel).expect("fill the cache");
     g.bench_function("warm_cache_hit", |b| {
-        b.iter(|| compile(&cached, &cancel).unwrap())
+        b.iter(|| compile(&cached, false, &cancel).unwrap())
     });
 
     std::env::set_var(ze::SIMULATED_DEVICE_ENV, "pvc");

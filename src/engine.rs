@@ -1,6 +1,7 @@
-//! The offline compile engine: validate, consult the cache, run the GRF ladder through
-//! ocloc, classify, choose (`ladder::settle`). `compile_many` runs requests with bounded
-//! parallelism.
+//! The offline compile engine: validate, ask the levels of native code
+//! (`store::levels`: the local cache, the fleet's store), and on a miss run the GRF
+//! ladder through ocloc, classify, choose (`ladder::settle`), and keep the answer in the
+//! levels. `compile_many` runs requests with bounded parallelism.
 
 use crate::cache::Cache;
 use crate::classify::{classify_failure, Exit};
@@ -11,6 +12,7 @@ use crate::ladder::{self, Build, Plan, Settled, Speculation};
 use crate::ocloc::{self, JobSpec};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
+use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
 use crate::zebin;
 use crate::{batch, spirv};
 use serde::{Deserialize, Serialize};
@@ -58,7 +60,7 @@ pub struct Compiled {
     /// Things worth logging that are not failures (cache problems, spill retries).
     #[serde(skip)]
     pub notes: Vec<String>,
-    /// The answer is another node's, taken from the fleet's store (`store`).
+    /// The answer is another node's, taken from the fleet's store (`store::levels`).
     #[serde(skip)]
     pub from_store: bool,
 }
@@ -271,26 +273,53 @@ impl Slot {
         &self.compiler
     }
 
-    /// The device the answer is built for.
-    pub fn device(&self) -> &str {
-        &self.device
+    /// What the answer is built for, as the levels sign and check it.
+    fn target(&self) -> Target<'_> {
+        Target {
+            device: &self.device,
+            compiler: &self.compiler,
+        }
     }
 
-    /// The accounts of the slot's cache directory (None when its cache is off).
-    pub fn ledger(&self) -> Option<std::sync::Arc<crate::cache::Ledger>> {
-        self.cache.as_ref()?.ledger()
+    /// The levels this slot's request asks (`store`: the fleet's store among them).
+    pub fn levels(&self, store: bool) -> crate::error::Result<Levels> {
+        Levels::open(self.cache.clone(), store)
     }
 
-    /// The local cache entry that answers, as stored (checked), if any: what a node
-    /// shares with its fleet.
+    /// The local entry that answers, as stored, into the fleet's store (a farm publishing
+    /// its cache); true when written.
+    pub fn share(&self) -> crate::error::Result<bool> {
+        self.levels(true)?.share(&self.key, self.target())
+    }
+
+    /// The local cache entry that answers, as stored (whole and this key's), if any: what
+    /// a node shares with its fleet.
     pub fn local(&self) -> Option<Vec<u8>> {
         self.cache.as_ref()?.raw(&self.key)
+    }
+
+    /// What this request needs of an entry it did not build (another node's, verified by
+    /// its signature): a zebin with this kernel whose record describes it, linked unless
+    /// the request allows unresolved symbols.
+    fn check(&self, entry: &Entry) -> Result<(), BuildError> {
+        let kernel = &self.kernel;
+        let info = zebin::parse(&entry.binary)?;
+        if info.kernel_spill(kernel)? != entry.record.spill {
+            return Err(BuildError::new(
+                ErrorKind::InvalidArgument,
+                "the entry's record does not describe its binary",
+            ));
+        }
+        if !self.options.allow_unresolved && !info.undefined_symbols.is_empty() {
+            check_linked(&entry.binary, kernel, &self.ocloc)?;
+        }
+        Ok(())
     }
 
     /// Take `entry` (another node's, already verified by its signature) into the local
     /// cache as this slot's answer, and answer with it: it must decode under the slot's
     /// own key (a checksum over key and body: an entry replayed under another key fails)
-    /// and hold a zebin with this kernel whose record describes it.
+    /// and pass `check`.
     pub fn adopt(&self, entry: &[u8]) -> Result<Compiled, BuildError> {
         let Some(cache) = &self.cache else {
             return Err(BuildError::new(
@@ -300,59 +329,105 @@ impl Slot {
         };
         let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
+        let entry_ = Entry { record, binary };
+        self.check(&entry_)?;
+        let notes = cache
+            .put_entry(&self.key, entry, false)
+            .into_iter()
+            .collect();
+        let hit = Hit {
+            entry: entry_,
+            counter: crate::cache::Counter::StoreHits,
+        };
+        Ok(self.answer_from(hit, notes))
+    }
+
+    /// The answer a level's entry gives.
+    fn answer_from(&self, hit: Hit, notes: Vec<String>) -> Compiled {
+        let from_store = hit.from_store();
+        let Entry { record, binary } = hit.entry;
         let kernel = &self.kernel;
-        let info = zebin::parse(&binary)?;
-        if info.kernel_spill(kernel)? != record.spill {
-            return Err(BuildError::new(
-                ErrorKind::InvalidArgument,
-                "the entry's record does not describe its binary",
-            ));
-        }
-        let o = &self.options;
-        if !o.allow_unresolved && !info.undefined_symbols.is_empty() {
-            check_linked(&binary, kernel, &self.ocloc)?;
-        }
-        let mut notes = Vec::new();
-        notes.extend(cache.put_copy(&self.key, &record, &binary));
-        Ok(Compiled {
+        Compiled {
             n_regs: grf::n_regs_with(&record.build_flags, self.own_grf, &binary, kernel),
             kernel: kernel.clone(),
             device: self.device.clone(),
             binary,
             build_flags: record.build_flags,
-            grf_mode: o.grf_mode.clone(),
+            grf_mode: self.options.grf_mode.clone(),
             spill: record.spill,
             recovered: record.recovered,
             cached: true,
             attempts: record.attempts,
             log: record.log,
             notes,
-            from_store: false,
-        })
+            from_store,
+        }
     }
 }
 
-/// Compile one request. `cancel` stops it (the running ocloc is killed).
-/// This process's local cache and compiler (`store::compile` puts the fleet's store in
-/// front).
-pub fn compile(req: &CompileRequest, cancel: &AtomicBool) -> Outcome {
-    compile_inner(req, cancel, &|| true)
+/// Compile one request through every level: the local cache, the fleet's store (unless
+/// `store` is false), then this process's compiler. `cancel` stops it (the running ocloc
+/// is killed).
+pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcome {
+    compile_with(req, store, cancel, &|| true)
 }
 
 /// `may_speculate()` is false while more requests wait for a core, so a speculative build
 /// would take it from them (unless the request asked for speculation explicitly).
-fn compile_inner(
+fn compile_with(
+    req: &CompileRequest,
+    store: bool,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> Outcome {
+    let slot = prepare(req)?;
+    let levels = slot.levels(store)?;
+    let outcome = answer(&slot, &levels, req, cancel, may_speculate);
+    levels.count(match &outcome {
+        Ok(c) if c.cached => {
+            let level = match c.from_store {
+                true => crate::cache::Counter::StoreHits,
+                false => crate::cache::Counter::LocalHits,
+            };
+            Answered::Hit(level, &c.attempts)
+        }
+        Ok(c) => Answered::Built(&c.attempts),
+        Err(f) => Answered::Failed(&f.attempts),
+    });
+    outcome
+}
+
+/// The levels' answer to `slot`, else a build, kept in the levels.
+fn answer(
+    slot: &Slot,
+    levels: &Levels,
     req: &CompileRequest,
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
-    compile_in_slot(&prepare(req)?, req, cancel, may_speculate)
+    let mut notes = Vec::new();
+    if let Some(hit) = levels.find(&slot.key, slot.target(), |e| slot.check(e), &mut notes) {
+        let answer = slot.answer_from(hit, notes);
+        if !slot.options.allow_unresolved {
+            check_linked(&answer.binary, &slot.kernel, &slot.ocloc).map_err(|error| Failure {
+                error: error.with_log(answer.log.clone()),
+                attempts: answer.attempts.clone(),
+                notes: answer.notes.clone(),
+            })?;
+        }
+        return Ok(answer);
+    }
+    let mut built = build(slot, levels, req, cancel, may_speculate)?;
+    notes.append(&mut built.notes);
+    built.notes = notes;
+    Ok(built)
 }
 
-/// Build `req` in `slot` (what was learned checking it: the levels before the compiler
-/// and the compiler share one check of the SPIR-V).
-pub fn compile_in_slot(
+/// Build `req` in `slot` with the GRF ladder, and keep the answer in the levels (an
+/// answer shaped by a transient failure is returned, never kept).
+fn build(
     slot: &Slot,
+    levels: &Levels,
     req: &CompileRequest,
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
@@ -363,21 +438,19 @@ pub fn compile_in_slot(
         rule: slot.rule,
         speculation: Speculation::choose(o.speculative, req.spirv.len(), may_speculate),
         cancel,
-        cache: slot.cache.clone().map(|c| (c, slot.key.clone())),
     };
     let kernel = &slot.kernel;
     let Settled {
         product: binary,
         record,
-        cached,
-        notes,
+        repeatable,
+        mut notes,
     } = ladder::settle(
         plan,
-        |_, binary| Ok(binary),
         |flags, cancel| build_once(&slot.ocloc, req, kernel, flags, slot.timeout, cancel),
         |built: Built, _| Ok(built.binary),
-        Vec::clone,
     )?;
+    notes.extend(levels.keep(&slot.key, slot.target(), &record, &binary, repeatable));
     if !o.allow_unresolved {
         check_linked(&binary, kernel, &slot.ocloc).map_err(|error| Failure {
             error: error.with_log(record.log.clone()),
@@ -395,7 +468,7 @@ pub fn compile_in_slot(
         grf_mode: o.grf_mode.clone(),
         spill: record.spill,
         recovered: record.recovered,
-        cached,
+        cached: false,
         attempts: record.attempts,
         log: record.log,
         notes,
@@ -405,30 +478,15 @@ pub fn compile_in_slot(
 
 pub use crate::batch::default_jobs;
 
-/// Compile every request with at most `jobs` at once; results in input order. One failure
-/// never stops the others. `on_done(index)` is called as each finishes.
+/// Compile every request with at most `jobs` at once, each through every level
+/// (`compile`); results in input order. One failure never stops the others.
+/// `on_done(index)` is called as each finishes.
 pub fn compile_many(
     reqs: &[CompileRequest],
+    store: bool,
     jobs: usize,
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
-) -> Vec<Outcome> {
-    compile_many_through(reqs, jobs, cancel, on_done, &|r, may_speculate| {
-        compile_inner(r, cancel, may_speculate)
-    })
-}
-
-/// How one request of a batch is answered: `answer(req, may_speculate)` (the fleet's
-/// store in front of the compiler, `store::compile_many`).
-pub type Answer<'a> = dyn Fn(&CompileRequest, &(dyn Fn() -> bool + Sync)) -> Outcome + Sync + 'a;
-
-/// `compile_many`, each request answered by `answer`.
-pub fn compile_many_through(
-    reqs: &[CompileRequest],
-    jobs: usize,
-    cancel: &AtomicBool,
-    on_done: &(dyn Fn(usize) + Sync),
-    answer: &Answer<'_>,
 ) -> Vec<Outcome> {
     batch::run(
         reqs,
@@ -436,7 +494,7 @@ pub fn compile_many_through(
         |r| r.spirv.len(),
         cancel,
         on_done,
-        answer,
+        |r, may_speculate| compile_with(r, store, cancel, may_speculate),
         |e| Err(e.into()),
     )
 }

@@ -1,9 +1,9 @@
 //! Which attempts, in which order: the GRF ladder run by every backend (ocloc and Level
-//! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), the
-//! choice between the attempts made, and the cache around it all ([`settle`]): the same
-//! code for both backends. The policy itself is `grf.rs` and `spill.rs`.
+//! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), and
+//! the choice between the attempts made ([`settle`]): the same code for both backends. The
+//! ladder knows no cache: the engine asks the levels (`store::levels`) before it runs.
+//! The policy itself is `grf.rs` and `spill.rs`.
 
-use crate::cache::{Cache, Lookup};
 use crate::error::{AttemptError, BuildError, ErrorKind, Result};
 use crate::grf::{self, Pick};
 use crate::spill::{Rule, Spill};
@@ -125,11 +125,9 @@ pub struct Plan<'a> {
     pub rule: Rule,
     pub speculation: Speculation<'a>,
     pub cancel: &'a AtomicBool,
-    /// The cache and this request's key in it (`key.rs`), when the cache is on.
-    pub cache: Option<(Cache, String)>,
 }
 
-/// What the cache keeps beside a native binary, for either backend.
+/// What the levels keep beside a native binary, for either backend.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub build_flags: String,
@@ -141,53 +139,31 @@ pub struct Record {
     pub log: String,
 }
 
-/// A request's answer: what it produced, how, and whether it came from the cache.
+/// A request's build: what it produced, and how.
 pub struct Settled<F> {
     pub product: F,
     pub record: Record,
-    pub cached: bool,
-    /// Worth logging, not failures (cache trouble, a spill retry).
+    /// Every attempt failed, if at all, in a way that repeats: the input's own answer,
+    /// worth keeping (not one shaped by a timeout, a cancel, a worker that died).
+    pub repeatable: bool,
+    /// Worth logging, not failures (a spill retry, a cancelled speculative build).
     pub notes: Vec<String>,
 }
 
-/// Answer a request: from the cache when an entry `revive`s (a native binary and its
-/// record; a Level Zero hit loads it), else by running the ladder with `build`, choosing,
-/// `finish`ing the chosen build into the product (a Level Zero build loads its native
-/// binary here), and storing the native binary `native` gives. `recovered` and the cache
-/// record are made here, once, for both backends.
+/// Build a request: run the ladder with `build`, choose, and `finish` the chosen build
+/// into the product (a Level Zero build loads its native binary here). `recovered` and
+/// the record are made here, once, for both backends.
 pub fn settle<B: Build + Send, F>(
     plan: Plan<'_>,
-    revive: impl FnOnce(&Record, Vec<u8>) -> Result<F>,
     build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
     finish: impl FnOnce(B, &str) -> Result<F>,
-    native: impl FnOnce(&F) -> Vec<u8>,
 ) -> std::result::Result<Settled<F>, Box<Failure>> {
-    let mut notes = Vec::new();
-    if let Some((cache, key)) = &plan.cache {
-        match cache.get::<Record>(key) {
-            Lookup::Hit(record, binary) => match revive(&record, binary) {
-                Ok(product) => {
-                    return Ok(Settled {
-                        product,
-                        record,
-                        cached: true,
-                        notes,
-                    })
-                }
-                Err(e) => notes.push(format!(
-                    "cached native binary did not load ({e}); rebuilding"
-                )),
-            },
-            Lookup::Corrupt(note) => notes.push(note),
-            Lookup::Miss => {}
-        }
-    }
     let Choice {
         chosen,
         built,
         attempts,
-        mut notes,
-    } = run(&plan, notes, build)?;
+        notes,
+    } = run(&plan, Vec::new(), build)?;
     let flags = plan.ladder[chosen].clone();
     let record = Record {
         spill: built.spill(),
@@ -206,25 +182,14 @@ pub fn settle<B: Build + Send, F>(
             }))
         }
     };
-    // An answer shaped by a transient failure (the retry timed out, was cancelled, its
-    // worker died) is not the input's answer: it is returned, never cached.
     let repeatable = record
         .attempts
         .iter()
         .all(|a| a.error.as_ref().is_none_or(|e| e.kind.is_repeatable()));
-    match &plan.cache {
-        Some((cache, key)) if repeatable => {
-            if let Some(note) = cache.put(key, &record, &native(&product)) {
-                notes.push(note);
-            }
-        }
-        Some(_) => notes.push("not cached: an attempt failed in a way that may not repeat".into()),
-        None => {}
-    }
     Ok(Settled {
         product,
         record,
-        cached: false,
+        repeatable,
         notes,
     })
 }

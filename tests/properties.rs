@@ -225,7 +225,7 @@ mod store {
     use std::io::{Cursor, Read, Write};
     use xpu_zebin::store::address::{redacted, Address};
     use xpu_zebin::store::format;
-    use xpu_zebin::store::resp::{Budget, Reader, Reply, MAX_DEPTH};
+    use xpu_zebin::store::resp::{Budget, Paced, Reader, Reply, MAX_DEPTH};
 
     /// A peer that sent `bytes`.
     struct Sent(Cursor<Vec<u8>>);
@@ -241,6 +241,9 @@ mod store {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+    impl Paced for Sent {
+        fn expect(&mut self, _: u64) {}
     }
 
     /// (bulk bytes, items, depth) a reply holds.

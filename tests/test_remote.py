@@ -271,7 +271,7 @@ def test_acl_users_and_a_store_that_refuses_writes(keys, spirvs, system_ocloc, t
 
 def test_a_value_over_the_bound_is_never_read(server, keys, spirvs, system_ocloc, tmp_path,
                                               monkeypatch):  # fmt: skip
-    """STRLEN first: a value larger than XPU_ZEBIN_REMOTE_MAX_BYTES is not asked for."""
+    """A value larger than XPU_ZEBIN_REMOTE_MAX_BYTES is never read past one byte over it."""
     _publish(monkeypatch, tmp_path, server, keys, spirvs["add"], system_ocloc)
     client = server.client()
     (name,) = client.keys(remote.PREFIX + "*")
@@ -282,12 +282,12 @@ def test_a_value_over_the_bound_is_never_read(server, keys, spirvs, system_ocloc
     assert got.source == "compiled" and remote.counts() == {"too_large": 1}
 
 
-#: A store that lies about sizes: STRLEN's answer, then GETRANGE's. ``bulk_lie``: 10
-#: bytes, then a reply of 1 GB (over any value's bound); ``range_lie``: 1 byte, then 64 KiB
-#: (under a value's bound, over what was asked).
+#: A store that lies in its answer to a read (``GETRANGE`` to one byte past the bound):
+#: ``bulk_lie``, a value of 1 GB (more than a range of the bound's size can hold);
+#: ``range_lie``, 100,000 items where one value was asked.
 LIES = {
-    "bulk_lie": (b":10\r\n", b"$1000000000\r\n" + b"x" * 65536),
-    "range_lie": (b":1\r\n", b"$65536\r\n" + b"x" * 65536 + b"\r\n"),
+    "bulk_lie": b"$1000000000\r\n" + b"x" * 65536,
+    "range_lie": b"*100000\r\n" + b"$1\r\nx\r\n" * 1000,
 }
 
 
@@ -325,14 +325,11 @@ class BadPeer:
                         if self.done.wait(0.2):
                             break
                         conn.sendall(bytes([b]))
-                elif self.behaviour in LIES:  # a size, then a larger value than it
-                    size, value = LIES[self.behaviour]
+                elif self.behaviour in LIES:  # more than a read may take
                     while request := conn.recv(65536):
                         for command in re.split(rb"(?:^|\r\n)\*\d+\r\n", request)[1:]:
                             if b"GETRANGE" in command.upper():
-                                conn.sendall(value)
-                            elif b"STRLEN" in command.upper():
-                                conn.sendall(size)
+                                conn.sendall(LIES[self.behaviour])
                             else:
                                 conn.sendall(b"+OK\r\n")
                         if b"GETRANGE" in request.upper():
@@ -373,6 +370,58 @@ def test_a_broken_store_means_compiling_locally(keys, spirvs, system_ocloc, tmp_
         assert "over the bound" in said[0]
     if behaviour == "trickle":  # the whole reply's deadline, not each byte's
         assert "no whole reply within 3 s" in said[0]
+
+
+#: A publisher of its own process: replaces one key with each of the given values in turn,
+#: as fast as it can, until its stdin closes.
+REPLACER = """
+import sys, threading, redis
+port, key, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+values = [open(p, "rb").read() for p in paths]
+client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+i = 0
+while not stop.is_set():
+    client.set(key, values[i % len(values)])
+    i += 1
+"""
+
+
+def test_a_value_replaced_mid_read_is_read_whole(server, keys, tmp_path, monkeypatch):
+    """Two nodes publishing one key at once (two processes replacing it in a loop, with
+    values of different sizes) while this node reads it: every read is one value whole
+    (the read is one script, run by the server at one instant), none is counted untrusted,
+    and nothing but one of the two values is ever taken."""
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"],
+          keys["farm_public"])  # fmt: skip
+    rkey = remote.NAMESPACES[1] + "replaced"
+    datas = [b"small" * 200, b"large" * (1 << 18)]
+    paths = []
+    for i, data in enumerate(datas):
+        assert xpu_zebin._core.remote_publish_signed(rkey, "id", data)
+        paths.append(tmp_path / f"value{i}")
+        paths[-1].write_bytes(server.client().get(rkey))
+    publishers = []
+    for step in (1, -1):  # two publishers, each replacing the key with both values in turn
+        argv = [sys.executable, "-c", REPLACER, str(server.port), rkey, *map(str, paths[::step])]
+        publishers.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    seen = set()
+    try:
+        for p in publishers:
+            assert p.stdout.readline().strip() == b"ready"
+        for _ in range(400):
+            (got,) = xpu_zebin._core.remote_fetch_signed([rkey], "id")
+            assert got in datas, None if got is None else got[:32]
+            seen.add(got)
+    finally:
+        for p in publishers:
+            p.stdin.close()
+            p.wait(timeout=60)
+    assert remote.counts().get("untrusted", 0) == 0, remote.counts()
+    assert remote.counts().get("hits") == 400
+    assert len(seen) == 2  # both values were read: the key was replaced while read
 
 
 def test_a_mixed_fleet_never_shares_native_code(server, keys, spirvs, system_ocloc,

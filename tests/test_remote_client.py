@@ -110,9 +110,7 @@ def _endless(conn: socket.socket, head: bytes, piece: bytes, total: int) -> None
 
 
 def _value_reply(conn: socket.socket, reply: bytes) -> None:
-    """STRLEN says 100 bytes; the value's reply is ``reply``."""
-    conn.recv(65536)
-    conn.sendall(b":100\r\n")
+    """The read of a value (one command, one reply) is answered with ``reply``."""
     conn.recv(65536)
     conn.sendall(reply)
 
@@ -272,9 +270,7 @@ class HalfwayProxy:
                 conn.sendall(b"\x00 not RESP\r\n")
                 return
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=60) as up:
-                up.sendall(request)  # STRLEN
-                conn.sendall(self._reply(up))
-                up.sendall(conn.recv(65536))  # GETRANGE
+                up.sendall(request)  # the read: one command, one reply
                 value = self._reply(up)
                 conn.sendall(value[: len(value) // 2])
                 self.half_sent.set()
@@ -421,7 +417,9 @@ class EndlessScan:
             while request := conn.recv(65536):
                 if b"SCAN" in request:
                     conn.sendall(b"*2\r\n$1\r\n7\r\n*1\r\n$3\r\nabc\r\n")
-                else:  # STRLEN, EXISTS: nothing there
+                elif b"GETRANGE" in request:  # the read: nothing there
+                    conn.sendall(b"$0\r\n\r\n")
+                else:  # EXISTS: nothing there
                     conn.sendall(b":0\r\n")
 
 

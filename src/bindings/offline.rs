@@ -229,10 +229,7 @@ pub fn compile(
         device,
         options: options.inner.clone(),
     };
-    let outcome = interruptible(py, |cancel| match store {
-        true => crate::store::compile(&req, cancel),
-        false => engine::compile(&req, cancel),
-    });
+    let outcome = interruptible(py, |cancel| engine::compile(&req, store, cancel));
     emit_warnings(py);
     match outcome? {
         Ok(c) => Ok(to_result(py, c)),
@@ -284,7 +281,7 @@ pub fn compile_many(
         py,
         jobs,
         progress,
-        |jobs, cancel, on_done| crate::store::compile_many(&reqs, jobs, cancel, on_done),
+        |jobs, cancel, on_done| engine::compile_many(&reqs, true, jobs, cancel, on_done),
         |py, compiled| Ok(Py::new(py, to_result(py, compiled))?.into_any()),
     )
 }

@@ -287,14 +287,11 @@ pub fn remote_publish(
     device: String,
     options: PyRef<'_, PyOptions>,
 ) -> PyResult<bool> {
-    let Some(cfg) = store_config(py)? else {
+    if store_config(py)?.is_none() {
         return Ok(false);
-    };
+    }
     let req = request(spirv, device, &options);
-    let done = py.detach(|| {
-        let slot = engine::slot(&req)?;
-        crate::store::publish(&cfg, &slot, None)
-    });
+    let done = py.detach(|| engine::slot(&req)?.share());
     super::emit_warnings(py);
     done.map_err(|e| to_pyerr(py, e.into()))
 }

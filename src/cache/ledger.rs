@@ -269,15 +269,15 @@ impl Ledger {
         clamp(self.word(HEADER + shard % SHARDS).load(Ordering::Relaxed))
     }
 
-    /// The accounts are unknown (a new ledger): a generation, 0 when
-    /// known. Cleared by `known` only after a whole recount, so a process killed while
-    /// recounting leaves them unknown.
-    pub fn unknown(&self) -> u64 {
+    /// The generation of unknown accounts (a new ledger), 0 when they are known. Cleared
+    /// by `counted_whole` only after a whole recount, so a process killed while recounting
+    /// leaves them unknown.
+    pub fn unknown_generation(&self) -> u64 {
         self.word(W_UNKNOWN).load(Ordering::Acquire)
     }
 
     /// The accounts counted whole as of `generation` (unknown again if marked since).
-    pub fn known(&self, generation: u64) {
+    pub fn counted_whole(&self, generation: u64) {
         let _ = self.word(W_UNKNOWN).compare_exchange(
             generation,
             0,
@@ -287,7 +287,7 @@ impl Ledger {
     }
 
     /// Count a write; every `RECOUNT_EVERY`th returns the shard to recount now.
-    pub fn wrote(&self) -> Option<usize> {
+    pub fn shard_due_after_write(&self) -> Option<usize> {
         let n = self.word(W_WRITES).fetch_add(1, Ordering::Relaxed) + 1;
         n.is_multiple_of(RECOUNT_EVERY)
             .then(|| self.word(W_NEXT_RECOUNT).fetch_add(1, Ordering::Relaxed) as usize % SHARDS)

@@ -146,11 +146,11 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                let generation = l.unknown();
+                let generation = l.unknown_generation();
                 if generation != 0 {
                     if let Some(_held) = upkeep::try_lock(&self.dir) {
                         upkeep::recount_all(&self.dir, &l);
-                        l.known(generation);
+                        l.counted_whole(generation);
                     }
                 }
                 (l.entries(), l.bytes())
@@ -162,26 +162,26 @@ impl Cache {
     /// Count every shard again, now (waiting for no one: false when another process holds
     /// the upkeep lock); the last layouts' entries are all moved in first.
     pub fn recount(&self) -> bool {
-        let Some((here, _)) = self.here() else {
+        let Some((in_use, _)) = self.in_use() else {
             return false;
         };
         let Some(_held) = upkeep::try_lock(&self.dir) else {
             return false;
         };
-        self.move_old(&here, usize::MAX);
-        upkeep::recount_all(&self.dir, &here.ledger);
+        self.move_old(&in_use, usize::MAX);
+        upkeep::recount_all(&self.dir, &in_use.ledger);
         true
     }
 
     /// This directory's ledger (one per process and directory, made on first use); None
     /// while the directory does not exist or is refused.
     pub fn ledger(&self) -> Option<Arc<Ledger>> {
-        self.here().map(|(here, _)| here.ledger.clone())
+        self.in_use().map(|(in_use, _)| in_use.ledger.clone())
     }
 
     /// This directory as this process uses it, and whether that began now. On first use
     /// its ledger is mapped, and a slice of the last layouts' entries moved in.
-    fn here(&self) -> Option<(Arc<Here>, bool)> {
+    fn in_use(&self) -> Option<(Arc<InUse>, bool)> {
         if self.refused.is_some() {
             return None;
         }
@@ -199,25 +199,25 @@ impl Cache {
         if private::check_dir(&self.dir, 0o002).is_err() {
             return None;
         }
-        let here = Arc::new(Here {
+        let in_use = Arc::new(InUse {
             ledger: Arc::new(Ledger::open(&self.dir).ok()?),
             old_seen: old_left,
             old_left: AtomicBool::new(old_left),
         });
-        lock(LEDGERS.get()).insert(self.dir.clone(), here.clone());
+        lock(LEDGERS.get()).insert(self.dir.clone(), in_use.clone());
         if old_left {
             if let Some(_held) = upkeep::try_lock(&self.dir) {
-                self.move_old(&here, migrate::SLICE);
+                self.move_old(&in_use, migrate::SLICE);
             }
         }
-        Some((here, true))
+        Some((in_use, true))
     }
 
     /// Move up to `budget` of the last layouts' entries in (the caller holds the upkeep
     /// lock, so that no recount runs meanwhile).
-    fn move_old(&self, here: &Here, budget: usize) {
-        if !migrate::slice(&self.dir, &here.ledger, budget) {
-            here.old_left.store(false, Ordering::Relaxed);
+    fn move_old(&self, in_use: &InUse, budget: usize) {
+        if !migrate::slice(&self.dir, &in_use.ledger, budget) {
+            in_use.old_left.store(false, Ordering::Relaxed);
         }
     }
 
@@ -225,10 +225,10 @@ impl Cache {
     /// directory before (a slice of the last layouts was just moved in), or `key`'s own
     /// entry of a last layout was moved in now.
     fn take_old(&self, key: &str) -> bool {
-        let Some((here, made)) = self.here() else {
+        let Some((in_use, made)) = self.in_use() else {
             return false;
         };
-        let taken = here.old_seen && migrate::take(&self.dir, &here.ledger, key);
+        let taken = in_use.old_seen && migrate::take(&self.dir, &in_use.ledger, key);
         made || taken
     }
 
@@ -236,12 +236,12 @@ impl Cache {
     /// recounted now and then, a slice of the last layouts moved in, a slice of a cleaning
     /// when over the bound or in one. A note says what was evicted. Skipped while another
     /// process does it.
-    fn upkeep(&self, here: &Here) -> Option<String> {
-        let ledger = &here.ledger;
-        let recount = ledger.wrote();
+    fn upkeep(&self, in_use: &InUse) -> Option<String> {
+        let ledger = &in_use.ledger;
+        let recount = ledger.shard_due_after_write();
         let over = ledger.bytes() > self.max_bytes;
-        let unknown = ledger.unknown();
-        let old_left = here.old_left.load(Ordering::Relaxed);
+        let unknown = ledger.unknown_generation();
+        let old_left = in_use.old_left.load(Ordering::Relaxed);
         let cleaning = ledger.round().is_some();
         if recount.is_none() && !over && unknown == 0 && !old_left && !cleaning {
             return None;
@@ -250,11 +250,11 @@ impl Cache {
             return None; // the process that holds the lock does it, or the next writer
         };
         if old_left {
-            self.move_old(here, migrate::SLICE);
+            self.move_old(in_use, migrate::SLICE);
         }
         if unknown != 0 {
             upkeep::recount_all(&self.dir, ledger);
-            ledger.known(unknown);
+            ledger.counted_whole(unknown);
         } else if let Some(shard) = recount {
             upkeep::recount(&self.dir, ledger, shard);
         }
@@ -308,9 +308,11 @@ impl Cache {
         Ok(bytes)
     }
 
-    pub fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
+    /// `key`'s entry as stored, not yet checked (`decode` checks it), marked as used; None
+    /// when there is none, the note when it cannot be read.
+    pub fn read_entry(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
         if self.refused.is_some() {
-            return Lookup::Miss;
+            return Ok(None);
         }
         let path = self.path(key);
         let mut read = self.read(&path);
@@ -321,35 +323,46 @@ impl Cache {
         if missed(&read) && self.take_old(key) {
             read = self.read(&path);
         }
-        let bytes = match read {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
-            Err(e) => {
-                return Lookup::Corrupt(format!(
-                    "cache entry {} not used: {e}; it is rebuilt",
-                    path.display()
-                ))
-            }
-        };
-        match decode(key, &bytes) {
-            Ok((meta, binary)) => {
+        match read {
+            Ok(bytes) => {
                 // Mark as recently used for eviction; failure to do so is harmless.
                 let _ = private::open_file(&path, true, false)
                     .and_then(|f| f.set_modified(SystemTime::now()));
-                Lookup::Hit(meta, binary)
+                Ok(Some(bytes))
             }
-            Err(why) => {
-                if std::fs::remove_file(&path).is_ok() {
-                    self.forget(key, bytes.len() as u64);
-                }
-                if let Some(l) = self.ledger() {
-                    l.count(Counter::RefusedChecksum, 1);
-                }
-                Lookup::Corrupt(format!(
-                    "cache entry {} was corrupt ({why}); removed",
-                    path.display()
-                ))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!(
+                "cache entry {} not used: {e}; it is rebuilt",
+                path.display()
+            )),
+        }
+    }
+
+    /// `key`'s entry, `len` bytes as read, is not `key`'s (`why`: torn, altered, renamed):
+    /// removed and counted. The note that says so.
+    pub fn refuse(&self, key: &str, len: u64, why: &str) -> String {
+        let path = self.path(key);
+        if std::fs::remove_file(&path).is_ok() {
+            self.forget(key, len);
+        }
+        if let Some(l) = self.ledger() {
+            l.count(Counter::RefusedChecksum, 1);
+        }
+        format!(
+            "cache entry {} was corrupt ({why}); removed",
+            path.display()
+        )
+    }
+
+    pub fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
+        let bytes = match self.read_entry(key) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Lookup::Miss,
+            Err(note) => return Lookup::Corrupt(note),
+        };
+        match decode(key, &bytes) {
+            Ok((meta, binary)) => Lookup::Hit(meta, binary),
+            Err(why) => Lookup::Corrupt(self.refuse(key, bytes.len() as u64, &why)),
         }
     }
 
@@ -402,13 +415,29 @@ impl Cache {
         binary: &[u8],
         durable: bool,
     ) -> Option<String> {
-        if self.refused.is_some() {
-            return None;
-        }
         if binary.len() as u64 > MAX_ENTRY_BYTES {
             return Some(format!(
                 "not cached: {} bytes is more than an entry may hold",
                 binary.len()
+            ));
+        }
+        match encode(key, meta, binary) {
+            Ok(entry) => self.put_entry(key, &entry, durable),
+            Err(e) => Some(format!("not cached: {e}")),
+        }
+    }
+
+    /// Store `entry`, the bytes of `key`'s entry (`encode`); `durable`: synced to disk (a
+    /// fresh build; a copy of an entry kept elsewhere is fetched again if lost). A note
+    /// when it could not be stored (the compile still succeeds).
+    pub fn put_entry(&self, key: &str, entry: &[u8], durable: bool) -> Option<String> {
+        if self.refused.is_some() {
+            return None;
+        }
+        if entry.len() as u64 > MAX_ENTRY_BYTES {
+            return Some(format!(
+                "not cached: {} bytes is more than an entry may hold",
+                entry.len()
             ));
         }
         let shard = self.shard_dir(key);
@@ -425,8 +454,7 @@ impl Cache {
                 .prefix(TEMP_PREFIX)
                 .tempfile_in(&shard)?;
             use std::io::Write;
-            let bytes = encode(key, meta, binary)?;
-            tmp.write_all(&bytes)?;
+            tmp.write_all(entry)?;
             if durable {
                 tmp.as_file().sync_data()?;
             }
@@ -434,20 +462,20 @@ impl Cache {
             // A new entry counts once, however many processes write its key at once: the
             // first rename makes it, the others replace it.
             match tmp.persist_noclobber(&path) {
-                Ok(_) => Ok((bytes.len() as i64, 1)),
+                Ok(_) => Ok((entry.len() as i64, 1)),
                 Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
                     let old = std::fs::symlink_metadata(&path).map_or(0, |m| m.len());
                     e.file.persist(&path).map_err(|e| e.error)?;
-                    Ok((bytes.len() as i64 - old as i64, 0))
+                    Ok((entry.len() as i64 - old as i64, 0))
                 }
                 Err(e) => Err(e.error),
             }
         })();
         match result {
-            Ok((grown, new)) => match self.here() {
-                Some((here, _)) => {
-                    here.ledger.add(upkeep::shard_of(key), grown, new);
-                    self.upkeep(&here)
+            Ok((grown, new)) => match self.in_use() {
+                Some((in_use, _)) => {
+                    in_use.ledger.add(upkeep::shard_of(key), grown, new);
+                    self.upkeep(&in_use)
                 }
                 // No ledger here (a file system without shared maps, a name taken): the
                 // bound is still held, by listing the cache (its cost grows with it).
@@ -460,7 +488,7 @@ impl Cache {
 
 /// A cache directory as this process uses it: its ledger, and whether the last layouts
 /// may still hold entries to move in.
-struct Here {
+struct InUse {
     ledger: Arc<Ledger>,
     /// A last layout was there at first use: a miss looks for its key's old entry.
     old_seen: bool,
@@ -470,7 +498,7 @@ struct Here {
 
 /// Directories in use: one ledger mapping per process and directory (a forked child keeps
 /// its parent's mappings, which stay valid, and makes its own map).
-static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<Here>>>> =
+static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<InUse>>>> =
     Renewable::new(|| Mutex::new(HashMap::new()), forget_ledgers_after_fork);
 
 fn forget_ledgers_after_fork() {

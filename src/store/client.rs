@@ -28,8 +28,9 @@ const KEEP_IDLE: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// Values over the bound: never read.
-    #[error("{key}: {size} bytes")]
+    /// Values over the bound: never read past one byte over it (`size`: at least this
+    /// many bytes).
+    #[error("{key}: {size} bytes or more")]
     TooLarge { key: String, size: u64 },
     /// The server said no (an error reply), in Redis's words.
     #[error("{0}")]
@@ -77,7 +78,7 @@ impl StoreError {
 
 /// `deadline` with time for `bytes` more at `MIN_BYTES_PER_SECOND` (never past what an
 /// `Instant` holds: a bound of 2^64 bytes would be centuries).
-fn extended(deadline: Instant, bytes: u64) -> Instant {
+pub(super) fn extended(deadline: Instant, bytes: u64) -> Instant {
     let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1).min(MAX_EXTENSION);
     deadline.checked_add(more).unwrap_or(deadline)
 }
@@ -234,66 +235,73 @@ impl Client {
         Ok(replies)
     }
 
-    /// The values at `keys` (None where absent or empty), in two round trips however
-    /// many: their sizes first (`TooLarge` when together over `max_bytes`: nothing is
-    /// read), then a range read of each up to its size, the replies together bounded by
-    /// those sizes. `all_or_none`: when one is absent, none is read.
+    /// The values at `keys` (None where absent or empty), in one round trip: each key's
+    /// value read whole by one command (`GETRANGE` to one byte past the bound, a read
+    /// permission enough), so a value replaced meanwhile is read old or new, never torn.
+    /// `TooLarge` when together over `max_bytes`: no more than one byte past the bound is
+    /// taken, and a value's bulk that says more than the read may still take is refused
+    /// before memory is taken for it. `all_or_none`: when one is absent, none is returned.
     pub fn read(
         &self,
         keys: &[&[u8]],
         max_bytes: u64,
         all_or_none: bool,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.with_conn(|conn, deadline| {
-            let asks: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"STRLEN"[..], k]).collect();
-            let sizes = Self::run(conn, &asks, Budget::SMALL)?
-                .into_iter()
-                .map(|r| match r {
-                    Reply::Int(n) if n >= 0 => Ok(n as u64),
-                    _ => Err(StoreError::Wire(WireError::Protocol(
-                        "the store answered something other than sizes".into(),
-                    ))),
-                })
-                .collect::<Result<Vec<u64>, _>>()?;
-            let total = sizes.iter().fold(0u64, |a, n| a.saturating_add(*n));
-            if total > max_bytes {
-                let key = match keys {
-                    [one] => String::from_utf8_lossy(one).into_owned(),
-                    _ => format!("{} keys", keys.len()),
+        let end = max_bytes.to_string();
+        let asks: Vec<Vec<&[u8]>> = keys
+            .iter()
+            .map(|k| vec![&b"GETRANGE"[..], k, b"0", end.as_bytes()])
+            .collect();
+        let too_large = |size: u64| StoreError::TooLarge {
+            key: match keys {
+                [one] => String::from_utf8_lossy(one).into_owned(),
+                _ => format!("{} keys", keys.len()),
+            },
+            size,
+        };
+        let bad = |what: &str| StoreError::Wire(WireError::Protocol(what.to_string()));
+        let values = self.with_conn(|conn, _| {
+            conn.send(&asks).map_err(StoreError::Wire)?;
+            let (mut values, mut total, mut refused) = (Vec::new(), 0u64, None);
+            for _ in keys {
+                // One byte more than the read may still take: a value that fills it is over.
+                let mut budget = Budget {
+                    bulk_bytes: (max_bytes - total).saturating_add(1),
+                    items: 0,
                 };
-                return Err(StoreError::TooLarge { key, size: total });
+                match conn.reader.reply(&mut budget) {
+                    Ok(Reply::Bulk(v)) => {
+                        total = total.saturating_add(v.len() as u64);
+                        if total > max_bytes {
+                            return Err(too_large(total));
+                        }
+                        values.push(Some(v).filter(|v| !v.is_empty()));
+                    }
+                    // Read on, so that the connection stays in step.
+                    Ok(Reply::Error(e)) => {
+                        refused.get_or_insert(e);
+                        values.push(None);
+                    }
+                    Ok(_) => return Err(bad("the store answered something other than values")),
+                    // More than is left, no more than one value may hold: together over.
+                    Err(WireError::BulkOverBound(n)) if n <= max_bytes.saturating_add(1) => {
+                        return Err(too_large(total.saturating_add(n)));
+                    }
+                    Err(e) => return Err(StoreError::Wire(e)),
+                }
             }
-            if total == 0 || (all_or_none && sizes.contains(&0)) {
-                return Ok(vec![None; keys.len()]);
+            if conn.reader.pending() > 0 {
+                return Err(bad("more replies than commands"));
             }
-            conn.set_deadline(extended(deadline, total));
-            let ends: Vec<String> = sizes
-                .iter()
-                .map(|n| n.saturating_sub(1).to_string())
-                .collect();
-            let reads: Vec<Vec<&[u8]>> = keys
-                .iter()
-                .zip(&sizes)
-                .zip(&ends)
-                .filter(|((_, n), _)| **n > 0)
-                .map(|((k, _), end)| vec![&b"GETRANGE"[..], k, b"0", end.as_bytes()])
-                .collect();
-            let budget = Budget {
-                bulk_bytes: total,
-                items: 0,
-            };
-            let mut values = Self::run(conn, &reads, budget)?.into_iter();
-            sizes
-                .iter()
-                .map(|n| match (*n, values.next()) {
-                    (0, _) => Ok(None),
-                    (_, Some(Reply::Bulk(v))) => Ok(Some(v).filter(|v| !v.is_empty())),
-                    _ => Err(StoreError::Wire(WireError::Protocol(
-                        "the store answered something other than values".into(),
-                    ))),
-                })
-                .collect()
-        })
+            match refused {
+                Some(e) => Err(StoreError::Server(e)),
+                None => Ok(values),
+            }
+        })?;
+        if all_or_none && values.iter().any(Option::is_none) {
+            return Ok(vec![None; keys.len()]);
+        }
+        Ok(values)
     }
 
     /// `value` at `key`, living `ttl_seconds` (0: for ever).

@@ -6,7 +6,7 @@
 //! Connecting (name lookup included) is within the deadline as well.
 
 use super::address::{Address, Endpoint, Tls};
-use super::resp::{command, Budget, Reader, Reply, WireError};
+use super::resp::{command, Budget, Paced, Reader, Reply, WireError};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -20,9 +20,14 @@ enum Sock {
 }
 
 /// A socket whose reads and writes end at `deadline`, and after `step` without progress.
+/// The deadline moves out as a reply says how many bytes it holds (`Paced`), from the
+/// operation's own (`set_deadline`) at the client's least rate.
 pub struct Timed {
     sock: Sock,
-    pub deadline: Instant,
+    deadline: Instant,
+    /// The operation's deadline before any bytes were expected, and the bytes since.
+    base: Instant,
+    expected: u64,
     step: Duration,
 }
 
@@ -41,6 +46,10 @@ fn late() -> io::Error {
 }
 
 impl Timed {
+    fn set_deadline(&mut self, deadline: Instant) {
+        (self.deadline, self.base, self.expected) = (deadline, deadline, 0);
+    }
+
     fn arm(&mut self, write: bool) -> io::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -136,6 +145,14 @@ impl Stream {
     }
 }
 
+impl Paced for Stream {
+    fn expect(&mut self, n: u64) {
+        let t = self.timed();
+        t.expected = t.expected.saturating_add(n);
+        t.deadline = super::client::extended(t.base, t.expected);
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -189,8 +206,17 @@ impl Conn {
         Ok(replies)
     }
 
+    /// Send `commands` at once (their replies are then read one at a time).
+    pub fn send(&mut self, commands: &[Vec<&[u8]>]) -> Result<(), WireError> {
+        let mut wire = Vec::new();
+        for c in commands {
+            wire.extend(command(c));
+        }
+        self.reader.send(&wire)
+    }
+
     pub fn set_deadline(&mut self, deadline: Instant) {
-        self.reader.get_mut().timed().deadline = deadline;
+        self.reader.get_mut().timed().set_deadline(deadline);
     }
 
     /// Still fit for reuse: the peer has not hung up, nothing unasked is waiting.
@@ -363,6 +389,8 @@ pub fn open(
     let timed = Timed {
         sock,
         deadline,
+        base: deadline,
+        expected: 0,
         step,
     };
     let stream = match (&address.endpoint, tls) {

@@ -208,7 +208,7 @@ pub fn signed_values(
             warn_once(
                 "remote:large",
                 format!(
-                    "xpu-zebin: remote entry {key} is {size} bytes, more than \
+                    "xpu-zebin: remote entry {key} is {size} bytes or more, more than \
                      {MAX_BYTES_ENV}={}: not read",
                     cfg.max_bytes
                 ),

@@ -3,7 +3,9 @@
 //! nested past `MAX_DEPTH`, a bulk past the bytes a read may still take; each before any
 //! memory is taken for it. A bulk's buffer grows with the bytes that arrive, never with
 //! the length a server claims. What a read may take is its `Budget`, set by the caller
-//! from what it asked (the sizes STRLEN gave, a SCAN page).
+//! from what it asked (the bound on the values it reads, a SCAN page); a bulk within it
+//! tells the stream how many bytes are coming (`Paced`), so a large value has time to
+//! arrive and a small reply does not.
 
 use std::io::{self, Read, Write};
 
@@ -32,6 +34,9 @@ pub enum WireError {
     Closed,
     #[error("reply part of {0} refused: over the bound")]
     OverBound(String),
+    /// A bulk that says it holds more bytes than the read may still take.
+    #[error("reply part of {0} bytes refused: over the bound")]
+    BulkOverBound(u64),
     #[error("not a RESP2 reply ({0})")]
     Protocol(String),
 }
@@ -44,7 +49,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// Replies of numbers and statuses only (STRLEN, SET, AUTH, EVAL's count).
+    /// Replies of numbers and statuses only (SET, AUTH, EXISTS, EVAL's count).
     pub const SMALL: Budget = Budget {
         bulk_bytes: 0,
         items: 0,
@@ -62,6 +67,12 @@ pub fn command(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// A stream that gives a reply more time once it knows more bytes are coming.
+pub trait Paced {
+    /// A bulk of `n` bytes, within the read's budget, is on its way.
+    fn expect(&mut self, n: u64);
+}
+
 /// Replies read from `S` through one buffer of fixed size.
 pub struct Reader<S> {
     inner: S,
@@ -70,7 +81,7 @@ pub struct Reader<S> {
     end: usize,
 }
 
-impl<S: Read + Write> Reader<S> {
+impl<S: Read + Write + Paced> Reader<S> {
     pub fn new(inner: S) -> Self {
         Reader {
             inner,
@@ -167,11 +178,10 @@ impl<S: Read + Write> Reader<S> {
             b'$' => match number(rest)? {
                 -1 => Ok(Reply::Nil),
                 n if n < 0 => Err(WireError::Protocol(format!("a bulk of length {n}"))),
-                n if n as u64 > budget.bulk_bytes => {
-                    Err(WireError::OverBound(format!("{n} bytes")))
-                }
+                n if n as u64 > budget.bulk_bytes => Err(WireError::BulkOverBound(n as u64)),
                 n => {
                     budget.bulk_bytes -= n as u64;
+                    self.inner.expect(n as u64);
                     let data = self.exact(n as usize)?;
                     if self.exact(2)? != b"\r\n" {
                         return Err(WireError::Protocol("a bulk longer than it said".into()));
@@ -232,6 +242,9 @@ mod tests {
             Ok(())
         }
     }
+    impl Paced for Sent {
+        fn expect(&mut self, _: u64) {}
+    }
 
     fn parse(bytes: &[u8], budget: Budget) -> Result<Reply, WireError> {
         Reader::new(Sent(Cursor::new(bytes.to_vec()))).reply(&mut { budget })
@@ -261,7 +274,12 @@ mod tests {
 
     #[test]
     fn claims_past_the_budget_are_refused_before_reading() {
-        let over = |r: Result<Reply, WireError>| matches!(r, Err(WireError::OverBound(_)));
+        let over = |r: Result<Reply, WireError>| {
+            matches!(
+                r,
+                Err(WireError::OverBound(_) | WireError::BulkOverBound(_))
+            )
+        };
         assert!(over(parse(b"$1073741824\r\n", ROOMY)));
         assert!(over(parse(b"*4611686018427387904\r\n", ROOMY)));
         assert!(over(parse(&b"*1\r\n".repeat(1_000_000), ROOMY)));

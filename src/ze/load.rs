@@ -2,8 +2,9 @@
 //! kernel, read its spills, and retry in large GRF mode exactly as upstream `load_binary`
 //! does. SPIR-V is built in crash-isolated workers (`build.rs`) and only the chosen native
 //! binary is loaded here; a native binary handed in is loaded in a worker first. A SPIR-V
-//! load stores that native binary in the cache, so a warm load of the same kernel skips
-//! the JIT.
+//! load asks the levels of native code first (`store::levels`: the local cache, the
+//! fleet's store) and keeps its native binary there, so a warm load of the same kernel
+//! skips the JIT.
 
 use super::build::{self, Built, Isolated};
 use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
@@ -17,6 +18,7 @@ use crate::ladder::{Attempt, Failure};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
+use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -65,7 +67,7 @@ pub struct Loaded {
     pub notes: Vec<String>,
     /// Built here from SPIR-V (else a native binary was handed in).
     pub from_spirv: bool,
-    /// The native code is another node's, from the fleet's store (`store::before_jit`).
+    /// The native code is another node's, from the fleet's store (`store::levels`).
     pub from_store: bool,
 }
 
@@ -217,11 +219,10 @@ impl Context<'_> {
 
     /// SPIR-V built by the driver in workers; only the chosen native binary is loaded
     /// here: no IGC in this process.
-    fn isolated_build(&self, plan: Plan<'_>, cancel: &AtomicBool) -> Outcome {
+    fn isolated_build(&self, plan: Plan<'_>) -> Outcome {
         let req = self.req;
         ladder::settle(
             plan,
-            |record, native| self.revive(record, native, cancel),
             |flags, cancel| {
                 ladder::timed(flags, || {
                     let (name, input) = (&req.kernel_name, &req.binary);
@@ -241,19 +242,67 @@ impl Context<'_> {
                 built.log = isolated.log;
                 Ok((built, native))
             },
-            |(_, native)| native.clone(),
         )
+    }
+
+    /// The levels' entry of `key`, loaded: a level's entry is untrusted input, so it loads
+    /// here once it has loaded in a worker; one that does not load is rebuilt.
+    fn load_kept(
+        &self,
+        levels: &Levels,
+        key: &str,
+        target: Target<'_>,
+        cancel: &AtomicBool,
+        notes: &mut Vec<String>,
+    ) -> Option<(Product, Record, crate::cache::Counter)> {
+        let Hit { entry, counter } = levels.find(key, target, |_| Ok(()), notes)?;
+        let Entry { record, binary } = entry;
+        match self.revive(&record, binary, cancel) {
+            Ok(product) => Some((product, record, counter)),
+            Err(e) => {
+                notes.push(format!(
+                    "cached native binary did not load ({e}); rebuilding"
+                ));
+                None
+            }
+        }
+    }
+
+    /// The GRF ladder for the request: SPIR-V in workers (speculatively when it gains),
+    /// else in this process.
+    fn build(
+        &self,
+        ladder: &[String],
+        rule: crate::spill::Rule,
+        cancel: &AtomicBool,
+        may_speculate: &(dyn Fn() -> bool + Sync),
+    ) -> Outcome {
+        let req = self.req;
+        let isolated_build = req.is_spv && self.isolated;
+        let speculation = match isolated_build {
+            true => Speculation::choose(req.options.speculative, req.binary.len(), may_speculate),
+            false => Speculation::Never,
+        };
+        let plan = Plan {
+            ladder,
+            rule,
+            speculation,
+            cancel,
+        };
+        match isolated_build {
+            true => self.isolated_build(plan),
+            false => self.in_process_build(plan),
+        }
     }
 
     /// In this process: a native binary (no IGC; tried in a worker first unless isolation
     /// is off or one already loaded these bytes on this device), or SPIR-V with isolation
     /// turned off.
-    fn in_process_build(&self, plan: Plan<'_>, cancel: &AtomicBool) -> Outcome {
+    fn in_process_build(&self, plan: Plan<'_>) -> Outcome {
         let req = self.req;
         let trial = (!req.is_spv && self.isolated).then_some(&self.trial);
         ladder::settle(
             plan,
-            |record, native| self.revive(record, native, cancel),
             |flags, cancel| {
                 ladder::timed(flags, || {
                     let (name, input) = (&req.kernel_name, &req.binary);
@@ -267,23 +316,22 @@ impl Context<'_> {
                 let native = built.module.native_binary();
                 Ok((built, native))
             },
-            |(_, native)| native.clone(),
         )
     }
 }
 
 type Outcome = std::result::Result<Settled<Product>, Box<Failure>>;
 
-/// Where a SPIR-V load's native build is cached: the key holds the device and driver.
-fn jit_cache_entry(
+/// The key a SPIR-V load's native build is kept under: it holds the device and driver.
+fn jit_key(
     req: &LoadRequest,
     device: &DeviceInfo,
     ladder: &[String],
     rule: crate::spill::Rule,
-) -> (Cache, String) {
+) -> String {
     let target = device_target(device);
     let target: Vec<&str> = target.iter().map(String::as_str).collect();
-    let key = KeyInputs {
+    KeyInputs {
         purpose: Purpose::Jit,
         input: &req.binary,
         kernel: &req.kernel_name,
@@ -291,30 +339,7 @@ fn jit_cache_entry(
         rule: Some(rule),
         target: &target,
     }
-    .key();
-    (Cache::open(req.options.cache_dir.as_deref()), key)
-}
-
-/// After a load from SPIR-V with the cache on: a fresh build published to the fleet's
-/// store (a read-write node), the answer counted in the cache's stats.
-fn after_load(
-    levels: Option<&(Cache, String)>,
-    target: &str,
-    attempts: &[Attempt],
-    cached: bool,
-    from_store: bool,
-) -> Result<()> {
-    let Some((cache, key)) = levels else {
-        return Ok(());
-    };
-    if !cached {
-        crate::store::after_jit(cache, key, target)?;
-    }
-    if let Some(l) = cache.ledger() {
-        let retry = crate::store::accounts::retry_of(attempts).filter(|_| !cached);
-        crate::store::accounts::answered(&l, cached, cached && from_store, attempts, retry);
-    }
-    Ok(())
+    .key()
 }
 
 /// Upstream retries only SPIR-V without an explicit GRF mode (a flag, or the kernel's own
@@ -345,13 +370,16 @@ fn load_inner(
     let rule = o.rule(Path::Jit)?;
     let ladder = ladder_of(req, &device, own_grf)?;
     // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
-    let cache = (o.cache && req.is_spv).then(|| jit_cache_entry(req, &device, &ladder, rule));
-    // The fleet's store, behind the local level (`store::before_jit`).
-    let target = device_target(&device).join("|");
-    let levels = cache.clone();
-    let from_store = match &levels {
-        Some((c, key)) => crate::store::before_jit(c, key, &target)?,
-        None => false,
+    let kept = o.cache && req.is_spv;
+    let key = match kept {
+        true => jit_key(req, &device, &ladder, rule),
+        false => String::new(),
+    };
+    let levels = Levels::open(kept.then(|| Cache::open(o.cache_dir.as_deref())), true)?;
+    let compiler = device_target(&device).join("|");
+    let target = Target {
+        device: "",
+        compiler: &compiler,
     };
     let context = Context {
         req,
@@ -364,43 +392,34 @@ fn load_inner(
         },
         isolated: o.isolated()?,
     };
-    let isolated_build = req.is_spv && context.isolated;
-    let speculation = if isolated_build {
-        Speculation::choose(o.speculative, req.binary.len(), may_speculate)
-    } else {
-        Speculation::Never
+    let mut notes = Vec::new();
+    let revived = context.load_kept(&levels, &key, target, cancel, &mut notes);
+    let (built, native_binary, record, answered) = match revived {
+        Some(((built, native), record, counter)) => (built, native, record, Some(counter)),
+        None => {
+            let Settled {
+                product: (built, native),
+                record,
+                repeatable,
+                notes: more,
+            } = context.build(&ladder, rule, cancel, may_speculate)?;
+            notes.extend(more);
+            notes.extend(levels.keep(&key, target, &record, &native, repeatable));
+            (built, native, record, None)
+        }
     };
-    let plan = Plan {
-        ladder: &ladder,
-        rule,
-        speculation,
-        cancel,
-        cache,
-    };
-    let Settled {
-        product: (built, native_binary),
-        record,
-        cached,
-        notes,
-    } = match isolated_build {
-        true => context.isolated_build(plan, cancel)?,
-        false => context.in_process_build(plan, cancel)?,
-    };
+    levels.count(match answered {
+        Some(counter) => Answered::Hit(counter, &record.attempts),
+        None => Answered::Built(&record.attempts),
+    });
     let n_regs = grf::n_regs_with(
         &record.build_flags,
         own_grf,
         &native_binary,
         &req.kernel_name,
     );
-    after_load(
-        levels.as_ref(),
-        &target,
-        &record.attempts,
-        cached,
-        from_store,
-    )?;
     Ok(Loaded {
-        from_store: cached && from_store,
+        from_store: answered == Some(crate::cache::Counter::StoreHits),
         kernel_name: req.kernel_name.clone(),
         n_regs,
         build_flags: record.build_flags,
@@ -412,7 +431,7 @@ fn load_inner(
         module: built.module,
         attempts: record.attempts,
         recovered: record.recovered,
-        cached,
+        cached: answered.is_some(),
         native_binary,
         notes,
         from_spirv: req.is_spv,
