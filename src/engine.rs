@@ -12,7 +12,7 @@ use crate::ladder::{self, Build, Plan, Settled, Speculation};
 use crate::ocloc::{self, JobSpec};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
-use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
+use crate::store::levels::{Answered, Entry, Keep, Levels, Target};
 use crate::zebin;
 use crate::{batch, spirv};
 use serde::{Deserialize, Serialize};
@@ -283,13 +283,14 @@ impl Slot {
 
     /// The levels this slot's request asks (`store`: the fleet's store among them).
     pub fn levels(&self, store: bool) -> crate::error::Result<Levels> {
-        Levels::open(self.cache.clone(), store)
+        Levels::open(self.cache.clone(), store, None)
     }
 
     /// The local entry that answers, as stored, into the fleet's store (a farm publishing
     /// its cache); true when written.
     pub fn share(&self) -> crate::error::Result<bool> {
-        self.levels(true)?.share(&self.key, self.target())
+        self.levels(true)?
+            .share(&self.key, self.target(), |e| self.check(e))
     }
 
     /// The local cache entry that answers, as stored (whole and this key's), if any: what
@@ -329,23 +330,18 @@ impl Slot {
         };
         let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
-        let entry_ = Entry { record, binary };
-        self.check(&entry_)?;
+        let adopted = Entry { record, binary };
+        self.check(&adopted)?;
         let notes = cache
             .put_entry(&self.key, entry, false)
             .into_iter()
             .collect();
-        let hit = Hit {
-            entry: entry_,
-            counter: crate::cache::Counter::StoreHits,
-        };
-        Ok(self.answer_from(hit, notes))
+        Ok(self.answer_from(adopted, true, notes))
     }
 
-    /// The answer a level's entry gives.
-    fn answer_from(&self, hit: Hit, notes: Vec<String>) -> Compiled {
-        let from_store = hit.from_store();
-        let Entry { record, binary } = hit.entry;
+    /// The answer a level's entry gives (`from_store`: the fleet's store's).
+    fn answer_from(&self, entry: Entry, from_store: bool, notes: Vec<String>) -> Compiled {
+        let Entry { record, binary } = entry;
         let kernel = &self.kernel;
         Compiled {
             n_regs: grf::n_regs_with(&record.build_flags, self.own_grf, &binary, kernel),
@@ -381,8 +377,22 @@ fn compile_with(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let slot = prepare(req)?;
-    let levels = slot.levels(store)?;
+    // Asked without the store, a request is the rebuild of one already counted (the
+    // driver refused its kept build: `forget_cached`).
+    let counted = store;
+    let levels = match slot.levels(store) {
+        Ok(levels) => levels,
+        Err(e) => {
+            if counted {
+                Levels::count_refused(slot.cache.as_ref());
+            }
+            return Err(e.into());
+        }
+    };
     let outcome = answer(&slot, &levels, req, cancel, may_speculate);
+    if !counted {
+        return outcome;
+    }
     levels.count(match &outcome {
         Ok(c) if c.cached => {
             let level = match c.from_store {
@@ -392,6 +402,7 @@ fn compile_with(
             Answered::Hit(level, &c.attempts)
         }
         Ok(c) => Answered::Built(&c.attempts),
+        Err(f) if f.attempts.is_empty() => Answered::Refused,
         Err(f) => Answered::Failed(&f.attempts),
     });
     outcome
@@ -406,8 +417,10 @@ fn answer(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let mut notes = Vec::new();
-    if let Some(hit) = levels.find(&slot.key, slot.target(), |e| slot.check(e), &mut notes) {
-        let answer = slot.answer_from(hit, notes);
+    let found = levels.find(0, &slot.key, slot.target(), |e| slot.check(e), &mut notes);
+    if let Some(hit) = found? {
+        let from_store = hit.from_store();
+        let answer = slot.answer_from(hit.entry, from_store, notes);
         if !slot.options.allow_unresolved {
             check_linked(&answer.binary, &slot.kernel, &slot.ocloc).map_err(|error| Failure {
                 error: error.with_log(answer.log.clone()),
@@ -417,14 +430,24 @@ fn answer(
         }
         return Ok(answer);
     }
-    let mut built = build(slot, levels, req, cancel, may_speculate)?;
-    notes.append(&mut built.notes);
-    built.notes = notes;
-    Ok(built)
+    // What the levels said comes first, whatever the build's outcome.
+    match build(slot, levels, req, cancel, may_speculate) {
+        Ok(mut built) => {
+            notes.append(&mut built.notes);
+            built.notes = notes;
+            Ok(built)
+        }
+        Err(mut failure) => {
+            notes.append(&mut failure.notes);
+            failure.notes = notes;
+            Err(failure)
+        }
+    }
 }
 
-/// Build `req` in `slot` with the GRF ladder, and keep the answer in the levels (an
-/// answer shaped by a transient failure is returned, never kept).
+/// Build `req` in `slot` with the GRF ladder, and keep the answer in the levels: an
+/// answer shaped by a transient failure is returned, never kept; one that does not link
+/// is kept here only (another request may allow it), never offered to the fleet.
 fn build(
     slot: &Slot,
     levels: &Levels,
@@ -450,14 +473,21 @@ fn build(
         |flags, cancel| build_once(&slot.ocloc, req, kernel, flags, slot.timeout, cancel),
         |built: Built, _| Ok(built.binary),
     )?;
-    notes.extend(levels.keep(&slot.key, slot.target(), &record, &binary, repeatable));
-    if !o.allow_unresolved {
-        check_linked(&binary, kernel, &slot.ocloc).map_err(|error| Failure {
-            error: error.with_log(record.log.clone()),
-            attempts: record.attempts.clone(),
-            notes: notes.clone(),
-        })?;
-    }
+    let linked = match o.allow_unresolved {
+        true => Ok(()),
+        false => check_linked(&binary, kernel, &slot.ocloc),
+    };
+    let scope = match (repeatable, linked.is_ok()) {
+        (false, _) => Keep::Nowhere,
+        (true, false) => Keep::Here,
+        (true, true) => Keep::Everywhere,
+    };
+    notes.extend(levels.keep(&slot.key, slot.target(), &record, &binary, scope)?);
+    linked.map_err(|error| Failure {
+        error: error.with_log(record.log.clone()),
+        attempts: record.attempts.clone(),
+        notes: notes.clone(),
+    })?;
     let n_regs = grf::n_regs_with(&record.build_flags, slot.own_grf, &binary, kernel);
     Ok(Compiled {
         kernel: kernel.clone(),

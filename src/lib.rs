@@ -42,9 +42,10 @@ mod _core {
 
     #[pymodule_export]
     use crate::bindings::bundle::{
-        bundle_checksum, bundle_copy, bundle_entries_for, bundle_key, bundle_lookup, bundle_pack,
-        bundle_read, bundle_sign, bundle_triton_entries, bundle_unpack, bundle_usable,
-        bundle_verify, bundle_write, bundles_dir, compiler_identity, TritonEntries,
+        bundle_checksum, bundle_copy, bundle_entries_for, bundle_find, bundle_key, bundle_lookup,
+        bundle_pack, bundle_read, bundle_search_path, bundle_sign, bundle_triton_entries,
+        bundle_unpack, bundle_usable, bundle_verify, bundle_write, bundles_dir, compiler_identity,
+        TritonEntries,
     };
     #[pymodule_export]
     use crate::bindings::level_zero::{
@@ -66,9 +67,10 @@ mod _core {
     };
     #[pymodule_export]
     use crate::bindings::workers::{
-        bool_knob, broken_workers, cache_count, cache_stats, compiler_refusals, compiler_refused,
-        configure_workers, doctor, forget_compiler_refusals, join_multiprocess_batch, knobs,
-        ocloc_worker_unavailable, remember_compiler_refused, serve_worker, shutdown_workers,
+        bool_knob, broken_workers, cache_stats, compiler_refusals, compiler_refused,
+        configure_workers, count_triton_cache_hit, doctor, forget_compiler_refusals,
+        join_multiprocess_batch, knobs, ocloc_worker_unavailable, remember_compiler_refused,
+        serve_worker, shutdown_workers,
     };
     #[pymodule_export]
     use crate::bindings::{cancel_running, default_jobs, error_kinds, Attempt, AttemptError};

@@ -76,7 +76,8 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    for key in ("fleet_speedup", "triton_fleet_speedup", "vs_triton_remote"):
+    for key in ("fleet_speedup", "triton_fleet_speedup", "vs_triton_remote",
+                "local_hit_store_ratio"):  # fmt: skip
         assert report[key] > 0, key
     assert report["b_sources"] == {"remote": 4} and report["tampered_loaded"] == 0
     assert _drawn(tmp_path / "out", "fleet")["results"] == report

@@ -392,7 +392,7 @@ while not stop.is_set():
 def test_a_value_replaced_mid_read_is_read_whole(server, keys, tmp_path, monkeypatch):
     """Two nodes publishing one key at once (two processes replacing it in a loop, with
     values of different sizes) while this node reads it: every read is one value whole
-    (the read is one script, run by the server at one instant), none is counted untrusted,
+    (one command reads it, at one instant, in one round trip), none is counted untrusted,
     and nothing but one of the two values is ever taken."""
     _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"],
           keys["farm_public"])  # fmt: skip
@@ -422,6 +422,20 @@ def test_a_value_replaced_mid_read_is_read_whole(server, keys, tmp_path, monkeyp
     assert remote.counts().get("untrusted", 0) == 0, remote.counts()
     assert remote.counts().get("hits") == 400
     assert len(seen) == 2  # both values were read: the key was replaced while read
+
+
+def test_the_largest_bound_reads_every_value(server, keys, tmp_path, monkeypatch):
+    """XPU_ZEBIN_REMOTE_MAX_BYTES up to 2^64-1 is a bound like any other: values are read
+    (Redis takes a range's end as a signed number; the read never asks past it)."""
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"],
+          keys["farm_public"])  # fmt: skip
+    rkey = remote.NAMESPACES[1] + "bounded"
+    for bound in (2**63 - 1, 2**63, 2**64 - 1):
+        monkeypatch.setenv(remote.MAX_BYTES_ENV, str(bound))
+        remote.reset()
+        assert xpu_zebin._core.remote_publish_signed(rkey, "id", b"value")
+        assert xpu_zebin._core.remote_fetch_signed([rkey], "id") == [b"value"]
+        assert remote.counts() == {"published": 1, "hits": 1}, (bound, remote.counts())
 
 
 def test_a_mixed_fleet_never_shares_native_code(server, keys, spirvs, system_ocloc,

@@ -141,10 +141,9 @@ class LoadedKernel:
     notes: List[str]
     @property
     def source(self) -> str:
-        """Where its native code came from: ``compiled``, ``cache``, ``native`` (handed in)
-        or ``bundle``."""
+        """Where its native code came from: ``compiled``, ``cache``, ``remote`` (the
+        fleet's store), ``bundle`` or ``native`` (handed in)."""
         ...
-    def _set_source(self, source: str) -> None: ...
     @property
     def module_handle(self) -> int: ...
     @property
@@ -156,7 +155,12 @@ class LoadedKernel:
     def __exit__(self, *exc: Any) -> None: ...
 
 def compile_and_load(
-    binary: bytes, kernel_name: str, is_spv: bool, device: int, options: Options
+    binary: bytes,
+    kernel_name: str,
+    is_spv: bool,
+    device: int,
+    options: Options,
+    bundle: Optional[Tuple[Optional[str], Sequence[Tuple[str, str]], Sequence[str]]] = None,
 ) -> LoadedKernel: ...
 def compile_and_load_many(
     requests: Sequence[Dict[str, Any]],
@@ -216,6 +220,13 @@ def bundle_usable(
     dir: Union[str, os.PathLike[str]], triton: Optional[str] = None
 ) -> Optional[str]: ...
 def bundle_copy(src: Union[str, os.PathLike[str]], dest: Union[str, os.PathLike[str]]) -> int: ...
+def bundle_search_path(triton: Optional[str] = None) -> List[Path]: ...
+def bundle_find(
+    spirv: bytes,
+    kernel: str,
+    options: Options,
+    bundle: Tuple[Optional[str], Sequence[Tuple[str, str]], Sequence[str]],
+) -> Tuple[Optional[bytes], str, bool]: ...
 
 class TritonEntries:
     triton_key: Optional[str]
@@ -299,4 +310,4 @@ def remote_check(name: bytes, value: Optional[bytes]) -> Optional[str]: ...
 def cache_stats(
     cache_dir: Optional[str] = None, zero: bool = False, recount: bool = False
 ) -> Dict[str, Any]: ...
-def cache_count(name: str, n: int = 1, cache_dir: Optional[str] = None) -> None: ...
+def count_triton_cache_hit(cache_dir: Optional[str] = None) -> None: ...

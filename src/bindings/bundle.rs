@@ -310,3 +310,48 @@ pub fn bundles_dir(py: Python<'_>) -> PyResult<PathBuf> {
 pub fn bundle_sign(py: Python<'_>, dir: PathBuf) -> PyResult<String> {
     bundle::sign(&dir).map_err(|e| to_pyerr(py, e.into()))
 }
+
+/// What Python says of the bundles to ask: Triton's release, the device's target
+/// profiles, most specific first, as `(ocloc device, id)`, and the bundles
+/// (`bundle_search_path`'s).
+pub type BundleQuery = (Option<String>, Vec<(String, String)>, Vec<PathBuf>);
+
+pub(crate) fn bundle_query((triton, targets, dirs): BundleQuery) -> crate::bundle::search::Query {
+    crate::bundle::search::Query {
+        triton,
+        targets,
+        dirs,
+    }
+}
+
+/// The build of `kernel` (from `spirv`, with `options`) that a bundle this process uses
+/// holds for the first of `bundle`'s targets that has one: `(native, flags, False)`;
+/// else `(None, why, refused)`, `refused` when a bundle's entry failed its checks.
+#[pyfunction]
+pub fn bundle_find<'py>(
+    py: Python<'py>,
+    spirv: Vec<u8>,
+    kernel: String,
+    options: PyRef<'_, PyOptions>,
+    bundle: BundleQuery,
+) -> (Option<Bound<'py, PyBytes>>, String, bool) {
+    let options = options.inner.clone();
+    let found =
+        py.detach(|| crate::bundle::search::find(&spirv, &kernel, &options, &bundle_query(bundle)));
+    super::emit_warnings(py);
+    match found {
+        Ok(b) => (Some(PyBytes::new(py, &b.native)), b.build_flags, false),
+        Err(crate::bundle::search::Missed::Absent(why)) => (None, why, false),
+        Err(crate::bundle::search::Missed::Refused(why)) => (None, why, true),
+    }
+}
+
+/// The bundles the drop-ins use for Triton release `triton`: `$XPU_ZEBIN_BUNDLE`, then
+/// every imported one; one that cannot be used is said once and skipped.
+#[pyfunction]
+#[pyo3(signature = (triton=None))]
+pub fn bundle_search_path(py: Python<'_>, triton: Option<String>) -> Vec<PathBuf> {
+    let dirs = py.detach(|| crate::bundle::search::search_path(triton.as_deref()));
+    super::emit_warnings(py);
+    dirs
+}

@@ -1,5 +1,6 @@
 //! Level Zero bindings: `compile_and_load`, `compile_and_load_many`, `LoadedKernel`, devices.
 
+use super::bundle::{bundle_query, BundleQuery};
 use super::options::PyOptions;
 use super::{attempts, emit_warnings, field, interruptible, run_batch, to_pyerr, Attempt};
 use pyo3::prelude::*;
@@ -43,7 +44,7 @@ pub struct LoadedKernel {
     notes: Vec<String>,
     /// Where its native code came from: `compiled` (here, from SPIR-V), `cache`,
     /// `native` (handed in), or what the caller says (`bundle`, by the Triton drop-in).
-    source: std::sync::Mutex<String>,
+    source: &'static str,
 }
 
 #[pymethods]
@@ -65,13 +66,8 @@ impl LoadedKernel {
     }
 
     #[getter]
-    fn source(&self) -> String {
-        crate::sync::lock(&self.source).clone()
-    }
-
-    /// Say where the native code came from (the Triton drop-in: `bundle`).
-    fn _set_source(&self, source: String) {
-        *crate::sync::lock(&self.source) = source;
+    fn source(&self) -> &'static str {
+        self.source
     }
 
     #[getter]
@@ -125,15 +121,13 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
         cached: loaded.cached,
         native_binary: PyBytes::new(py, &native).unbind(),
         notes: std::mem::take(&mut loaded.notes),
-        source: std::sync::Mutex::new(
-            match (loaded.cached, loaded.from_spirv) {
-                _ if loaded.from_store => "remote",
-                (true, _) => "cache",
-                (false, true) => "compiled",
-                (false, false) => "native",
-            }
-            .to_string(),
-        ),
+        source: match (loaded.level, loaded.from_spirv) {
+            (Some(crate::cache::Counter::StoreHits), _) => "remote",
+            (Some(crate::cache::Counter::BundleHits), _) => "bundle",
+            (Some(_), _) => "cache",
+            (None, true) => "compiled",
+            (None, false) => "native",
+        },
         loaded: std::sync::Mutex::new(Some(loaded)),
     }
 }
@@ -141,9 +135,10 @@ fn loaded_kernel(py: Python<'_>, mut loaded: crate::ze::load::Loaded) -> LoadedK
 /// Build a module through Level Zero and load one kernel, retrying SPIR-V without an
 /// explicit GRF flag in large GRF mode on failure or spills (upstream `load_binary`).
 /// SPIR-V is built, and a handed native binary first loaded, in a worker process unless
-/// the options turn isolation off.
+/// the options turn isolation off. `bundle` (Triton's release, the device's target
+/// profiles as `(ocloc device, id)`): the bundles are asked first.
 #[pyfunction]
-#[pyo3(signature = (binary, kernel_name, is_spv, device, options))]
+#[pyo3(signature = (binary, kernel_name, is_spv, device, options, bundle=None))]
 pub fn compile_and_load(
     py: Python<'_>,
     binary: Vec<u8>,
@@ -151,6 +146,7 @@ pub fn compile_and_load(
     is_spv: bool,
     device: usize,
     options: PyRef<'_, PyOptions>,
+    bundle: Option<BundleQuery>,
 ) -> PyResult<LoadedKernel> {
     let req = crate::ze::load::LoadRequest {
         binary,
@@ -158,6 +154,7 @@ pub fn compile_and_load(
         is_spv,
         device,
         options: options.inner.clone(),
+        bundle: bundle.map(bundle_query),
     };
     let outcome = interruptible(py, |cancel| crate::ze::load::compile_and_load(&req, cancel));
     emit_warnings(py);
@@ -190,6 +187,7 @@ pub fn compile_and_load_many(
                     .extract::<PyRef<PyOptions>>()?
                     .inner
                     .clone(),
+                bundle: None,
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -264,15 +264,19 @@ pub fn cancel_running() {
 /// Log the engine's pending warnings (said once each) on the `xpu_zebin` logger.
 pub(crate) fn emit_warnings(py: Python<'_>) {
     let warnings = crate::diag::take();
-    if warnings.is_empty() {
+    let details = crate::diag::take_details();
+    if warnings.is_empty() && details.is_empty() {
         return;
     }
     let logged = (|| -> PyResult<()> {
-        let logger = py
-            .import("logging")?
-            .call_method1("getLogger", ("xpu_zebin",))?;
+        let logging = py.import("logging")?;
+        let logger = logging.call_method1("getLogger", ("xpu_zebin",))?;
         for w in &warnings {
             logger.call_method1("warning", ("%s", w))?;
+        }
+        for (part, d) in &details {
+            let logger = logging.call_method1("getLogger", (format!("xpu_zebin.{part}"),))?;
+            logger.call_method1("debug", ("%s", d))?;
         }
         Ok(())
     })();

@@ -92,28 +92,19 @@ pub fn cache_stats<'py>(
     Ok(pythonize::pythonize(py, &stats)?)
 }
 
-/// Add `n` to the counter `name` (`cache_stats`' names) of the cache in `cache_dir`
-/// (default: the user's): what Python's paths answer (a bundle's entry, Triton's cache).
-/// Never fails: a directory that cannot be used counts nothing.
+/// Count one of Triton's own cache entries (a kernel's group) taken from the fleet's
+/// store (`FleetCacheManager`), in the ledger of the cache in `cache_dir` (default: the
+/// user's). Never fails: a directory that cannot be used counts nothing.
 #[pyfunction]
-#[pyo3(signature = (name, n=1, cache_dir=None))]
-pub fn cache_count(py: Python<'_>, name: &str, n: u64, cache_dir: Option<PathBuf>) -> PyResult<()> {
-    let Some(counter) = crate::cache::Counter::ALL
-        .into_iter()
-        .find(|c| c.name() == name)
-    else {
-        return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "{name:?} is not a counter of the cache's stats"
-        )));
-    };
+#[pyo3(signature = (cache_dir=None))]
+pub fn count_triton_cache_hit(py: Python<'_>, cache_dir: Option<PathBuf>) {
     // Off the GIL: a first use of the directory may move a slice of the last layouts in.
     py.detach(|| {
         if let Some(l) = crate::cache::Cache::open(cache_dir.as_deref()).ledger() {
-            l.count(counter, n);
+            l.count(crate::cache::Counter::TritonHits, 1);
         }
     });
     super::emit_warnings(py);
-    Ok(())
 }
 
 /// Has this host's driver (its version) refused native code of this compiler (an `ocloc`

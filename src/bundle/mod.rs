@@ -570,6 +570,7 @@ pub fn verify(dir: &Path) -> Result<Verified> {
 
 mod archive;
 mod lookup;
+pub mod search;
 mod triton;
 
 pub use archive::{pack, unpack};

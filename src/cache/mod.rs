@@ -94,14 +94,6 @@ pub struct Cache {
     refused: Option<String>,
 }
 
-/// What a lookup found.
-pub enum Lookup<M> {
-    Hit(M, Vec<u8>),
-    Miss,
-    /// The entry was unreadable or failed its checksum; it has been removed.
-    Corrupt(String),
-}
-
 impl Cache {
     /// The cache in `dir` (default: [`default_dir`]). Its entries directory must belong to
     /// this user and not be world-writable (a group may share it); otherwise the cache is
@@ -130,11 +122,6 @@ impl Cache {
             max_bytes: max_bytes(),
             refused,
         }
-    }
-
-    pub fn with_max_bytes(mut self, max_bytes: u64) -> Cache {
-        self.max_bytes = max_bytes;
-        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -354,18 +341,6 @@ impl Cache {
         )
     }
 
-    pub fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
-        let bytes = match self.read_entry(key) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return Lookup::Miss,
-            Err(note) => return Lookup::Corrupt(note),
-        };
-        match decode(key, &bytes) {
-            Ok((meta, binary)) => Lookup::Hit(meta, binary),
-            Err(why) => Lookup::Corrupt(self.refuse(key, bytes.len() as u64, &why)),
-        }
-    }
-
     /// An entry's bytes as stored, when they are a valid entry of `key` (this user's,
     /// bounded, checksum over key and body): what a node shares with its fleet.
     pub fn raw(&self, key: &str) -> Option<Vec<u8>> {
@@ -395,36 +370,6 @@ impl Cache {
             self.forget(key, len);
         }
         removed
-    }
-
-    /// Store an entry; returns a note when it could not (the compile still succeeds).
-    pub fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
-        self.put_with(key, meta, binary, true)
-    }
-
-    /// Store a copy of an entry that lives elsewhere (the fleet's store): not synced to
-    /// disk, since one lost or torn by a crash is a checksum miss, fetched again.
-    pub fn put_copy<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
-        self.put_with(key, meta, binary, false)
-    }
-
-    fn put_with<M: Serialize>(
-        &self,
-        key: &str,
-        meta: &M,
-        binary: &[u8],
-        durable: bool,
-    ) -> Option<String> {
-        if binary.len() as u64 > MAX_ENTRY_BYTES {
-            return Some(format!(
-                "not cached: {} bytes is more than an entry may hold",
-                binary.len()
-            ));
-        }
-        match encode(key, meta, binary) {
-            Ok(entry) => self.put_entry(key, &entry, durable),
-            Err(e) => Some(format!("not cached: {e}")),
-        }
     }
 
     /// Store `entry`, the bytes of `key`'s entry (`encode`); `durable`: synced to disk (a

@@ -1,4 +1,71 @@
 use super::*;
+use serde::{de::DeserializeOwned, Serialize};
+
+/// What a lookup found.
+pub(super) enum Lookup<M> {
+    Hit(M, Vec<u8>),
+    Miss,
+    /// The entry was unreadable or failed its checksum; it has been removed.
+    Corrupt,
+}
+
+/// The cache as its tests use it: entries of any metadata, put and got whole.
+impl Cache {
+    pub(super) fn with_max_bytes(mut self, max_bytes: u64) -> Cache {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    pub(super) fn get<M: DeserializeOwned>(&self, key: &str) -> Lookup<M> {
+        let bytes = match self.read_entry(key) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Lookup::Miss,
+            Err(_) => return Lookup::Corrupt,
+        };
+        match decode(key, &bytes) {
+            Ok((meta, binary)) => Lookup::Hit(meta, binary),
+            Err(why) => {
+                self.refuse(key, bytes.len() as u64, &why);
+                Lookup::Corrupt
+            }
+        }
+    }
+
+    /// Store an entry; returns a note when it could not (the compile still succeeds).
+    pub(super) fn put<M: Serialize>(&self, key: &str, meta: &M, binary: &[u8]) -> Option<String> {
+        self.put_with(key, meta, binary, true)
+    }
+
+    /// Store a copy of an entry that lives elsewhere (the fleet's store): not synced to
+    /// disk, since one lost or torn by a crash is a checksum miss, fetched again.
+    pub(super) fn put_copy<M: Serialize>(
+        &self,
+        key: &str,
+        meta: &M,
+        binary: &[u8],
+    ) -> Option<String> {
+        self.put_with(key, meta, binary, false)
+    }
+
+    fn put_with<M: Serialize>(
+        &self,
+        key: &str,
+        meta: &M,
+        binary: &[u8],
+        durable: bool,
+    ) -> Option<String> {
+        if binary.len() as u64 > MAX_ENTRY_BYTES {
+            return Some(format!(
+                "not cached: {} bytes is more than an entry may hold",
+                binary.len()
+            ));
+        }
+        match encode(key, meta, binary) {
+            Ok(entry) => self.put_entry(key, &entry, durable),
+            Err(e) => Some(format!("not cached: {e}")),
+        }
+    }
+}
 
 #[test]
 fn roundtrip_corruption_and_eviction() {
@@ -15,7 +82,7 @@ fn roundtrip_corruption_and_eviction() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[MAGIC.len() + 6] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
-    assert!(matches!(cache.get::<String>("k"), Lookup::Corrupt(_)));
+    assert!(matches!(cache.get::<String>("k"), Lookup::Corrupt));
     assert!(!path.exists());
     // Eviction keeps the directory under its bound, by the ledger and on disk.
     for i in 0..10 {
@@ -209,7 +276,7 @@ fn an_entry_renamed_onto_another_key_is_refused() {
     cache.put("a", &"meta a".to_string(), b"binary a");
     cache.put("b", &"meta b".to_string(), b"binary b");
     std::fs::rename(cache.path("a"), cache.path("b")).unwrap();
-    assert!(matches!(cache.get::<String>("b"), Lookup::Corrupt(_)));
+    assert!(matches!(cache.get::<String>("b"), Lookup::Corrupt));
 }
 
 #[test]

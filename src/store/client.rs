@@ -187,9 +187,10 @@ impl Client {
     }
 
     /// `result` of work on `conn`, whose connection is kept for reuse only when the work
-    /// ended in step with the server; a failure closes only this connection.
+    /// ended in step with the server (a read refused as too large stopped mid-reply); a
+    /// failure closes only this connection.
     fn done<T>(&self, conn: Conn, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Ok(_) | Err(StoreError::Server(_) | StoreError::TooLarge { .. }) = &result {
+        if let Ok(_) | Err(StoreError::Server(_)) = &result {
             let mut idle = lock(&self.idle);
             if idle.len() < KEEP_IDLE {
                 idle.push(conn);
@@ -238,16 +239,18 @@ impl Client {
     /// The values at `keys` (None where absent or empty), in one round trip: each key's
     /// value read whole by one command (`GETRANGE` to one byte past the bound, a read
     /// permission enough), so a value replaced meanwhile is read old or new, never torn.
-    /// `TooLarge` when together over `max_bytes`: no more than one byte past the bound is
-    /// taken, and a value's bulk that says more than the read may still take is refused
-    /// before memory is taken for it. `all_or_none`: when one is absent, none is returned.
+    /// `TooLarge` when together over `max_bytes`, said by the bulk's header before any of
+    /// its bytes are taken (the connection is then dropped, mid-reply); a header that says
+    /// more than a range of the bound can hold is the server's error. `all_or_none`: when
+    /// one is absent, none is returned.
     pub fn read(
         &self,
         keys: &[&[u8]],
         max_bytes: u64,
         all_or_none: bool,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let end = max_bytes.to_string();
+        // Redis reads the range's end as a signed number: a larger bound is every value.
+        let end = max_bytes.min(i64::MAX as u64).to_string();
         let asks: Vec<Vec<&[u8]>> = keys
             .iter()
             .map(|k| vec![&b"GETRANGE"[..], k, b"0", end.as_bytes()])
@@ -264,17 +267,13 @@ impl Client {
             conn.send(&asks).map_err(StoreError::Wire)?;
             let (mut values, mut total, mut refused) = (Vec::new(), 0u64, None);
             for _ in keys {
-                // One byte more than the read may still take: a value that fills it is over.
                 let mut budget = Budget {
-                    bulk_bytes: (max_bytes - total).saturating_add(1),
+                    bulk_bytes: max_bytes - total,
                     items: 0,
                 };
                 match conn.reader.reply(&mut budget) {
                     Ok(Reply::Bulk(v)) => {
                         total = total.saturating_add(v.len() as u64);
-                        if total > max_bytes {
-                            return Err(too_large(total));
-                        }
                         values.push(Some(v).filter(|v| !v.is_empty()));
                     }
                     // Read on, so that the connection stays in step.
@@ -283,7 +282,7 @@ impl Client {
                         values.push(None);
                     }
                     Ok(_) => return Err(bad("the store answered something other than values")),
-                    // More than is left, no more than one value may hold: together over.
+                    // More than is left, no more than a range of the bound holds: over it.
                     Err(WireError::BulkOverBound(n)) if n <= max_bytes.saturating_add(1) => {
                         return Err(too_large(total.saturating_add(n)));
                     }

@@ -1,18 +1,20 @@
 //! Every level of native code behind one lookup. A level holds entries (a key, and the
 //! bytes of an entry: its record and native binary, `cache::encode`) and knows nothing
 //! of requests, the GRF ladder or the compiler. The order of the levels, and what a hit
-//! does, are decided here and nowhere else (`Levels::open`, `find`, `keep`): the local
-//! cache first, then the fleet's store. A hit is verified once (its checksum over the
-//! key; a slower level's entry also by its signature and by the caller's check), copied
-//! into the faster levels, and counted once, at the level that answered, in the ledger of
-//! the directory the request uses (`count`). A fresh build goes into every level this
-//! node may write.
+//! does, are decided here and nowhere else (`Levels::open`, `find`, `keep`): bundles
+//! first (native code built ahead of time, when the caller looks in them), then the local
+//! cache, then the fleet's store. A hit is verified once (its checksum over the key; an
+//! entry not of this user's own cache also by the caller's check, after its level's own:
+//! a signature, a bundle's manifest), copied into the faster levels, and counted once, at
+//! the level that answered, in the ledger of the directory the request uses (`count`). A
+//! fresh build goes into every level this node may write.
 
 use super::accounts;
 use super::format;
 use super::remote::{self, Config, Wanted};
+use crate::bundle::search::{Missed, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
-use crate::error::{BuildError, ErrorKind, Result};
+use crate::error::{BuildError, Result};
 use crate::ladder::{Attempt, Record};
 
 /// What an entry is built for, as the fleet's store signs it: the device and the
@@ -34,20 +36,43 @@ pub struct Entry {
 trait Level: Send + Sync {
     /// What a hit at this level counts as.
     fn hits(&self) -> Counter;
+    /// This user's own entries (the local cache): no check beyond their checksum.
+    fn own(&self) -> bool {
+        false
+    }
     /// The bytes this level holds for `key` built for `target`, not yet checked; why
-    /// none could be read goes into `notes`.
-    fn get(&self, key: &str, target: Target<'_>, notes: &mut Vec<String>) -> Option<Vec<u8>>;
+    /// none could be read goes into `notes`. An error is a bad setting of the level's.
+    fn get(
+        &self,
+        key: &str,
+        target: Target<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<Vec<u8>>>;
     /// What `get` gave answered the request (this level's own count of hits, if any).
     fn answered(&self) {}
     /// What `get` gave (`len` bytes) is not `key`'s entry (`why`): dropped and counted.
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
     /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
-    /// a slower level's entry. True when kept; an error says why it could not be.
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Kept;
+    /// a slower level's entry. An error is a bad setting.
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept>;
 }
 
-/// Whether a level kept an entry, or why it could not.
-type Kept = std::result::Result<bool, String>;
+/// What a level did with an entry it was given: kept it, left it (not a level that takes
+/// it, or it said why itself), or could not (the note).
+enum Kept {
+    Yes,
+    No,
+    Failed(String),
+}
+
+impl Kept {
+    fn note(self) -> Option<String> {
+        match self {
+            Kept::Failed(note) => Some(note),
+            Kept::Yes | Kept::No => None,
+        }
+    }
+}
 
 /// The local cache: this user's own directory, entries checksummed over their key.
 struct Local(Cache);
@@ -57,22 +82,102 @@ impl Level for Local {
         Counter::LocalHits
     }
 
-    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Option<Vec<u8>> {
-        self.0.read_entry(key).unwrap_or_else(|note| {
+    fn own(&self) -> bool {
+        true
+    }
+
+    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
+        Ok(self.0.read_entry(key).unwrap_or_else(|note| {
             notes.push(note);
             None
-        })
+        }))
     }
 
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>) {
         notes.push(self.0.refuse(key, len as u64, why));
     }
 
-    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Kept {
-        match self.0.put_entry(key, entry, fresh) {
-            None => Ok(true),
-            Some(note) => Err(note),
+    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept> {
+        Ok(match self.0.put_entry(key, entry, fresh) {
+            None => Kept::Yes,
+            Some(note) => Kept::Failed(note),
+        })
+    }
+}
+
+/// Bundles: native code built ahead of time, looked up by their own keys (a bundle's
+/// manifest checks its entries), read only. An entry is given as every level gives one:
+/// encoded under the request's key, its record read from the binary.
+struct Bundle(BundleWanted);
+
+impl Level for Bundle {
+    fn hits(&self) -> Counter {
+        Counter::BundleHits
+    }
+
+    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
+        let kernel = &self.0.kernel;
+        let build = match self.0.find() {
+            Ok(build) => {
+                let flags = &build.build_flags;
+                crate::diag::detail(
+                    "bundle",
+                    format!("kernel {kernel:?}: from the bundle ({flags:?})"),
+                );
+                build
+            }
+            Err(Missed::Absent(why)) => {
+                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
+                return Ok(None);
+            }
+            Err(Missed::Refused(why)) => {
+                self.refuse(key, 0, &why, notes);
+                return Ok(None);
+            }
+        };
+        let spill = crate::zebin::parse(&build.native).and_then(|i| i.kernel_spill(kernel));
+        let record = Record {
+            build_flags: build.build_flags,
+            spill: match spill {
+                Ok(spill) => spill,
+                Err(e) => {
+                    self.refuse(key, 0, &e.message, notes);
+                    return Ok(None);
+                }
+            },
+            attempts: Vec::new(),
+            recovered: false,
+            log: String::new(),
+        };
+        // One attempt, as loading a native binary makes: its flags, what it spills.
+        let attempt = crate::ladder::Attempt {
+            build_flags: record.build_flags.clone(),
+            ok: true,
+            spill_size: Some(record.spill.bytes),
+            seconds: 0.0,
+            error: None,
+        };
+        let record = Record {
+            attempts: vec![attempt],
+            ..record
+        };
+        match cache::encode(key, &record, &build.native) {
+            Ok(entry) => Ok(Some(entry)),
+            Err(e) => {
+                self.refuse(key, 0, &e.to_string(), notes);
+                Ok(None)
+            }
         }
+    }
+
+    fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
+        let kernel = &self.0.kernel;
+        let message = format!("kernel '{kernel}': bundle entry refused ({why}); compiling");
+        crate::diag::warn_once(&format!("bundle:{message}"), message);
+    }
+
+    fn put(&self, _: &str, _: Target<'_>, _: &[u8], _: bool) -> Result<Kept> {
+        Ok(Kept::No) // made ahead of time, never written here
     }
 }
 
@@ -96,7 +201,7 @@ impl Level for Store {
         Counter::StoreHits
     }
 
-    fn get(&self, key: &str, target: Target<'_>, _: &mut Vec<String>) -> Option<Vec<u8>> {
+    fn get(&self, key: &str, target: Target<'_>, _: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
         let rkey = format!("{}{key}", format::PREFIX);
         let wanted = Wanted {
             rkey: rkey.as_bytes(),
@@ -104,10 +209,9 @@ impl Level for Store {
             device: target.device,
             compiler: target.compiler,
         };
-        // The trust setting was checked when the levels were opened.
-        let (mut found, untrusted) = remote::signed_values(&self.cfg, &[wanted], false).ok()?;
+        let (mut found, untrusted) = remote::signed_values(&self.cfg, &[wanted], false)?;
         self.count_refused(untrusted);
-        found.pop().flatten()
+        Ok(found.pop().flatten())
     }
 
     fn answered(&self) {
@@ -119,27 +223,52 @@ impl Level for Store {
         self.count_refused(1);
     }
 
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Kept {
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept> {
         if !fresh {
-            return Ok(false); // the slowest level: nothing is copied into it
+            return Ok(Kept::No); // the slowest level: nothing is copied into it
         }
         let rkey = format!("{}{key}", format::PREFIX);
         let (device, compiler) = (target.device, target.compiler);
-        remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry)
-            .map_err(|e| e.message)
+        // A store that could not take it said so (once); a bad signing key is the error.
+        let put = remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry);
+        Ok(if put? { Kept::Yes } else { Kept::No })
     }
 }
 
-/// A hit: the entry, and the level that answered.
+/// A hit: the entry, the level that answered (what it counts as, and where it is in the
+/// order: a caller that cannot use the entry asks again after it).
 pub struct Hit {
     pub entry: Entry,
     pub counter: Counter,
+    pub at: usize,
 }
 
 impl Hit {
     /// The answer is another node's, from the fleet's store.
     pub fn from_store(&self) -> bool {
         self.counter == Counter::StoreHits
+    }
+}
+
+/// Where a fresh build is kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Nowhere: an attempt failed in a way that may not repeat (a timeout, a cancel, a
+    /// worker that died shaped the answer), so it is not the input's own.
+    Nowhere,
+    /// In this user's own cache only: an answer this request refuses (a binary that does
+    /// not link) is never offered to the fleet.
+    Here,
+    /// In every level this node may write.
+    Everywhere,
+}
+
+/// A level as a line says it (the counter of its hits names it).
+pub fn said(level: Counter) -> &'static str {
+    match level {
+        Counter::BundleHits => "a bundle",
+        Counter::StoreHits => "the fleet's store",
+        _ => "the local cache",
     }
 }
 
@@ -155,7 +284,8 @@ pub enum Answered<'a> {
     Refused,
 }
 
-/// The levels a request asks, fastest first; none when its cache is off.
+/// The levels a request asks, fastest first (with its cache off, only the bundles it
+/// looks in, if any).
 pub struct Levels {
     levels: Vec<Box<dyn Level>>,
     /// The request's cache, whose ledger counts its answer (made with the directory).
@@ -164,22 +294,24 @@ pub struct Levels {
 
 impl Levels {
     /// The levels of a request whose cache is `cache` (None: off), in the order they are
-    /// asked: the local cache, then the fleet's store when `XPU_ZEBIN_REMOTE` is set and
-    /// `store` is true. A bad store or trust setting is the error.
-    pub fn open(cache: Option<Cache>, store: bool) -> Result<Levels> {
+    /// asked: the bundles it looks in (`bundle`), the local cache, then the fleet's store
+    /// when `XPU_ZEBIN_REMOTE` is set and `store` is true. A bad store setting is the error
+    /// (whether the cache is on or not: no setting is ignored); the keys' settings are
+    /// read when the store is.
+    pub fn open(cache: Option<Cache>, store: bool, bundle: Option<BundleWanted>) -> Result<Levels> {
+        let cfg = store.then(remote::config).transpose()?.flatten();
+        let mut levels: Vec<Box<dyn Level>> = Vec::new();
+        if let Some(wanted) = bundle {
+            levels.push(Box::new(Bundle(wanted)));
+        }
         let Some(cache) = cache else {
             return Ok(Levels {
-                levels: Vec::new(),
+                levels,
                 cache: None,
             });
         };
-        let mut levels: Vec<Box<dyn Level>> = vec![Box::new(Local(cache.clone()))];
-        if let Some(cfg) = store.then(remote::config).transpose()?.flatten() {
-            // Said once now, never a miss or a note per kernel.
-            crate::signing::Trusted::from_env()?;
-            if cfg.read_write {
-                crate::signing::Signer::from_env()?;
-            }
+        levels.push(Box::new(Local(cache.clone())));
+        if let Some(cfg) = cfg {
             levels.push(Box::new(Store {
                 cfg,
                 cache: cache.clone(),
@@ -191,26 +323,27 @@ impl Levels {
         })
     }
 
-    /// The first level's entry of `key` that is whole and `key`'s: a slower level's entry
-    /// must also pass `check` (what the caller needs of a binary it did not build), and is
-    /// then copied into the faster levels. None on a miss everywhere; why an entry was not
-    /// used goes into `notes`.
+    /// The first level's entry of `key` that is whole and `key`'s, from the level at
+    /// `from` on: one not of this user's own cache must also pass `check` (what the caller
+    /// needs of a binary it did not build), and is then copied into the faster levels.
+    /// None on a miss everywhere; why an entry was not used goes into `notes`.
     pub fn find(
         &self,
+        from: usize,
         key: &str,
         target: Target<'_>,
         check: impl Fn(&Entry) -> std::result::Result<(), BuildError>,
         notes: &mut Vec<String>,
-    ) -> Option<Hit> {
-        for (at, level) in self.levels.iter().enumerate() {
-            let Some(raw) = level.get(key, target, notes) else {
+    ) -> Result<Option<Hit>> {
+        for (at, level) in self.levels.iter().enumerate().skip(from) {
+            let Some(raw) = level.get(key, target, notes)? else {
                 continue;
             };
             let checked = cache::decode::<Record>(key, &raw)
                 .map(|(record, binary)| Entry { record, binary })
-                .and_then(|entry| match at {
-                    0 => Ok(entry),
-                    _ => check(&entry).map(|()| entry).map_err(|e| e.message),
+                .and_then(|entry| match level.own() {
+                    true => Ok(entry),
+                    false => check(&entry).map(|()| entry).map_err(|e| e.message),
                 });
             let entry = match checked {
                 Ok(entry) => entry,
@@ -220,68 +353,92 @@ impl Levels {
                 }
             };
             for faster in &self.levels[..at] {
-                if let Err(note) = faster.put(key, target, &raw, false) {
-                    notes.push(note);
-                }
+                notes.extend(faster.put(key, target, &raw, false)?.note());
             }
             level.answered();
-            return Some(Hit {
+            return Ok(Some(Hit {
                 entry,
                 counter: level.hits(),
-            });
+                at,
+            }));
         }
-        None
+        Ok(None)
     }
 
-    /// A fresh build of `key`: into every level, the store's only where this node may
-    /// write; none when an attempt failed in a way that may not repeat (`repeatable`
-    /// false: a timeout, a cancel, a worker that died shaped the answer). Notes say what
-    /// was not kept.
+    /// A fresh build of `key` into the levels `scope` says, the store's only where this
+    /// node may write. Notes say what was not kept; an error is a bad setting (a signing
+    /// key that cannot be read).
     pub fn keep(
         &self,
         key: &str,
         target: Target<'_>,
         record: &Record,
         binary: &[u8],
-        repeatable: bool,
-    ) -> Vec<String> {
-        if self.levels.is_empty() {
-            return Vec::new();
-        }
-        if !repeatable {
-            return vec!["not cached: an attempt failed in a way that may not repeat".into()];
+        scope: Keep,
+    ) -> Result<Vec<String>> {
+        let mut notes = Vec::new();
+        match scope {
+            // Only levels that are never written (bundles), or none.
+            _ if self.cache.is_none() => return Ok(notes),
+            Keep::Nowhere => {
+                notes.push("not cached: an attempt failed in a way that may not repeat".into());
+                return Ok(notes);
+            }
+            Keep::Here | Keep::Everywhere => {}
         }
         let entry = match cache::encode(key, record, binary) {
             Ok(entry) => entry,
-            Err(e) => return vec![format!("not cached: {e}")],
+            Err(e) => return Ok(vec![format!("not cached: {e}")]),
         };
-        self.levels
-            .iter()
-            .filter_map(|level| level.put(key, target, &entry, true).err())
-            .collect()
+        for level in &self.levels {
+            if scope == Keep::Everywhere || level.own() {
+                notes.extend(level.put(key, target, &entry, true)?.note());
+            }
+        }
+        Ok(notes)
     }
 
-    /// The local entry of `key`, whole and `key`'s, into the slower levels (a farm
+    /// The local entry of `key`, whole and `key`'s and passing `check` (what the request
+    /// needs of it: one kept here only is never offered), into the slower levels (a farm
     /// publishing its cache); true when one was written.
-    pub fn share(&self, key: &str, target: Target<'_>) -> Result<bool> {
-        let Some((local, slower)) = self.levels.split_first() else {
+    pub fn share(
+        &self,
+        key: &str,
+        target: Target<'_>,
+        check: impl Fn(&Entry) -> std::result::Result<(), BuildError>,
+    ) -> Result<bool> {
+        let Some(at) = self.levels.iter().position(|l| l.own()) else {
             return Ok(false);
         };
+        let (local, slower) = (&self.levels[at], &self.levels[at + 1..]);
         let mut notes = Vec::new();
-        let Some(raw) = local.get(key, target, &mut notes) else {
+        let Some(raw) = local.get(key, target, &mut notes)? else {
             return Ok(false);
         };
-        if let Err(why) = cache::decode::<serde::de::IgnoredAny>(key, &raw) {
-            local.refuse(key, raw.len(), &why, &mut notes);
-            return Ok(false);
+        match cache::decode::<Record>(key, &raw) {
+            Ok((record, binary)) => {
+                if check(&Entry { record, binary }).is_err() {
+                    return Ok(false);
+                }
+            }
+            Err(why) => {
+                local.refuse(key, raw.len(), &why, &mut notes);
+                return Ok(false);
+            }
         }
         let mut wrote = false;
         for level in slower {
-            wrote |= level
-                .put(key, target, &raw, true)
-                .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
+            wrote |= matches!(level.put(key, target, &raw, true)?, Kept::Yes);
         }
         Ok(wrote)
+    }
+
+    /// Count a request refused before any level was asked (a bad setting), in the ledger
+    /// of its cache (`cache`).
+    pub fn count_refused(cache: Option<&Cache>) {
+        if let Some(l) = cache.and_then(Cache::ledger) {
+            accounts::count(&l, Answered::Refused);
+        }
     }
 
     /// Count the request's answer once, in its directory's ledger.

@@ -18,7 +18,7 @@ use crate::ladder::{Attempt, Failure};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
-use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
+use crate::store::levels::{Answered, Entry, Hit, Keep, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -32,6 +32,9 @@ pub struct LoadRequest {
     /// The Level Zero device's index.
     pub device: usize,
     pub options: Options,
+    /// The bundles a SPIR-V load looks in first, for which target profiles (the Triton
+    /// drop-in's: it knows Triton's release and target); None: no bundle.
+    pub bundle: Option<crate::bundle::search::Query>,
 }
 
 impl LoadRequest {
@@ -42,6 +45,7 @@ impl LoadRequest {
             is_spv: true,
             device: 0,
             options: Options::default(),
+            bundle: None,
         }
     }
 }
@@ -67,8 +71,9 @@ pub struct Loaded {
     pub notes: Vec<String>,
     /// Built here from SPIR-V (else a native binary was handed in).
     pub from_spirv: bool,
-    /// The native code is another node's, from the fleet's store (`store::levels`).
-    pub from_store: bool,
+    /// The level that answered (`store::levels`: a bundle, the local cache, the fleet's
+    /// store); None when built or loaded here.
+    pub level: Option<crate::cache::Counter>,
 }
 
 pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
@@ -246,7 +251,8 @@ impl Context<'_> {
     }
 
     /// The levels' entry of `key`, loaded: a level's entry is untrusted input, so it loads
-    /// here once it has loaded in a worker; one that does not load is rebuilt.
+    /// here once it has loaded in a worker; after one that does not load, the next
+    /// level's is tried. An error is a bad setting of a level's.
     fn load_kept(
         &self,
         levels: &Levels,
@@ -254,18 +260,33 @@ impl Context<'_> {
         target: Target<'_>,
         cancel: &AtomicBool,
         notes: &mut Vec<String>,
-    ) -> Option<(Product, Record, crate::cache::Counter)> {
-        let Hit { entry, counter } = levels.find(key, target, |_| Ok(()), notes)?;
-        let Entry { record, binary } = entry;
-        match self.revive(&record, binary, cancel) {
-            Ok(product) => Some((product, record, counter)),
-            Err(e) => {
-                notes.push(format!(
-                    "cached native binary did not load ({e}); rebuilding"
-                ));
-                None
+    ) -> Result<Option<(Product, Record, crate::cache::Counter)>> {
+        let mut from = 0;
+        while let Some(Hit { entry, counter, at }) =
+            levels.find(from, key, target, |_| Ok(()), notes)?
+        {
+            let Entry { record, binary } = entry;
+            match self.revive(&record, binary, cancel) {
+                Ok(product) => return Ok(Some((product, record, counter))),
+                Err(e) => {
+                    let what = format!(
+                        "kernel '{}': native binary from {} did not load ({e}); trying the \
+                         next level",
+                        self.req.kernel_name,
+                        crate::store::levels::said(counter)
+                    );
+                    if counter != crate::cache::Counter::LocalHits {
+                        crate::diag::warn_once(&what, what.clone());
+                    }
+                    notes.push(what);
+                }
             }
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                break; // the build that would follow is cancelled as well
+            }
+            from = at + 1;
         }
+        Ok(None)
     }
 
     /// The GRF ladder for the request: SPIR-V in workers (speculatively when it gains),
@@ -358,6 +379,38 @@ fn ladder_of(
     })
 }
 
+/// The levels a load asks, and its key there: bundles for SPIR-V the caller asked them for,
+/// then (SPIR-V with the cache on: only it has a JIT worth skipping, and the key is
+/// hashed only then) the local cache and the fleet's store.
+fn levels_of(
+    req: &LoadRequest,
+    device: &DeviceInfo,
+    ladder: &[String],
+    rule: crate::spill::Rule,
+) -> Result<(Levels, String)> {
+    let o = &req.options;
+    let kept = o.cache && req.is_spv;
+    let key = match kept {
+        true => jit_key(req, device, ladder, rule),
+        false => String::new(),
+    };
+    let bundle = req
+        .bundle
+        .as_ref()
+        .filter(|_| req.is_spv)
+        .and_then(|query| {
+            let kernel = &req.kernel_name;
+            crate::bundle::search::Wanted::new(&req.binary, kernel, o, query)
+                .map_err(|why| {
+                    crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"))
+                })
+                .ok()
+        });
+    let cache = kept.then(|| Cache::open(o.cache_dir.as_deref()));
+    // The store serves what the local cache keeps: only then are its settings read.
+    Ok((Levels::open(cache, kept, bundle)?, key))
+}
+
 fn load_inner(
     req: &LoadRequest,
     cancel: &AtomicBool,
@@ -369,13 +422,7 @@ fn load_inner(
     let device = rt.device_info(req.device)?.clone();
     let rule = o.rule(Path::Jit)?;
     let ladder = ladder_of(req, &device, own_grf)?;
-    // Only a SPIR-V load has a JIT worth skipping; the key is hashed only then.
-    let kept = o.cache && req.is_spv;
-    let key = match kept {
-        true => jit_key(req, &device, &ladder, rule),
-        false => String::new(),
-    };
-    let levels = Levels::open(kept.then(|| Cache::open(o.cache_dir.as_deref())), true)?;
+    let (levels, key) = levels_of(req, &device, &ladder, rule)?;
     let compiler = device_target(&device).join("|");
     let target = Target {
         device: "",
@@ -393,18 +440,28 @@ fn load_inner(
         isolated: o.isolated()?,
     };
     let mut notes = Vec::new();
-    let revived = context.load_kept(&levels, &key, target, cancel, &mut notes);
+    let revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
     let (built, native_binary, record, answered) = match revived {
         Some(((built, native), record, counter)) => (built, native, record, Some(counter)),
         None => {
+            // What the levels said comes first, whatever the build's outcome.
             let Settled {
                 product: (built, native),
                 record,
                 repeatable,
                 notes: more,
-            } = context.build(&ladder, rule, cancel, may_speculate)?;
+            } = context
+                .build(&ladder, rule, cancel, may_speculate)
+                .map_err(|mut failure| {
+                    failure.notes.splice(0..0, notes.drain(..));
+                    failure
+                })?;
             notes.extend(more);
-            notes.extend(levels.keep(&key, target, &record, &native, repeatable));
+            let scope = match repeatable {
+                true => Keep::Everywhere,
+                false => Keep::Nowhere,
+            };
+            notes.extend(levels.keep(&key, target, &record, &native, scope)?);
             (built, native, record, None)
         }
     };
@@ -419,7 +476,7 @@ fn load_inner(
         &req.kernel_name,
     );
     Ok(Loaded {
-        from_store: answered == Some(crate::cache::Counter::StoreHits),
+        level: answered,
         kernel_name: req.kernel_name.clone(),
         n_regs,
         build_flags: record.build_flags,

@@ -15,7 +15,8 @@ into Triton's cache are :mod:`xpu_zebin.triton`'s (``precompile_kernel``,
 
 - ``format``: the bundle on disk (directory or archive), reading, checking, packing;
 - ``build``: :func:`precompile`, checked against a target's driver where this host has it;
-- ``lookup``: :func:`find` and :func:`search_path`;
+- ``lookup``: :func:`find`, :func:`search_path` and :func:`query` (what the engine's own
+  bundle level asks for, in ``compile_and_load``);
 - ``importing``: :func:`import_bundle`.
 """
 
@@ -28,11 +29,11 @@ from typing import Any
 from .build import precompile
 from .format import MAX_MANIFEST_BYTES, PathLike, info, pack, verify
 from .importing import STALE_STAGING_SECONDS, import_bundle
-from .lookup import BUNDLE_ENV, find, search_path
+from .lookup import BUNDLE_ENV, find, query, search_path
 
 __all__ = [
-    "BUNDLE_ENV", "find", "import_bundle", "info", "pack", "precompile", "search_path",
-    "verify",
+    "BUNDLE_ENV", "find", "import_bundle", "info", "pack", "precompile", "query",
+    "search_path", "verify",
 ]  # fmt: skip
 
 #: Names this module had before Triton's part moved to :mod:`xpu_zebin.triton` (and

@@ -106,24 +106,13 @@ def load_binary(
     global _last_build_flags
     device_arch, max_grf_mode = seventh_argument(device_arch_or_max_grf)
     options = load_binary_options(name, build_flags, device_arch, max_grf_mode)
-    found = bundle.find(name, kernel, options, device) if is_spv else None
-    loaded = None
-    if found is not None:  # loaded in a worker first by compile_and_load itself
-        try:
-            loaded = xpu_zebin.compile_and_load(
-                found[0], name, is_spv=False, device=device,
-                options=options.replace(build_flags=found[1]),
-            )  # fmt: skip
-            loaded._set_source("bundle")
-            for counter in ("requests", "hits_bundle"):
-                xpu_zebin._core.cache_count(counter, cache_dir=options.cache_dir)
-        except BuildError as e:  # an entry that does not load here: compile instead
-            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
+    # The engine asks a bundle first (its entry tried in a worker before it loads here),
+    # then the cache and the fleet's store, then builds: one lookup, in Rust.
+    asked = bundle.query(name, device) if is_spv else None
     try:
-        if loaded is None:
-            loaded = xpu_zebin.compile_and_load(
-                kernel, name, is_spv=bool(is_spv), device=device, options=options
-            )
+        req = xpu_zebin._load_request(kernel, name, is_spv=bool(is_spv), device=device,
+                                      options=options)  # fmt: skip
+        loaded = xpu_zebin._report(xpu_zebin._core.compile_and_load(**req, bundle=asked), name)
     except BuildError as e:
         raise triton_error(e) from e
     _last_build_flags = loaded.build_flags

@@ -112,7 +112,7 @@ class FleetCacheManager(CacheManager):
             return None  # every file of the group, or none of them
         group = {name: self._local.put(data, name, binary=True) for name, data in zip(names, found)}
         self._local.put_group(filename, group)
-        _core.cache_count("hits_triton_cache")  # a kernel's group, from the store
+        _core.count_triton_cache_hit()  # a kernel's group, from the store
         return group
 
     def put_group(self, filename: str, group: Dict[str, str]):
