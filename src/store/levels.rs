@@ -135,31 +135,27 @@ impl Level for Bundle {
                 return Ok(None);
             }
         };
-        let spill = crate::zebin::parse(&build.native).and_then(|i| i.kernel_spill(kernel));
-        let record = Record {
-            build_flags: build.build_flags,
-            spill: match spill {
-                Ok(spill) => spill,
-                Err(e) => {
-                    self.refuse(key, 0, &e.message, notes);
-                    return Ok(None);
-                }
-            },
-            attempts: Vec::new(),
-            recovered: false,
-            log: String::new(),
+        let spill = match crate::zebin::parse(&build.native).and_then(|i| i.kernel_spill(kernel)) {
+            Ok(spill) => spill,
+            Err(e) => {
+                self.refuse(key, 0, &e.message, notes);
+                return Ok(None);
+            }
         };
         // One attempt, as loading a native binary makes: its flags, what it spills.
-        let attempt = crate::ladder::Attempt {
-            build_flags: record.build_flags.clone(),
+        let attempt = Attempt {
+            build_flags: build.build_flags.clone(),
             ok: true,
-            spill_size: Some(record.spill.bytes),
+            spill_size: Some(spill.bytes),
             seconds: 0.0,
             error: None,
         };
         let record = Record {
+            build_flags: build.build_flags,
+            spill,
             attempts: vec![attempt],
-            ..record
+            recovered: false,
+            log: String::new(),
         };
         match cache::encode(key, &record, &build.native) {
             Ok(entry) => Ok(Some(entry)),
