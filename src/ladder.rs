@@ -163,7 +163,7 @@ pub fn settle<B: Build + Send, F>(
         built,
         attempts,
         notes,
-    } = run(&plan, Vec::new(), build)?;
+    } = run(&plan, build)?;
     let flags = plan.ladder[chosen].clone();
     let record = Record {
         spill: built.spill(),
@@ -197,17 +197,16 @@ pub fn settle<B: Build + Send, F>(
 /// Run the plan's ladder with `build`, which makes one attempt and stops when any of its
 /// cancel flags is set. A second rung is tried when the first fails or its spills call
 /// for it under the plan's rule; speculation starts it before the first has answered, and
-/// cancels it if the first is accepted: the same answer as in sequence, sooner. `notes`
-/// so far come back first in the choice's or failure's notes.
+/// cancels it if the first is accepted: the same answer as in sequence, sooner.
 fn run<B: Build + Send>(
     plan: &Plan<'_>,
-    mut notes: Vec<String>,
     build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
 ) -> std::result::Result<Choice<B>, Box<Failure>> {
     let (ladder, cancel) = (plan.ladder, plan.cancel);
     let needs_retry = |first: &Result<B>| {
         grf::needs_retry(first.as_ref().map(B::spill).map_err(|e| e.kind), plan.rule)
     };
+    let mut notes = Vec::new();
     let speculate = ladder.len() == 2 && !matches!(plan.speculation, Speculation::Never);
     let (first, retry) = if speculate {
         run_speculatively(plan, &mut notes, &build, &needs_retry)
