@@ -4,15 +4,17 @@
 //! levels. `compile_many` runs requests with bounded parallelism.
 
 use crate::cache::Cache;
+use crate::cache::Counter;
 use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind};
 use crate::grf;
 use crate::key::{KeyInputs, Purpose};
-use crate::ladder::{self, Build, Plan, Settled, Speculation};
+use crate::ladder::Record;
+use crate::ladder::{self, Build, Plan, Speculation};
 use crate::ocloc::{self, JobSpec};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
-use crate::store::levels::{Answered, Entry, Keep, Levels, Target};
+use crate::store::levels::{Answered, Entry, Fits, Levels, Target};
 use crate::zebin;
 use crate::{batch, spirv};
 use serde::{Deserialize, Serialize};
@@ -85,13 +87,12 @@ impl Build for Built {
 }
 
 fn build_once(
-    ocloc_path: &std::path::Path,
+    slot: &Slot,
     req: &CompileRequest,
-    kernel: &str,
     flags: &str,
-    timeout: Option<Duration>,
     cancel: &[&AtomicBool],
 ) -> ladder::Tried<Built> {
+    let (ocloc_path, kernel, timeout) = (&slot.ocloc, &slot.kernel, slot.timeout);
     let mut args = vec![
         "-spirv_input".to_string(),
         "-device".to_string(),
@@ -132,47 +133,6 @@ fn build_once(
     (Attempt::new(flags, seconds, &result), result)
 }
 
-/// A zebin that imports symbols it does not define cannot load: the driver's link fails
-/// on them (measured: Debian's IGC 1.x compiles calls of builtins it does not know,
-/// `intel_sub_group_2d_block_*`, into such imports and reports success).
-fn check_linked(binary: &[u8], kernel: &str, ocloc: &std::path::Path) -> Result<(), BuildError> {
-    let symbols = zebin::parse(binary)?.undefined_symbols;
-    if symbols.is_empty() {
-        return Ok(());
-    }
-    Err(BuildError::new(
-        ErrorKind::LinkFailure,
-        format!(
-            "kernel '{kernel}': {} left unresolved symbols nothing provides: {} (builtins \
-             this compiler does not know; the driver's own compiler may; allow_unresolved \
-             keeps such a build)",
-            ocloc.display(),
-            symbols.join(", ")
-        ),
-    ))
-}
-
-/// A request's key and the compiler's identity (a version and build of IGC) it holds.
-fn cache_key(
-    req: &CompileRequest,
-    kernel: &str,
-    ladder: &[String],
-    rule: crate::spill::Rule,
-    ocloc_path: &std::path::Path,
-) -> Result<(String, String), BuildError> {
-    let identity = ocloc::identity(ocloc_path)?;
-    let key = KeyInputs {
-        purpose: Purpose::Offline,
-        input: &req.spirv,
-        kernel,
-        flags: ladder,
-        rule: Some(rule),
-        target: &[req.device.trim(), &identity],
-    }
-    .key();
-    Ok((key, identity))
-}
-
 /// The cache and key that would answer `req`, and its kernel (what `compile` computes
 /// before it looks).
 pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildError> {
@@ -181,21 +141,6 @@ pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildE
         .cache
         .unwrap_or_else(|| Cache::open(req.options.cache_dir.as_deref()));
     Ok((cache, s.key, s.kernel))
-}
-
-/// The request's device (trimmed) and time limit, checked as every path checks them
-/// before anything runs.
-fn checked(req: &CompileRequest) -> Result<(&str, Option<Duration>), BuildError> {
-    req.options.check(&[("device", &req.device)])?;
-    let timeout = crate::knobs::effective_timeout(req.options.timeout)?;
-    let device = req.device.trim();
-    if device.is_empty() {
-        return Err(BuildError::new(
-            ErrorKind::InvalidArgument,
-            "device is empty: name a target such as pvc",
-        ));
-    }
-    Ok((device, timeout))
 }
 
 /// What a request's compile learns before it builds: its SPIR-V checked, its kernel
@@ -209,6 +154,8 @@ pub struct Slot {
     kernel: String,
     own_grf: Option<spirv::GrfRequest>,
     ocloc: std::path::PathBuf,
+    /// The ocloc, as a message names it.
+    compiler_path: String,
     device: String,
     timeout: Option<Duration>,
     rule: crate::spill::Rule,
@@ -221,30 +168,46 @@ pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
     prepare(req).map_err(|f| f.error)
 }
 
-/// The slot of `req`, or why `compile` refuses it.
+/// The slot of `req`, or why `compile` refuses it: each module it asks is asked once, in
+/// one pass down (the options, then the SPIR-V).
 pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     let o = &req.options;
-    let (device, timeout) = checked(req)?;
+    let device = req.device.trim();
+    let arch = o.device_arch.as_deref().unwrap_or(device);
+    let checked = o.checked(&[("device", &req.device)], arch, Path::Offline)?;
+    if device.is_empty() {
+        return Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            "device is empty: name a target such as pvc",
+        )
+        .into());
+    }
     let module = spirv::validate(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
-    let rule = o.rule(Path::Offline)?;
-    let ladder = grf::own_mode_is_explicit(
-        o.ladder(o.device_arch.as_deref().unwrap_or(device))?,
-        own_grf,
-    );
+    let ladder = checked.ladder;
     let ocloc = ocloc::discover(o.ocloc.as_deref())?;
-    let (key, compiler) = cache_key(req, &kernel, &ladder, rule, &ocloc)?;
+    let compiler = ocloc::identity(&ocloc)?;
+    let key = KeyInputs {
+        purpose: Purpose::Offline,
+        input: &req.spirv,
+        kernel: &kernel,
+        flags: &ladder,
+        rule: Some(checked.rule),
+        target: &[device, &compiler],
+    }
+    .key();
     Ok(Slot {
         cache: o.cache.then(|| Cache::open(o.cache_dir.as_deref())),
         key,
         compiler,
         kernel,
         own_grf,
+        compiler_path: ocloc.display().to_string(),
         ocloc,
         device: device.to_string(),
-        timeout,
-        rule,
+        timeout: checked.timeout,
+        rule: checked.rule,
         ladder,
         options: o.clone(),
     })
@@ -290,7 +253,7 @@ impl Slot {
     /// its cache); true when written.
     pub fn share(&self) -> crate::error::Result<bool> {
         self.levels(true)?
-            .share(&self.key, self.target(), |e| self.check(e))
+            .share(&self.key, self.target(), self.fits())
     }
 
     /// The local cache entry that answers, as stored (whole and this key's), if any: what
@@ -299,28 +262,20 @@ impl Slot {
         self.cache.as_ref()?.raw(&self.key)
     }
 
-    /// What this request needs of an entry it did not build (another node's, verified by
-    /// its signature): a zebin with this kernel whose record describes it, linked unless
-    /// the request allows unresolved symbols.
-    fn check(&self, entry: &Entry) -> Result<(), BuildError> {
-        let kernel = &self.kernel;
-        let info = zebin::parse(&entry.binary)?;
-        if info.kernel_spill(kernel)? != entry.record.spill {
-            return Err(BuildError::new(
-                ErrorKind::InvalidArgument,
-                "the entry's record does not describe its binary",
-            ));
+    /// What this request needs of an entry it did not build: a zebin with this kernel
+    /// whose record describes it, linked unless the request allows unresolved symbols.
+    fn fits(&self) -> Fits<'_> {
+        Fits {
+            kernel: &self.kernel,
+            linked: !self.options.allow_unresolved,
+            compiler: &self.compiler_path,
         }
-        if !self.options.allow_unresolved && !info.undefined_symbols.is_empty() {
-            check_linked(&entry.binary, kernel, &self.ocloc)?;
-        }
-        Ok(())
     }
 
     /// Take `entry` (another node's, already verified by its signature) into the local
     /// cache as this slot's answer, and answer with it: it must decode under the slot's
     /// own key (a checksum over key and body: an entry replayed under another key fails)
-    /// and pass `check`.
+    /// and fit the request (`fits`).
     pub fn adopt(&self, entry: &[u8]) -> Result<Compiled, BuildError> {
         let Some(cache) = &self.cache else {
             return Err(BuildError::new(
@@ -328,19 +283,19 @@ impl Slot {
                 "the cache is off for this request: nothing is taken into it",
             ));
         };
-        let (record, binary) = crate::cache::decode::<crate::ladder::Record>(&self.key, entry)
+        let (record, binary) = crate::cache::decode::<Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
         let adopted = Entry { record, binary };
-        self.check(&adopted)?;
+        self.fits().check(&adopted.binary, adopted.record.spill)?;
         let notes = cache
             .put_entry(&self.key, entry, false)
             .into_iter()
             .collect();
-        Ok(self.answer_from(adopted, true, notes))
+        Ok(self.answer(adopted, Some(Counter::StoreHits), notes))
     }
 
-    /// The answer a level's entry gives (`from_store`: the fleet's store's).
-    fn answer_from(&self, entry: Entry, from_store: bool, notes: Vec<String>) -> Compiled {
+    /// The answer `entry` gives; `from`: the level that answered (None: built now).
+    fn answer(&self, entry: Entry, from: Option<Counter>, notes: Vec<String>) -> Compiled {
         let Entry { record, binary } = entry;
         let kernel = &self.kernel;
         Compiled {
@@ -352,11 +307,11 @@ impl Slot {
             grf_mode: self.options.grf_mode.clone(),
             spill: record.spill,
             recovered: record.recovered,
-            cached: true,
+            cached: from.is_some(),
             attempts: record.attempts,
             log: record.log,
             notes,
-            from_store,
+            from_store: from == Some(Counter::StoreHits),
         }
     }
 }
@@ -368,8 +323,11 @@ pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcom
     compile_with(req, store, cancel, &|| true)
 }
 
-/// `may_speculate()` is false while more requests wait for a core, so a speculative build
-/// would take it from them (unless the request asked for speculation explicitly).
+/// The request goes down once: its slot (`prepare`), the levels' answer, else a build
+/// with the GRF ladder kept in the levels (`Levels::keep` decides where); then it is
+/// counted, once, where the request's cache is. `may_speculate()` is false while more
+/// requests wait for a core, so a speculative build would take it from them (unless the
+/// request asked for speculation explicitly).
 fn compile_with(
     req: &CompileRequest,
     store: bool,
@@ -377,133 +335,70 @@ fn compile_with(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let slot = prepare(req)?;
+    let fits = slot.fits();
     // Asked without the store, a request is the rebuild of one already counted (the
     // driver refused its kept build: `forget_cached`).
     let counted = store;
-    let levels = match slot.levels(store) {
-        Ok(levels) => levels,
-        Err(e) => {
-            if counted {
-                Levels::count_refused(slot.cache.as_ref());
-            }
-            return Err(e.into());
+    let mut notes = Vec::new();
+    let (key, target) = (slot.key.as_str(), slot.target());
+    let cache = slot.cache.clone();
+    let (levels, found) = Levels::ask(cache, store, counted, key, target, fits, &mut notes)?;
+    let answer = match found {
+        Some(hit) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
+        None => {
+            let plan = Plan {
+                ladder: &slot.ladder,
+                own_grf: slot.own_grf,
+                rule: slot.rule,
+                speculation: Speculation::choose(
+                    req.options.speculative,
+                    req.spirv.len(),
+                    may_speculate,
+                ),
+                cancel,
+            };
+            ladder::settle(
+                plan,
+                |flags, cancel| build_once(&slot, req, flags, cancel),
+                |built: Built, _| Ok(built.binary),
+            )
+            .and_then(|settled| {
+                notes.extend(settled.notes);
+                let built = (&settled.record, settled.product.as_slice());
+                let kept = levels.keep(key, target, built, settled.repeatable, Some(fits))?;
+                notes.extend(kept.notes);
+                let entry = Entry {
+                    record: settled.record,
+                    binary: settled.product,
+                };
+                Ok((kept.linked, entry, None))
+            })
         }
     };
-    let outcome = answer(&slot, &levels, req, cancel, may_speculate);
-    if !counted {
-        return outcome;
-    }
-    levels.count(match &outcome {
-        Ok(c) if c.cached => {
-            let level = match c.from_store {
-                true => crate::cache::Counter::StoreHits,
-                false => crate::cache::Counter::LocalHits,
-            };
-            Answered::Hit(level, &c.attempts)
-        }
-        Ok(c) => Answered::Built(&c.attempts),
-        Err(f) if f.attempts.is_empty() => Answered::Refused,
-        Err(f) => Answered::Failed(&f.attempts),
-    });
-    outcome
-}
-
-/// The levels' answer to `slot`, else a build, kept in the levels.
-fn answer(
-    slot: &Slot,
-    levels: &Levels,
-    req: &CompileRequest,
-    cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
-) -> Outcome {
-    let mut notes = Vec::new();
-    let found = levels.find(0, &slot.key, slot.target(), |e| slot.check(e), &mut notes);
-    if let Some(hit) = found? {
-        let from_store = hit.from_store();
-        let answer = slot.answer_from(hit.entry, from_store, notes);
-        if !slot.options.allow_unresolved {
-            check_linked(&answer.binary, &slot.kernel, &slot.ocloc).map_err(|error| Failure {
-                error: error.with_log(answer.log.clone()),
-                attempts: answer.attempts.clone(),
-                notes: answer.notes.clone(),
-            })?;
-        }
-        return Ok(answer);
-    }
-    // What the levels said comes first, whatever the build's outcome.
-    match build(slot, levels, req, cancel, may_speculate) {
-        Ok(mut built) => {
-            notes.append(&mut built.notes);
-            built.notes = notes;
-            Ok(built)
-        }
+    // What the levels said comes first, whatever the answer.
+    let outcome = match answer {
+        Ok((Ok(()), entry, from)) => Ok(slot.answer(entry, from, notes)),
+        Ok((Err(error), entry, _)) => Err(Box::new(Failure {
+            error: error.with_log(entry.record.log),
+            attempts: entry.record.attempts,
+            notes,
+        })),
         Err(mut failure) => {
             notes.append(&mut failure.notes);
             failure.notes = notes;
             Err(failure)
         }
+    };
+    if counted {
+        levels.count(match &outcome {
+            Ok(c) if c.from_store => Answered::Hit(Counter::StoreHits, &c.attempts),
+            Ok(c) if c.cached => Answered::Hit(Counter::LocalHits, &c.attempts),
+            Ok(c) => Answered::Built(&c.attempts),
+            Err(f) if f.attempts.is_empty() => Answered::Refused,
+            Err(f) => Answered::Failed(&f.attempts),
+        });
     }
-}
-
-/// Build `req` in `slot` with the GRF ladder, and keep the answer in the levels: an
-/// answer shaped by a transient failure is returned, never kept; one that does not link
-/// is kept here only (another request may allow it), never offered to the fleet.
-fn build(
-    slot: &Slot,
-    levels: &Levels,
-    req: &CompileRequest,
-    cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
-) -> Outcome {
-    let o = &req.options;
-    let plan = Plan {
-        ladder: &slot.ladder,
-        rule: slot.rule,
-        speculation: Speculation::choose(o.speculative, req.spirv.len(), may_speculate),
-        cancel,
-    };
-    let kernel = &slot.kernel;
-    let Settled {
-        product: binary,
-        record,
-        repeatable,
-        mut notes,
-    } = ladder::settle(
-        plan,
-        |flags, cancel| build_once(&slot.ocloc, req, kernel, flags, slot.timeout, cancel),
-        |built: Built, _| Ok(built.binary),
-    )?;
-    let linked = match o.allow_unresolved {
-        true => Ok(()),
-        false => check_linked(&binary, kernel, &slot.ocloc),
-    };
-    let scope = match (repeatable, linked.is_ok()) {
-        (false, _) => Keep::Nowhere,
-        (true, false) => Keep::Here,
-        (true, true) => Keep::Everywhere,
-    };
-    notes.extend(levels.keep(&slot.key, slot.target(), &record, &binary, scope)?);
-    linked.map_err(|error| Failure {
-        error: error.with_log(record.log.clone()),
-        attempts: record.attempts.clone(),
-        notes: notes.clone(),
-    })?;
-    let n_regs = grf::n_regs_with(&record.build_flags, slot.own_grf, &binary, kernel);
-    Ok(Compiled {
-        kernel: kernel.clone(),
-        device: slot.device.clone(),
-        binary,
-        n_regs,
-        build_flags: record.build_flags,
-        grf_mode: o.grf_mode.clone(),
-        spill: record.spill,
-        recovered: record.recovered,
-        cached: false,
-        attempts: record.attempts,
-        log: record.log,
-        notes,
-        from_store: false,
-    })
+    outcome
 }
 
 pub use crate::batch::default_jobs;

@@ -57,11 +57,11 @@ pub fn n_regs_with(flags: &str, own: Option<GrfRequest>, binary: &[u8], kernel: 
 
 /// A kernel that asks for its own GRF mode (SPV_INTEL_maximum_registers) has an explicit
 /// mode, as a GRF flag would: only the first rung, never a retry.
-pub fn own_mode_is_explicit(mut ladder: Vec<String>, own: Option<GrfRequest>) -> Vec<String> {
-    if own.is_some() {
-        ladder.truncate(1);
+pub fn own_mode_is_explicit(ladder: &[String], own: Option<GrfRequest>) -> &[String] {
+    match own {
+        Some(_) => &ladder[..ladder.len().min(1)],
+        None => ladder,
     }
-    ladder
 }
 
 /// `grf_mode` as Triton spells it: "default", "128", "256", "512", "auto"
@@ -92,6 +92,35 @@ impl GrfMode {
 
 fn join(base: &str, extra: &str) -> String {
     format!("{} {}", base.trim(), extra).trim().to_string()
+}
+
+/// The large-GRF rung for a device of `arch`: `max_grf_mode` when given (none for 128),
+/// else 512 on `cri`, 256 elsewhere.
+pub fn large_rung(max_grf_mode: Option<u32>, arch: &str) -> Result<Option<&'static str>> {
+    match max_grf_mode {
+        None => Ok(Some(large_grf_flag(arch))),
+        Some(128) => Ok(None),
+        Some(256) => Ok(Some(GRF_256)),
+        Some(512) => Ok(Some(GRF_512)),
+        Some(other) => Err(BuildError::new(
+            ErrorKind::InvalidArgument,
+            format!("max_grf_mode={other} is not valid: expected 128, 256 or 512"),
+        )),
+    }
+}
+
+/// The build flags to try on a device of `arch`, from the options as Triton names them:
+/// `grf_mode` parsed, the large rung chosen (`large_rung`), then `ladder`.
+pub fn ladder_asked(
+    build_flags: &str,
+    grf_mode: &str,
+    num_warps: Option<u32>,
+    max_grf_mode: Option<u32>,
+    arch: &str,
+) -> Result<Vec<String>> {
+    let mode = GrfMode::parse(grf_mode)?;
+    let large = large_rung(max_grf_mode, arch)?;
+    Ok(ladder(build_flags, mode, num_warps, large))
 }
 
 /// The build flags to try, in order. Two entries mean "default, then `large`" (`None`:

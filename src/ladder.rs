@@ -122,6 +122,9 @@ impl<'a> Speculation<'a> {
 pub struct Plan<'a> {
     /// One or two build flag sets: default, then large GRF.
     pub ladder: &'a [String],
+    /// The GRF mode the kernel asks for itself, if it does: then only the first rung is
+    /// built (`grf::own_mode_is_explicit`).
+    pub own_grf: Option<crate::spirv::GrfRequest>,
     pub rule: Rule,
     pub speculation: Speculation<'a>,
     pub cancel: &'a AtomicBool,
@@ -158,6 +161,10 @@ pub fn settle<B: Build + Send, F>(
     build: impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync,
     finish: impl FnOnce(B, &str) -> Result<F>,
 ) -> std::result::Result<Settled<F>, Box<Failure>> {
+    let plan = Plan {
+        ladder: grf::own_mode_is_explicit(plan.ladder, plan.own_grf),
+        ..plan
+    };
     let Choice {
         chosen,
         built,

@@ -1,8 +1,8 @@
 //! The options every entry point takes (`compile`, `compile_many`, `compile_and_load`, the
 //! CLI, the Triton drop-ins), with their defaults in one place: `Options::default()`.
 
-use crate::error::{BuildError, ErrorKind, Result};
-use crate::grf::{self, GrfMode};
+use crate::error::Result;
+use crate::grf;
 use crate::spill::{Path, Rule, SpillPolicy};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,25 +95,32 @@ impl Options {
         }
     }
 
-    /// The large-GRF rung for a device of `arch`: `max_grf_mode` when given (none for 128),
-    /// else 512 on `cri`, 256 elsewhere.
-    pub fn large_grf_flag(&self, arch: &str) -> Result<Option<&'static str>> {
-        match self.max_grf_mode {
-            None => Ok(Some(grf::large_grf_flag(arch))),
-            Some(128) => Ok(None),
-            Some(256) => Ok(Some(grf::GRF_256)),
-            Some(512) => Ok(Some(grf::GRF_512)),
-            Some(other) => Err(BuildError::new(
-                ErrorKind::InvalidArgument,
-                format!("max_grf_mode={other} is not valid: expected 128, 256 or 512"),
-            )),
-        }
-    }
-
     /// The build flags to try, in order, on a device of `arch`.
     pub fn ladder(&self, arch: &str) -> Result<Vec<String>> {
-        let mode = GrfMode::parse(&self.grf_mode)?;
-        let large = self.large_grf_flag(arch)?;
-        Ok(grf::ladder(&self.build_flags, mode, self.num_warps, large))
+        let (flags, mode) = (&self.build_flags, &self.grf_mode);
+        grf::ladder_asked(flags, mode, self.num_warps, self.max_grf_mode, arch)
     }
+
+    /// What every request decides from its options before anything runs, checked in one
+    /// pass: its GRF ladder on a device of `arch`, every text (and `more`) and knob
+    /// (`check`), its time limit, its spill rule for `path`.
+    pub fn checked(&self, more: &[(&str, &str)], arch: &str, path: Path) -> Result<Checked> {
+        let ladder = self.ladder(arch)?;
+        self.check(more)?;
+        let timeout = crate::knobs::effective_timeout(self.timeout)?;
+        let rule = self.rule(path)?;
+        Ok(Checked {
+            ladder,
+            timeout,
+            rule,
+        })
+    }
+}
+
+/// What `Options::checked` decides.
+pub struct Checked {
+    pub ladder: Vec<String>,
+    /// Per compiler run; `None`: no limit.
+    pub timeout: Option<Duration>,
+    pub rule: Rule,
 }

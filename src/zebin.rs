@@ -72,6 +72,63 @@ impl ZebinInfo {
     }
 }
 
+/// What a request needs of a binary it did not build (another node's, or a bundle's,
+/// already verified by its level): a zebin holding `kernel` with the spill its record
+/// says, and linked unless `linked` is false (the request allows unresolved symbols).
+/// `compiler` names what builds here (said when a build does not link).
+#[derive(Clone, Copy)]
+pub struct Fits<'a> {
+    pub kernel: &'a str,
+    pub linked: bool,
+    pub compiler: &'a str,
+}
+
+impl Fits<'_> {
+    /// Why `binary`, recorded as spilling `recorded`, does not fit, if it does not.
+    pub fn check(&self, binary: &[u8], recorded: Spill) -> Result<()> {
+        let info = parse(binary)?;
+        if info.kernel_spill(self.kernel)? != recorded {
+            return Err(BuildError::new(
+                ErrorKind::InvalidArgument,
+                "the entry's record does not describe its binary",
+            ));
+        }
+        if !info.undefined_symbols.is_empty() {
+            self.linked(binary)?;
+        }
+        Ok(())
+    }
+
+    /// Unless the request allows unresolved symbols, `binary` must link, whichever level
+    /// kept it (one kept here only may answer a request that allows them).
+    pub fn linked(&self, binary: &[u8]) -> Result<()> {
+        match self.linked {
+            true => check_linked(binary, self.kernel, self.compiler),
+            false => Ok(()),
+        }
+    }
+}
+
+/// A zebin that imports symbols it does not define cannot load: the driver's link fails
+/// on them (measured: Debian's IGC 1.x compiles calls of builtins it does not know,
+/// `intel_sub_group_2d_block_*`, into such imports and reports success). `built_by` names
+/// the compiler that made it.
+pub fn check_linked(binary: &[u8], kernel: &str, built_by: &str) -> Result<()> {
+    let symbols = parse(binary)?.undefined_symbols;
+    if symbols.is_empty() {
+        return Ok(());
+    }
+    Err(BuildError::new(
+        ErrorKind::LinkFailure,
+        format!(
+            "kernel '{kernel}': {built_by} left unresolved symbols nothing provides: {} \
+             (builtins this compiler does not know; the driver's own compiler may; \
+             allow_unresolved keeps such a build)",
+            symbols.join(", ")
+        ),
+    ))
+}
+
 #[derive(Deserialize)]
 struct ZeInfoDoc {
     version: Option<serde_norway::Value>,

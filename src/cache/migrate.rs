@@ -5,7 +5,9 @@
 //! entries; a lookup that misses takes its own key's old entry at once. An entry is moved
 //! by a hard link and an unlink, never over an entry written here since: a process killed
 //! between the two leaves the same entry under both names, and the next slice drops the
-//! old name.
+//! old name. An entry of this user's that cannot come into this layout (too large, or on
+//! another file system where neither a link nor a rename reaches) is removed, never left
+//! uncounted: a cache entry is rebuilt by the next compile that needs it.
 
 use super::ledger::{self, Ledger};
 use super::upkeep::{self, shard_name, shard_of};
@@ -62,9 +64,11 @@ fn old_dirs(base: &Path) -> Vec<PathBuf> {
 pub(super) enum Moved {
     /// Moved in (its length): counted now, by the process whose link or rename made it.
     In(u64),
-    /// The old name dropped (an entry was already here), or nothing to do.
+    /// The old name dropped (an entry was already here, or this user's entry could not
+    /// come in: removed rather than left uncounted), or nothing to do.
     Dropped,
-    /// Left where it is (not this user's entry, or it could not be moved).
+    /// Left where it is (not this user's entry, not a file, this layout's shard not
+    /// writable, or the very name it would move to).
     Left,
 }
 
@@ -80,11 +84,11 @@ pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
     let Ok(meta) = std::fs::symlink_metadata(from) else {
         return Moved::Dropped; // taken meanwhile
     };
-    if !meta.file_type().is_file()
-        || meta.uid() != crate::private::uid()
-        || meta.len() > MAX_ENTRY_BYTES
-    {
+    if !meta.file_type().is_file() || meta.uid() != crate::private::uid() {
         return Moved::Left;
+    }
+    if meta.len() > MAX_ENTRY_BYTES {
+        return drop_old(from); // never an entry of any layout's
     }
     let Some(shard) = to.parent() else {
         return Moved::Left;
@@ -104,6 +108,14 @@ pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
     if one_name(from, to) {
         return Moved::Left;
     }
+    match std::fs::remove_file(from) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Moved::Left,
+        _ => Moved::Dropped,
+    }
+}
+
+/// Remove the old name of an entry of this user's that cannot come into this layout.
+fn drop_old(from: &Path) -> Moved {
     match std::fs::remove_file(from) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Moved::Left,
         _ => Moved::Dropped,
@@ -153,13 +165,14 @@ fn rename_noreplace(from: &Path, to: &Path, len: u64) -> Moved {
         },
         // No RENAME_NOREPLACE on this file system: a plain rename, when nothing is there
         // (a write of this key in between is replaced by the old entry: both are its).
-        // Another file system (EXDEV) is left where it is.
         Some(libc::EINVAL | libc::ENOSYS) if std::fs::symlink_metadata(to).is_err() => {
             match std::fs::rename(from, to) {
                 Ok(()) => Moved::In(len),
-                Err(_) => Moved::Left,
+                Err(_) => drop_old(from),
             }
         }
+        // Another file system (EXDEV), or a rename refused: it cannot come in.
+        _ if !one_name(from, to) => drop_old(from),
         _ => Moved::Left,
     }
 }

@@ -112,10 +112,9 @@ impl Cache {
             Err(why) => (private::base().join("cache").join(LAYOUT), Some(why)),
         };
         if let Some(why) = &refused {
-            crate::diag::warn_once(
-                &format!("cache:{}", dir.display()),
-                format!("the binary cache is off: {why}"),
-            );
+            // Said once per reason (each names its directory).
+            let message = format!("the binary cache is off: {why}");
+            crate::diag::warn_once(&message, message.clone());
         }
         Cache {
             dir,

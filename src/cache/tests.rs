@@ -587,6 +587,26 @@ fn a_larger_bound_leaves_a_round_alone() {
     assert!(ledger.round().is_none(), "the round never ended");
 }
 
+/// An old entry of this user's that cannot come into this layout (here: larger than any
+/// entry may be) is removed, not left on disk uncounted for ever.
+#[test]
+fn an_old_entry_that_cannot_come_in_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(Some(dir.path()));
+    assert!(cache.put("first", &"m".to_string(), b"x").is_none()); // accounts known
+    let big = key(&[b"big"]);
+    old_entry(dir.path(), "zebin-v1", &big, b"");
+    let old = dir.path().join("zebin-v1").join(format!("{big}.zeentry"));
+    let file = std::fs::OpenOptions::new().write(true).open(&old).unwrap();
+    file.set_len(MAX_ENTRY_BYTES + 1).unwrap(); // sparse: no disk used
+    assert_eq!(
+        migrate::move_one(&old, &cache.path(&big)),
+        migrate::Moved::Dropped
+    );
+    assert!(!old.exists() && !cache.path(&big).exists());
+    assert_eq!(cache.usage(), on_disk(&cache));
+}
+
 /// An old entry reached twice (its directory swapped for a link to this layout's shard) is
 /// never unlinked as if it were a second name; one left under two names by a process
 /// killed between link and unlink keeps its new name, and a recount counts it once.

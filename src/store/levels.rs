@@ -16,6 +16,7 @@ use crate::bundle::search::{Missed, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
 use crate::error::{BuildError, Result};
 use crate::ladder::{Attempt, Record};
+pub use crate::zebin::Fits;
 
 /// What an entry is built for, as the fleet's store signs it: the device and the
 /// compiler's identity (the offline path: the ocloc device and IGC; Level Zero: no
@@ -54,22 +55,22 @@ trait Level: Send + Sync {
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
     /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
     /// a slower level's entry. An error is a bad setting.
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept>;
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put>;
 }
 
 /// What a level did with an entry it was given: kept it, left it (not a level that takes
 /// it, or it said why itself), or could not (the note).
-enum Kept {
+enum Put {
     Yes,
     No,
     Failed(String),
 }
 
-impl Kept {
+impl Put {
     fn note(self) -> Option<String> {
         match self {
-            Kept::Failed(note) => Some(note),
-            Kept::Yes | Kept::No => None,
+            Put::Failed(note) => Some(note),
+            Put::Yes | Put::No => None,
         }
     }
 }
@@ -97,10 +98,10 @@ impl Level for Local {
         notes.push(self.0.refuse(key, len as u64, why));
     }
 
-    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept> {
+    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
         Ok(match self.0.put_entry(key, entry, fresh) {
-            None => Kept::Yes,
-            Some(note) => Kept::Failed(note),
+            None => Put::Yes,
+            Some(note) => Put::Failed(note),
         })
     }
 }
@@ -172,8 +173,8 @@ impl Level for Bundle {
         crate::diag::warn_once(&format!("bundle:{message}"), message);
     }
 
-    fn put(&self, _: &str, _: Target<'_>, _: &[u8], _: bool) -> Result<Kept> {
-        Ok(Kept::No) // made ahead of time, never written here
+    fn put(&self, _: &str, _: Target<'_>, _: &[u8], _: bool) -> Result<Put> {
+        Ok(Put::No) // made ahead of time, never written here
     }
 }
 
@@ -219,15 +220,15 @@ impl Level for Store {
         self.count_refused(1);
     }
 
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Kept> {
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
         if !fresh {
-            return Ok(Kept::No); // the slowest level: nothing is copied into it
+            return Ok(Put::No); // the slowest level: nothing is copied into it
         }
         let rkey = format!("{}{key}", format::PREFIX);
         let (device, compiler) = (target.device, target.compiler);
         // A store that could not take it said so (once); a bad signing key is the error.
         let put = remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry);
-        Ok(if put? { Kept::Yes } else { Kept::No })
+        Ok(if put? { Put::Yes } else { Put::No })
     }
 }
 
@@ -246,9 +247,9 @@ impl Hit {
     }
 }
 
-/// Where a fresh build is kept.
+/// Where a fresh build is kept (`Levels::keep` decides).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
+enum Keep {
     /// Nowhere: an attempt failed in a way that may not repeat (a timeout, a cancel, a
     /// worker that died shaped the answer), so it is not the input's own.
     Nowhere,
@@ -257,6 +258,13 @@ pub enum Keep {
     Here,
     /// In every level this node may write.
     Everywhere,
+}
+
+/// What `Levels::keep` did with a fresh build: what it says, and whether the build fits
+/// the request's link rule (`Fits::linked`; the request fails on one that does not).
+pub struct Kept {
+    pub notes: Vec<String>,
+    pub linked: std::result::Result<(), BuildError>,
 }
 
 /// A level as a line says it (the counter of its hits names it).
@@ -319,16 +327,41 @@ impl Levels {
         })
     }
 
+    /// The levels of a request (`open`) and their answer to `key` (`find`, from the
+    /// first level on). A bad setting is the error, counted as a refused request when
+    /// the request is `counted`.
+    pub fn ask(
+        cache: Option<Cache>,
+        store: bool,
+        counted: bool,
+        key: &str,
+        target: Target<'_>,
+        fits: Fits<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<(Levels, Option<Hit>)> {
+        let refused = || {
+            if counted {
+                Levels::count_refused(cache.as_ref());
+            }
+        };
+        let levels = Levels::open(cache.clone(), store, None).inspect_err(|_| refused())?;
+        let found = levels
+            .find(0, key, target, Some(fits), notes)
+            .inspect_err(|_| refused())?;
+        Ok((levels, found))
+    }
+
     /// The first level's entry of `key` that is whole and `key`'s, from the level at
-    /// `from` on: one not of this user's own cache must also pass `check` (what the caller
-    /// needs of a binary it did not build), and is then copied into the faster levels.
+    /// `from` on: one not of this user's own cache must also fit (`fits`: what the caller
+    /// needs of a binary it did not build; None: the caller checks it by loading it), and
+    /// is then copied into the faster levels.
     /// None on a miss everywhere; why an entry was not used goes into `notes`.
     pub fn find(
         &self,
         from: usize,
         key: &str,
         target: Target<'_>,
-        check: impl Fn(&Entry) -> std::result::Result<(), BuildError>,
+        fits: Option<Fits<'_>>,
         notes: &mut Vec<String>,
     ) -> Result<Option<Hit>> {
         for (at, level) in self.levels.iter().enumerate().skip(from) {
@@ -337,9 +370,12 @@ impl Levels {
             };
             let checked = cache::decode::<Record>(key, &raw)
                 .map(|(record, binary)| Entry { record, binary })
-                .and_then(|entry| match level.own() {
-                    true => Ok(entry),
-                    false => check(&entry).map(|()| entry).map_err(|e| e.message),
+                .and_then(|entry| match (level.own(), fits) {
+                    (false, Some(fits)) => fits
+                        .check(&entry.binary, entry.record.spill)
+                        .map(|()| entry)
+                        .map_err(|e| e.message),
+                    _ => Ok(entry),
                 });
             let entry = match checked {
                 Ok(entry) => entry,
@@ -361,48 +397,49 @@ impl Levels {
         Ok(None)
     }
 
-    /// A fresh build of `key` into the levels `scope` says, the store's only where this
-    /// node may write. Notes say what was not kept; an error is a bad setting (a signing
-    /// key that cannot be read).
+    /// A fresh build of `key` into the levels this node may write: nowhere unless it is
+    /// `repeatable` (no transient failure shaped it), and here only when it does not fit
+    /// the request's link rule (`fits`; None: the driver links it). An error is a bad
+    /// setting (a signing key that cannot be read).
     pub fn keep(
         &self,
         key: &str,
         target: Target<'_>,
-        record: &Record,
-        binary: &[u8],
-        scope: Keep,
-    ) -> Result<Vec<String>> {
-        let mut notes = Vec::new();
-        match scope {
-            // Only levels that are never written (bundles), or none.
-            _ if self.cache.is_none() => return Ok(notes),
-            Keep::Nowhere => {
-                notes.push("not cached: an attempt failed in a way that may not repeat".into());
-                return Ok(notes);
-            }
-            Keep::Here | Keep::Everywhere => {}
-        }
-        let entry = match cache::encode(key, record, binary) {
-            Ok(entry) => entry,
-            Err(e) => return Ok(vec![format!("not cached: {e}")]),
+        built: (&Record, &[u8]),
+        repeatable: bool,
+        fits: Option<Fits<'_>>,
+    ) -> Result<Kept> {
+        let (record, binary) = built;
+        let entry = cache::encode(key, record, binary);
+        let linked = fits.map_or(Ok(()), |fits| fits.linked(binary));
+        let scope = match (repeatable, linked.is_ok()) {
+            (false, _) => Keep::Nowhere,
+            (true, false) => Keep::Here,
+            (true, true) => Keep::Everywhere,
         };
-        for level in &self.levels {
-            if scope == Keep::Everywhere || level.own() {
-                notes.extend(level.put(key, target, &entry, true)?.note());
+        let mut notes = Vec::new();
+        match (scope, entry) {
+            // Only levels that are never written (bundles), or none.
+            _ if self.cache.is_none() => {}
+            (Keep::Nowhere, _) => {
+                notes.push("not cached: an attempt failed in a way that may not repeat".into())
+            }
+            (_, Err(e)) => notes.push(format!("not cached: {e}")),
+            (_, Ok(entry)) => {
+                for level in &self.levels {
+                    if scope == Keep::Everywhere || level.own() {
+                        notes.extend(level.put(key, target, &entry, true)?.note());
+                    }
+                }
             }
         }
-        Ok(notes)
+        Ok(Kept { notes, linked })
     }
 
-    /// The local entry of `key`, whole and `key`'s and passing `check` (what the request
-    /// needs of it: one kept here only is never offered), into the slower levels (a farm
-    /// publishing its cache); true when one was written.
-    pub fn share(
-        &self,
-        key: &str,
-        target: Target<'_>,
-        check: impl Fn(&Entry) -> std::result::Result<(), BuildError>,
-    ) -> Result<bool> {
+    /// The local entry of `key`, whole and `key`'s and fitting the request (`fits`: one
+    /// kept here only, that does not link, is never offered), into the slower levels (a
+    /// farm publishing its cache); true when one was written.
+    pub fn share(&self, key: &str, target: Target<'_>, fits: Fits<'_>) -> Result<bool> {
         let Some(at) = self.levels.iter().position(|l| l.own()) else {
             return Ok(false);
         };
@@ -413,7 +450,7 @@ impl Levels {
         };
         match cache::decode::<Record>(key, &raw) {
             Ok((record, binary)) => {
-                if check(&Entry { record, binary }).is_err() {
+                if fits.check(&binary, record.spill).is_err() {
                     return Ok(false);
                 }
             }
@@ -424,7 +461,7 @@ impl Levels {
         }
         let mut wrote = false;
         for level in slower {
-            wrote |= matches!(level.put(key, target, &raw, true)?, Kept::Yes);
+            wrote |= matches!(level.put(key, target, &raw, true)?, Put::Yes);
         }
         Ok(wrote)
     }

@@ -18,7 +18,7 @@ use crate::ladder::{Attempt, Failure};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
-use crate::store::levels::{Answered, Entry, Hit, Keep, Levels, Target};
+use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -262,9 +262,7 @@ impl Context<'_> {
         notes: &mut Vec<String>,
     ) -> Result<Option<(Product, Record, crate::cache::Counter)>> {
         let mut from = 0;
-        while let Some(Hit { entry, counter, at }) =
-            levels.find(from, key, target, |_| Ok(()), notes)?
-        {
+        while let Some(Hit { entry, counter, at }) = levels.find(from, key, target, None, notes)? {
             let Entry { record, binary } = entry;
             match self.revive(&record, binary, cancel) {
                 Ok(product) => return Ok(Some((product, record, counter))),
@@ -293,7 +291,7 @@ impl Context<'_> {
     /// else in this process.
     fn build(
         &self,
-        ladder: &[String],
+        (ladder, own_grf): (&[String], Option<GrfRequest>),
         rule: crate::spill::Rule,
         cancel: &AtomicBool,
         may_speculate: &(dyn Fn() -> bool + Sync),
@@ -306,6 +304,7 @@ impl Context<'_> {
         };
         let plan = Plan {
             ladder,
+            own_grf,
             rule,
             speculation,
             cancel,
@@ -364,16 +363,12 @@ fn jit_key(
 }
 
 /// Upstream retries only SPIR-V without an explicit GRF mode (a flag, or the kernel's own
-/// execution mode); a native binary is final.
-fn ladder_of(
-    req: &LoadRequest,
-    device: &DeviceInfo,
-    own_grf: Option<GrfRequest>,
-) -> Result<Vec<String>> {
+/// execution mode, which the ladder applies: `Plan::own_grf`); a native binary is final.
+fn ladder_of(req: &LoadRequest, device: &DeviceInfo) -> Result<Vec<String>> {
     let o = &req.options;
     Ok(if req.is_spv {
         let arch = o.device_arch.as_deref().or(device.arch.as_deref());
-        grf::own_mode_is_explicit(o.ladder(arch.unwrap_or(""))?, own_grf)
+        o.ladder(arch.unwrap_or(""))?
     } else {
         vec![o.build_flags.clone()]
     })
@@ -421,7 +416,7 @@ fn load_inner(
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
     let rule = o.rule(Path::Jit)?;
-    let ladder = ladder_of(req, &device, own_grf)?;
+    let ladder = ladder_of(req, &device)?;
     let (levels, key) = levels_of(req, &device, &ladder, rule)?;
     let compiler = device_target(&device).join("|");
     let target = Target {
@@ -451,17 +446,19 @@ fn load_inner(
                 repeatable,
                 notes: more,
             } = context
-                .build(&ladder, rule, cancel, may_speculate)
+                .build((&ladder, own_grf), rule, cancel, may_speculate)
                 .map_err(|mut failure| {
                     failure.notes.splice(0..0, notes.drain(..));
                     failure
                 })?;
             notes.extend(more);
-            let scope = match repeatable {
-                true => Keep::Everywhere,
-                false => Keep::Nowhere,
-            };
-            notes.extend(levels.keep(&key, target, &record, &native, scope)?);
+            // The driver links what it builds (no link rule of the request's to keep).
+            let built_here = (&record, native.as_slice());
+            notes.extend(
+                levels
+                    .keep(&key, target, built_here, repeatable, None)?
+                    .notes,
+            );
             (built, native, record, None)
         }
     };
