@@ -93,8 +93,9 @@ ARCH = {
 }  # fmt: skip
 
 
-def triton_spirv() -> Dict[str, bytes]:
-    """Real Triton SPIR-V for a few kernels, compiled on the CPU with triton-xpu."""
+def triton_spirv(smallest: bool = False) -> Dict[str, bytes]:
+    """Real Triton SPIR-V for a few kernels, compiled on the CPU with triton-xpu
+    (``smallest``: one add kernel for every add, the small matmul for both matmuls)."""
 
     class ArchParser:  # Triton's parser needs SYCL headers; the device is named instead.
         @staticmethod
@@ -125,6 +126,12 @@ def triton_spirv() -> Dict[str, bytes]:
         **{p: "i32" for p in ("M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn")},
         **{p: "constexpr" for p in ("BM", "BN", "BK")},
     }
+    if smallest:
+        add = build(add_kernel, add_sig, {"BLOCK": 256})
+        kernels = {f"add{b}": add for b in (256, 512, 1024, 2048)}
+        kernels["matmul64"] = build(matmul_kernel, mm_sig, {"BM": 64, "BN": 64, "BK": 32})
+        kernels["matmul128"] = kernels["matmul64"]
+        return kernels
     kernels = {f"add{b}": build(add_kernel, add_sig, {"BLOCK": b}) for b in (256, 512, 1024, 2048)}
     kernels["matmul64"] = build(matmul_kernel, mm_sig, {"BM": 64, "BN": 64, "BK": 32})
     kernels["matmul128"] = build(matmul_kernel, mm_sig, {"BM": 128, "BN": 128, "BK": 32})
@@ -234,7 +241,9 @@ def sweep(ocloc: str, bench: Bench) -> None:
 
     repeat, results = bench.repeat, bench.results
     sig = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
-    configs = [triton.Config({"BLOCK": 16384}, num_warps=w) for w in (1, 2, 4, 8, 16, 32)]
+    # Smallest: two configs of a block that neither overflows nor spills.
+    block, warps = (1024, (4, 8)) if bench.smallest else (16384, (1, 2, 4, 8, 16, 32))
+    configs = [triton.Config({"BLOCK": block}, num_warps=w) for w in warps]
     target = GPUTarget("xpu", ARCH, 32)
     names = live_kernel.arg_names
     full_sig = {n: "constexpr" if n == "BLOCK" else sig[n] for n in names}
@@ -253,7 +262,7 @@ def sweep(ocloc: str, bench: Bench) -> None:
         front = igc = 0.0
         for c in configs:
             t = time.perf_counter()
-            src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): 16384})
+            src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): block})
             spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
             front += time.perf_counter() - t
             t = time.perf_counter()
@@ -292,11 +301,17 @@ def sweep(ocloc: str, bench: Bench) -> None:
 class Bench:
     """One run's table rows and JSON results; every ratio is measured in this run."""
 
-    def __init__(self, repeat: int) -> None:
+    def __init__(self, repeat: int, smallest: bool = False) -> None:
         self.repeat = repeat
+        #: Every row on its smallest input, once: the script checked, not the figures.
+        self.smallest = smallest
         self.rows: list = []
         self.results: Dict[str, Any] = {}
         self.times: list = []  # each row's measured seconds, both columns
+
+    def at_least(self, repeat: int) -> int:
+        """`repeat` samples for a row that needs that many, one on the smallest input."""
+        return 1 if self.smallest else max(self.repeat, repeat)
 
     def compare(self, metric: str, label: str, base: Callable, pkg: Callable) -> None:
         b, p = timed(base, self.repeat), timed(pkg, self.repeat)
@@ -321,6 +336,7 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
         samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES), ocloc=ocloc
     )
     small = [kernels[f"add{b}"] for b in (256, 512, 1024, 2048)] * 5  # 20 small kernels
+    small = small[:1] if bench.smallest else small
 
     def package(spirv: bytes, **kw) -> xpu_zebin.CompileResult:
         return xpu_zebin.compile(spirv, device="pvc", ocloc=ocloc, **{"cache": False, **kw})
@@ -347,7 +363,7 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
     heavy = kernels["matmul128"]
     with tempfile.TemporaryDirectory() as cache_dir:
         cold = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), 1)
-        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), max(bench.repeat, 5))
+        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), bench.at_least(5))
     bench.row("warm_cache_speedup", "register-heavy matmul: cold / warm cache", cold, warm,
               cold[0] / statistics.median(warm))  # fmt: skip
 
@@ -366,7 +382,7 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
 
         ze_load(True)  # store the native binary
         jit = timed(lambda: ze_load(False), repeat)
-        native = timed(lambda: ze_load(True), max(repeat, 5))
+        native = timed(lambda: ze_load(True), bench.at_least(5))
     bench.row("ze_warm_load_speedup", "Level Zero: JIT load / warm native load", jit, native,
               statistics.median(jit) / statistics.median(native))  # fmt: skip
 
@@ -396,8 +412,8 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
         "ze_batch_speedup", f"Level Zero: batch of {len(batch)} Triton kernels",
         lambda: [ze(s, isolated=False) for s in batch], lambda: ze_many(batch),
     )  # fmt: skip
-    small_in_process = timed(lambda: ze(kernels["add1024"], isolated=False), max(repeat, 20))
-    small_isolated = timed(lambda: ze(kernels["add1024"]), max(repeat, 20))
+    small_in_process = timed(lambda: ze(kernels["add1024"], isolated=False), bench.at_least(20))
+    small_isolated = timed(lambda: ze(kernels["add1024"]), bench.at_least(20))
     overhead = statistics.median(small_isolated) / statistics.median(small_in_process) - 1
     bench.results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
     bench.add("Level Zero small kernel: in-process/isolated", small_in_process, small_isolated,
@@ -434,6 +450,10 @@ def main() -> int:
     parser.add_argument(
         "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
     )
+    parser.add_argument(
+        "--smallest", action="store_true",
+        help="every row on its smallest input, once: checks the script, not the figures",
+    )  # fmt: skip
     record.add_output_argument(parser)
     parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
     parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
@@ -441,11 +461,12 @@ def main() -> int:
     if args.rss_probe:
         return rss_probe(args.rss_probe, args.ocloc, args.spirv)
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
-    bench = Bench(max(1, args.repeat))
+    bench = Bench(1 if args.smallest else max(1, args.repeat), args.smallest)
     print(f"compiler: {ocloc}", file=sys.stderr)
-    kernels = triton_spirv()
+    kernels = triton_spirv(args.smallest)
     batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
     batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
+    batch = [kernels["add256"], kernels["matmul64"]] if args.smallest else batch
     offline_cases(bench, ocloc, kernels, batch, args.dask)
     level_zero_cases(bench, kernels, batch)
     sweep(ocloc, bench)
@@ -458,7 +479,9 @@ def main() -> int:
     _core.shutdown_workers()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print_report(bench, ocloc, machine)
-    bench.results.update(compiler=ocloc, machine=machine, repeat=bench.repeat)
+    bench.results.update(
+        compiler=ocloc, machine=machine, repeat=bench.repeat, smallest=bench.smallest
+    )
     record.write(args.output, "compare", {**bench.results, "rows": bench.times}, ocloc)
     if args.json:
         print(json.dumps(bench.results))

@@ -3,23 +3,78 @@
 # Python sources, builds the wheel users get (scripts/build-wheel.sh), installs it into a
 # fresh virtualenv with no Rust toolchain on PATH, and runs pytest there against the real
 # Intel compilers and driver, so a file missing from the wheel fails the run. Any failure
-# fails the run.
+# fails the run. It ends with one line per phase and its seconds.
+#
+#   bash scripts/test.sh                      the gate (.ci/run runs exactly this)
+#   bash scripts/test.sh --quick [PYTEST ARGS]
+#       the inner loop: cargo fmt and clippy, this checkout built into .venv
+#       (scripts/setup.sh), then pytest on what you name (default: every test not marked
+#       slow), two at a time. Never a substitute for the gate.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
+
+PHASES=()
+PHASE_NAME=""
+PHASE_START=$SECONDS
+phase() { # phase NAME: ends the phase before, starts NAME
+  [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME $((SECONDS - PHASE_START))")
+  PHASE_NAME="$1"
+  PHASE_START=$SECONDS
+  echo "== $1" >&2
+}
+report() {
+  local status=$?
+  [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME $((SECONDS - PHASE_START))")
+  echo "== where the time went (exit status $status)" >&2
+  local line
+  for line in "${PHASES[@]}"; do
+    printf 'phase %-34s %5d s\n' "${line% *}" "${line##* }" >&2
+  done
+  printf 'phase %-34s %5d s\n' "total" "$SECONDS" >&2
+}
+trap report EXIT
+
+phase "prerequisites"
 source scripts/prereqs.sh
 
-echo "== cargo fmt / clippy / test" >&2
+# Both paths run pytest two tests at a time (pytest-xdist; each test keeps its own cache,
+# temp dir and servers, tests/conftest.py).
+PYTEST_PARALLEL=(-n 2 --dist worksteal)
+
+if [ "$QUICK" = 1 ]; then
+  phase "rust checks (fmt, clippy)"
+  cargo fmt --check
+  cargo clippy --quiet --all-targets --features python -- -D warnings
+  phase "build into .venv"
+  source scripts/setup.sh test,docs >/dev/null
+  phase "ruff"
+  ruff check python tests benches scripts docs
+  ruff format --check python tests benches scripts docs
+  phase "pytest (quick)"
+  if [ "$#" -eq 0 ]; then
+    set -- tests -m "not slow"
+  fi
+  "$ROOT/.venv/bin/python" -m pytest "${PYTEST_PARALLEL[@]}" --durations=5 "$@"
+  exit 0
+fi
+
+phase "rust checks (fmt, clippy, cargo test)"
 cargo fmt --check
 cargo clippy --quiet --all-targets -- -D warnings
 cargo clippy --quiet --all-targets --features python -- -D warnings
 cargo test --quiet
 
-echo "== wheel" >&2
+phase "wheel"
 wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
 
-echo "== fresh virtualenv with the wheel, no Rust on PATH" >&2
+phase "virtualenv with the wheel"
 VENV="$ROOT/.test-venv"
 rm -rf "$VENV"
 python3 -m venv "$VENV"
@@ -31,11 +86,12 @@ if PATH="$NO_RUST_PATH" command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-echo "== ruff" >&2
+phase "ruff"
 PATH="$NO_RUST_PATH" ruff check python tests benches scripts docs
 PATH="$NO_RUST_PATH" ruff format --check python tests benches scripts docs
 
-echo "== pytest on the installed wheel (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
+phase "pytest"
+echo "pytest on the installed wheel (real ocloc: $(command -v ocloc) and $XPU_ZEBIN_MODERN_OCLOC)" >&2
 # pytest exits 5 when it collected no tests: set -e turns that into a failure too.
 PATH="$NO_RUST_PATH" XPU_ZEBIN_EXPECT_INSTALLED="$VENV" "$VENV/bin/python" -m pytest tests \
-  --durations=15
+  "${PYTEST_PARALLEL[@]}" --durations=15

@@ -89,6 +89,7 @@ def _tune_live(stand_in: CpuDriver, jobs: str, monkeypatch):
     return tuner
 
 
+@pytest.mark.slow
 def test_a_ptss_config_is_skipped_as_triton_skips_it(cpu, modern_ocloc, tmp_path, monkeypatch):
     """One warp of the register-heavy kernel overflows PTSS in every GRF mode (IGC 2.x):
     Triton's autotuner skips it (OutOfResources: infinite time), concurrently as in
@@ -210,6 +211,7 @@ def test_silly_job_counts_compile_one_by_one(monkeypatch, caplog):
     assert autotune.jobs() == 3
 
 
+@pytest.mark.slow
 def test_benchmark_reports_the_same_choice(system_ocloc, tmp_path):
     """benches/autotune.py runs from a clean checkout: the environment's concurrent run
     chooses as the sequential ones and leaves the same Triton cache (no timing asserted)."""

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benches" / "compare.py"
 sys.path.insert(0, str(BENCH.parent))
 import plot  # noqa: E402  (benches/plot.py: the JSON a bench writes, drawn for the docs)
+
+# Each runs a benchmark script end to end (on its smallest input).
+pytestmark = pytest.mark.slow
 
 
 def _drawn(results_dir: Path, bench: str) -> dict:
@@ -24,14 +29,14 @@ def _drawn(results_dir: Path, bench: str) -> dict:
 
 
 def test_compare_script_reports_ratios(modern_ocloc, tmp_path):
+    """benches/compare.py on its smallest input: every row and ratio it promises."""
     run = subprocess.run(
         [
             sys.executable,
             str(BENCH),
             "--ocloc",
             modern_ocloc,
-            "--repeat",
-            "1",
+            "--smallest",
             "--json",
             "--dask",
             "--output",

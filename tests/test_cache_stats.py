@@ -45,6 +45,7 @@ def _spirvs(tmp_path: Path, ocloc: str, first: int, count: int) -> list:
     return paths
 
 
+@pytest.mark.slow
 def test_counts_are_exact_across_processes(system_ocloc, tmp_path):
     """Two processes share one cache directory, at once: each compiles its own kernels
     and hits them again and again. Every count is exact: requests, compiles, local hits,
@@ -82,6 +83,7 @@ def test_counts_are_exact_across_processes(system_ocloc, tmp_path):
     assert set(after["counters"].values()) == {0} and after["entries"] == 2 * kernels
 
 
+@pytest.mark.slow
 def test_a_ptss_retry_is_counted_by_its_trigger(modern_ocloc, tmp_path):
     """The kernel that needs large GRF (the real PTSS error of the modern compiler): one
     compile, one large-GRF retry triggered by PTSS; the same request again is a hit that

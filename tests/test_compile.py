@@ -18,6 +18,7 @@ GRF256 = "-cl-intel-256-GRF-per-thread"
 RECOVERY_LINE = '(I): Build failure recovered by retrying with large GRF mode for "pressure"'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("speculative", [False, True], ids=["sequential", "speculative"])
 def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys, speculative):
     """The fixture sits in the window: it overflows PTSS at default GRF and builds at 256."""
@@ -34,6 +35,7 @@ def test_ptss_overflow_recovered_with_large_grf(modern_ocloc, ptss_spirv, capsys
     assert RECOVERY_LINE in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ptss_overflow_with_explicit_grf_raises_required_and_limit(modern_ocloc, ptss_spirv):
     with pytest.raises(xpu_zebin.ScratchOverflowError) as e:
         xpu_zebin.compile(
@@ -209,6 +211,7 @@ def test_ctrl_c_kills_the_compilers(
     assert marker.processes() == []
 
 
+@pytest.mark.slow
 def test_pressure_sample_still_builds_on_old_igc(system_ocloc, ptss_spirv):
     """IGC 1.x has no PTSS check: the same kernel builds there, spilling, and is retried."""
     result = xpu_zebin.compile(ptss_spirv, device="pvc", ocloc=system_ocloc, cache=False)
@@ -216,6 +219,7 @@ def test_pressure_sample_still_builds_on_old_igc(system_ocloc, ptss_spirv):
     assert not result.recovered
 
 
+@pytest.mark.slow
 def test_cli_json_attempts_carry_structured_errors(tmp_path, modern_ocloc, ptss_spirv):
     import json
     import sys

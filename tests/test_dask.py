@@ -53,6 +53,7 @@ def _mixed(add_spirv, matmul_spirv, ptss_spirv, modern_ocloc) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_mixed_batch_on_a_local_cluster(client, add_spirv, matmul_spirv, ptss_spirv, modern_ocloc):
     requests = _mixed(add_spirv, matmul_spirv, ptss_spirv, modern_ocloc)
     done: list = []
@@ -96,6 +97,7 @@ def _batch_losing_a_worker(client, requests: list) -> list:
     return out["results"]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern_ocloc):
     requests = [
         dict(spirv=ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
@@ -185,6 +187,7 @@ def test_cli_names_a_scheduler_it_cannot_reach(tmp_path, add_spirv):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_a_task_whose_worker_keeps_dying_is_an_error_in_its_slot(
     add_spirv, ptss_spirv, modern_ocloc
 ):
@@ -247,6 +250,7 @@ def test_a_task_that_raises_on_its_worker_is_an_error_in_its_slot(client, add_sp
     assert "Traceback" in skewed.log  # the worker's, for the curious
 
 
+@pytest.mark.slow
 def test_a_cancelled_task_is_a_cancelled_error_in_its_slot(client, spill_spirv):
     """A task cancelled mid-batch (here, from the progress callback, as soon as the first
     result arrives: two workers, five slow builds, so others are still to come) is a

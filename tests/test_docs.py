@@ -30,6 +30,7 @@ def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly_with_its_reference_pages(tmp_path):
     built = _build(ROOT, tmp_path / "site")
     assert built.returncode == 0, built.stderr[-4000:]
@@ -96,6 +97,7 @@ def test_the_readmes_example_is_the_quick_starts():
     assert readme in _fences((ROOT / "docs" / "quickstart.md").read_text())
 
 
+@pytest.mark.slow
 def test_the_pages_examples_run_on_the_installed_package(tmp_path):
     pages = sorted((ROOT / "docs").glob("*.md"))
     fences = sum(len(_fences(p.read_text())) for p in pages)

@@ -94,6 +94,7 @@ def test_spill_policy_knob_is_checked_before_anything_runs(add_spirv, monkeypatc
             call()
 
 
+@pytest.mark.slow
 def test_an_answer_shaped_by_a_timeout_is_not_cached(system_ocloc, tmp_path):
     """The real compiler behind a wrapper that stalls the large-GRF attempt past the
     deadline: the first build is returned, not cached, so the next call without the

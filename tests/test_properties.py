@@ -174,6 +174,7 @@ def _kill_workers_at_random(marker, done: threading.Event, seed: int) -> list:
     return killed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ocloc", "level_zero"])
 def test_workers_killed_at_random_moments_lose_no_slot(
     backend, system_ocloc, add_spirv, spill_spirv, marker

@@ -26,6 +26,7 @@ def native_triton(tmp_path, modern_ocloc, monkeypatch):
     xt.uninstall()
 
 
+@pytest.mark.slow
 def test_sweep_reports_overflow_in_its_slot_and_fills_tritons_cache(native_triton, monkeypatch):
     configs = [triton.Config({"BLOCK": LIVE_BLOCK}, num_warps=w) for w in WARPS]
     done: list = []

@@ -120,6 +120,7 @@ def test_install_hands_the_driver_a_native_binary(
     assert not getattr(utils.load_binary, "__xpu_zebin__", False)
 
 
+@pytest.mark.slow
 def test_ptss_overflow_raises_triton_out_of_resources(modern_ocloc, ptss_spirv, monkeypatch):
     monkeypatch.setenv("XPU_ZEBIN_OCLOC", modern_ocloc)
     utils = xt.install(RecordingUtils(), backend=False)

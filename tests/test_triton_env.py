@@ -88,6 +88,7 @@ def test_the_variable_activates_the_drop_in(tmp_path, native_env):
     assert f"chose '{GRF256}'" in stderr, stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_variable_recovers_a_ptss_failure_inside_triton_compile(
     tmp_path, native_env, modern_ocloc
 ):

@@ -465,6 +465,7 @@ def test_modern_ocloc_refuses_the_extension_with_its_reason(spilling, modern_ocl
 # --- make_zebin details -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_make_zebin_without_a_name_on_every_path(ptss_spirv, add_spirv, modern_ocloc, system_ocloc,
                                                  monkeypatch):  # fmt: skip
     """upstream's make_zebin never reads metadata["name"]: the recovered (PTSS, then 256)

@@ -56,6 +56,7 @@ def test_worker_reused_across_compiles(system_ocloc, add_spirv, marker):
     assert len(_workers(marker)) == 1
 
 
+@pytest.mark.slow
 def test_worker_crash_falls_back_to_one_shot(modern_ocloc, ptss_spirv, marker):
     """A worker killed mid-compile (as by an IGC crash) costs only a re-run in ocloc."""
     result: dict = {}
