@@ -6,8 +6,10 @@ attempt, the GRF ladder (default, then large) tried one after the other, no cach
 retry rule (a failure, or any spill). Both sides use the same compiler and the same inputs:
 real Triton SPIR-V (compiled on the CPU by triton-xpu) and a generated kernel that overflows
 per-thread scratch space at default GRF. Every number is a ratio against the baseline from
-this run. Prints a table (median and spread over repeats) and, with ``--json``, one JSON
-object as its last line.
+this run, from interleaved pairs (``pairs.py``): each row's median ratio, its 95% interval
+(the lower bound is the claim), how many pairs it took and what the ratio is made of.
+Prints a table and, with ``--json``, one JSON object as its last line (``bounds`` and
+``made_of`` beside the ratios).
 
     python benches/compare.py --ocloc ~/.cache/xpu-zebin/toolchain/modern/bin/ocloc --json
 """
@@ -30,6 +32,7 @@ from typing import Any, Callable, Dict, List
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
+import pairs
 import record
 import triton
 import triton.language as tl
@@ -174,15 +177,6 @@ def baseline_compile(ocloc: str, spirv: bytes, device: str = "pvc") -> str:
 # --- measuring -----------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[], object], repeat: int) -> List[float]:
-    samples_s = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples_s.append(time.perf_counter() - t)
-    return samples_s
-
-
 def summary(times: List[float]) -> str:
     med = statistics.median(times)
     return f"{med:8.3f} s  [{min(times):.3f}-{max(times):.3f}]"
@@ -216,20 +210,22 @@ def dask_batch(ocloc: str, batch: List[bytes], bench: Bench) -> None:
     has them) against the local compile_many and the sequential baseline, same run."""
     from xpu_zebin.dask import cluster_client
 
-    repeat, results = bench.repeat, bench.results
     reqs = [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
     with cluster_client(local_workers=2) as client:
         xpu_zebin.compile_many(reqs[:2], client=client)  # start each worker's compilers
-        base = timed(lambda: [baseline_compile(ocloc, s) for s in batch], repeat)
-        local = timed(lambda: xpu_zebin.compile_many(reqs), repeat)
-        on_dask = timed(lambda: xpu_zebin.compile_many(reqs, client=client), repeat)
-    med = statistics.median
-    results["dask_batch_speedup"] = round(med(base) / med(on_dask), 2)
-    results["dask_overhead_percent"] = round(100 * (med(on_dask) / med(local) - 1), 1)
-    bench.add(f"batch of {len(batch)} on 2 Dask workers", base, on_dask, med(base) / med(on_dask))
-    overhead = results["dask_overhead_percent"]
-    print(f"  Dask batch: {results['dask_batch_speedup']:.2f}x, {overhead}% over local",
-          file=sys.stderr)  # fmt: skip
+        bench.compare(
+            "dask_batch_speedup", f"batch of {len(batch)} on 2 Dask workers",
+            lambda: [baseline_compile(ocloc, s) for s in batch],
+            lambda: xpu_zebin.compile_many(reqs, client=client),
+            "the batch's compile work on 2 cores; Dask adds its scheduling",
+        )  # fmt: skip
+        local = bench.compare(
+            "dask_overhead", "the same batch: local compile_many / on Dask",
+            lambda: xpu_zebin.compile_many(reqs),
+            lambda: xpu_zebin.compile_many(reqs, client=client),
+            "the cost of Dask's scheduling and transfers (below 1: Dask is slower)",
+        )  # fmt: skip
+    bench.results["dask_overhead_percent"] = round(100 * (1 / local.median - 1), 1)
 
 
 def sweep(ocloc: str, bench: Bench) -> None:
@@ -239,7 +235,7 @@ def sweep(ocloc: str, bench: Bench) -> None:
     Triton cache and a cold binary cache."""
     import xpu_zebin.triton as xt
 
-    repeat, results = bench.repeat, bench.results
+    results = bench.results
     sig = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
     # Smallest: two configs of a block that neither overflows nor spills.
     block, warps = (1024, (4, 8)) if bench.smallest else (16384, (1, 2, 4, 8, 16, 32))
@@ -283,14 +279,14 @@ def sweep(ocloc: str, bench: Bench) -> None:
             os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
             xt.uninstall()
 
-    b, p = timed(baseline, repeat), timed(package, repeat)
-    ratio = statistics.median(b) / statistics.median(p)
-    results["sweep_speedup"] = round(ratio, 2)
+    bench.compare(
+        "sweep_speedup", f"autotune sweep of {len(configs)} configs", baseline, package,
+        "the baseline runs Triton's front end and each config's ladder one after another; "
+        "the package runs configs on 2 cores, both GRF modes at once",
+    )  # fmt: skip
     results["sweep_baseline_split_s"] = {
         k: round(statistics.median(v), 2) for k, v in split.items()
     }
-    bench.add(f"autotune sweep of {len(configs)} configs", b, p, ratio)
-    print(f"  autotune sweep: {ratio:.2f}x", file=sys.stderr)
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)
@@ -299,35 +295,46 @@ def sweep(ocloc: str, bench: Bench) -> None:
 
 
 class Bench:
-    """One run's table rows and JSON results; every ratio is measured in this run."""
+    """One run's table rows and JSON results; every ratio is measured in this run, from
+    interleaved pairs (`pairs.py`): its median, its 95% interval, and what it is made of."""
 
-    def __init__(self, repeat: int, smallest: bool = False) -> None:
+    def __init__(self, repeat: int, smallest: bool = False, budget_s: float = 60.0) -> None:
         self.repeat = repeat
         #: Every row on its smallest input, once: the script checked, not the figures.
         self.smallest = smallest
+        #: A row adds pairs until settled or this many seconds are spent (none: smallest).
+        self.budget_s = 0.0 if smallest else budget_s
         self.rows: list = []
-        self.results: Dict[str, Any] = {}
+        self.results: Dict[str, Any] = {"bounds": {}, "made_of": {}}
         self.times: list = []  # each row's measured seconds, both columns
 
     def at_least(self, repeat: int) -> int:
         """`repeat` samples for a row that needs that many, one on the smallest input."""
         return 1 if self.smallest else max(self.repeat, repeat)
 
-    def compare(self, metric: str, label: str, base: Callable, pkg: Callable) -> None:
-        b, p = timed(base, self.repeat), timed(pkg, self.repeat)
-        ratio = statistics.median(b) / statistics.median(p)
-        self.results[metric] = round(ratio, 2)
-        self.add(label, b, p, ratio)
-        print(f"  {label}: {ratio:.2f}x", file=sys.stderr)
+    def compare(
+        self, metric: str, label: str, base: Callable, pkg: Callable, made_of: str,
+        floor: int = 0,
+    ) -> pairs.Ratio:  # fmt: skip
+        """One row: `base` and `pkg` in interleaved pairs, at least `floor` (else
+        `repeat`); `made_of` says what the baseline pays that the package does not."""
+        floor = 1 if self.smallest else max(floor, self.repeat)
+        ratio = pairs.measure(base, pkg, floor=floor, budget_s=self.budget_s)
+        self.results[metric] = round(ratio.median, 2)
+        self.results["bounds"][metric] = ratio.bounds()
+        self.results["made_of"][metric] = made_of
+        self.add(label, ratio)
+        print(f"  {label}: {ratio.said()}", file=sys.stderr)
+        return ratio
 
-    def row(self, metric: str, label: str, base: list, pkg: list, ratio: float) -> None:
-        self.results[metric] = round(ratio, 1)
-        self.add(label, base, pkg, ratio)
-
-    def add(self, label: str, base: list, pkg: list, ratio: float) -> None:
+    def add(self, label: str, ratio: pairs.Ratio) -> None:
         """One row of the table and of the JSON (each side's seconds, and the ratio)."""
+        base, pkg = ratio.baseline_s, ratio.package_s
         self.rows.append((label, summary(base), summary(pkg), ratio))
-        self.times.append({"label": label, "baseline_s": base, "package_s": pkg, "ratio": ratio})
+        self.times.append(
+            {"label": label, "baseline_s": base, "package_s": pkg, "ratio": ratio.median,
+             **ratio.bounds()}
+        )  # fmt: skip
 
 
 def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
@@ -345,6 +352,8 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
     bench.compare(
         "fallback_speedup", "PTSS kernel, needs large GRF",
         lambda: baseline_compile(ocloc, ptss), lambda: package(ptss),
+        "the baseline runs the two GRF modes one after the other, each in a new ocloc "
+        "process; the package runs both at once on warm workers (2 cores)",
     )  # fmt: skip
     bench.compare(
         "batch_speedup", f"mixed batch of {len(batch)} Triton kernels",
@@ -352,6 +361,7 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
         lambda: xpu_zebin.compile_many(
             [{"spirv": s, "device": "pvc", "ocloc": ocloc, "cache": False} for s in batch]
         ),
+        "compile work on 1 core against 2, plus an ocloc process start per attempt",
     )  # fmt: skip
     if dask:
         dask_batch(ocloc, batch, bench)
@@ -359,19 +369,28 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
         "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
         lambda: [baseline_compile(ocloc, s) for s in small],
         lambda: [package(s) for s in small],
+        "mostly an ocloc process start per kernel (IGC loaded each time), against a warm "
+        "worker; one core each",
     )  # fmt: skip
     heavy = kernels["matmul128"]
-    with tempfile.TemporaryDirectory() as cache_dir:
-        cold = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), 1)
-        warm = timed(lambda: package(heavy, cache=True, cache_dir=cache_dir), bench.at_least(5))
-    bench.row("warm_cache_speedup", "register-heavy matmul: cold / warm cache", cold, warm,
-              cold[0] / statistics.median(warm))  # fmt: skip
+    with tempfile.TemporaryDirectory() as root:
+        made: List[str] = []  # each pair's cold cache, which its warm side reads
+
+        def cold() -> None:
+            made.append(tempfile.mkdtemp(dir=root))
+            package(heavy, cache=True, cache_dir=made[-1])
+
+        bench.compare(
+            "warm_cache_speedup", "register-heavy matmul: cold / warm cache",
+            cold, lambda: package(heavy, cache=True, cache_dir=made[-1]),
+            "a compile against a cache hit (no compiler runs)",
+        )  # fmt: skip
 
 
 def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
     """Level Zero on the simulated device: upstream's load_binary builds in-process, one GRF
     mode after the other; the package builds in crash-isolated workers, concurrently."""
-    heavy, repeat = kernels["matmul128"], bench.repeat
+    heavy = kernels["matmul128"]
     with tempfile.TemporaryDirectory() as cache_dir:
 
         def ze_load(cache: bool):
@@ -381,10 +400,11 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
                 pass
 
         ze_load(True)  # store the native binary
-        jit = timed(lambda: ze_load(False), repeat)
-        native = timed(lambda: ze_load(True), bench.at_least(5))
-    bench.row("ze_warm_load_speedup", "Level Zero: JIT load / warm native load", jit, native,
-              statistics.median(jit) / statistics.median(native))  # fmt: skip
+        bench.compare(
+            "ze_warm_load_speedup", "Level Zero: JIT load / warm native load",
+            lambda: ze_load(False), lambda: ze_load(True),
+            "the driver's JIT of the SPIR-V against a load of the cached native binary",
+        )  # fmt: skip
 
     def ze(spirv: bytes, **kw) -> None:
         kernel = _core.validate_spirv(spirv)[0]
@@ -407,27 +427,39 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
     bench.compare(
         "ze_fallback_speedup", "Level Zero: kernel retried in large GRF",
         lambda: ze(kernels["matmul64"], isolated=False), lambda: ze(kernels["matmul64"]),
+        "the two GRF modes one after the other in this process, against both at once in "
+        "warm workers; at most (t_128 + t_256) / max(t_128, t_256)",
     )  # fmt: skip
     bench.compare(
         "ze_batch_speedup", f"Level Zero: batch of {len(batch)} Triton kernels",
         lambda: [ze(s, isolated=False) for s in batch], lambda: ze_many(batch),
+        "above 2 on 2 cores: the baseline JITs one kernel after another and each kernel's "
+        "GRF modes in sequence in one thread (the driver's compiler is serial in a "
+        "process); the package's workers build kernels and modes at once",
     )  # fmt: skip
-    small_in_process = timed(lambda: ze(kernels["add1024"], isolated=False), bench.at_least(20))
-    small_isolated = timed(lambda: ze(kernels["add1024"]), bench.at_least(20))
-    overhead = statistics.median(small_isolated) / statistics.median(small_in_process) - 1
-    bench.results["ze_isolation_overhead_percent"] = round(100 * overhead, 1)
-    bench.add("Level Zero small kernel: in-process/isolated", small_in_process, small_isolated,
-              1 / (1 + overhead))  # fmt: skip
+    isolation = bench.compare(
+        "ze_isolation_ratio", "Level Zero small kernel: in-process/isolated",
+        lambda: ze(kernels["add1024"], isolated=False), lambda: ze(kernels["add1024"]),
+        "no compile work saved: what crash isolation costs (a worker's round trip)",
+        floor=20,
+    )  # fmt: skip
+    bench.results["ze_isolation_overhead_percent"] = round(100 * (1 / isolation.median - 1), 1)
 
 
 def print_report(bench: Bench, ocloc: str, machine: str) -> None:
     results = bench.results
     print(f"\nxpu-zebin {xpu_zebin.__version__} vs upstream make_zebin approach ({machine})")
     print(f"compiler: {ocloc}\n")
-    print(f"| {'case':44} | {'baseline (median [min-max])':28} | {'xpu-zebin':28} | ratio |")
-    print(f"|{'-' * 46}|{'-' * 30}|{'-' * 30}|-------|")
+    print(f"| {'case':44} | {'baseline (median [min-max])':28} | {'xpu-zebin':28} | ratio "
+          "| lower bound | pairs |")  # fmt: skip
+    print(f"|{'-' * 46}|{'-' * 30}|{'-' * 30}|-------|-------------|-------|")
     for label, b, p, r in bench.rows:
-        print(f"| {label:44} | {b:28} | {p:28} | {r:5.1f} |")
+        pairs_said = f"{r.pairs}" + ("" if r.settled else " (budget)")
+        print(f"| {label:44} | {b:28} | {p:28} | {r.median:5.1f} | {r.low:11.2f} "
+              f"| {pairs_said:5} |")  # fmt: skip
+    print("\nWhat each ratio is made of:")
+    for metric, made_of in results["made_of"].items():
+        print(f"  {metric}: {made_of}")
     rss = results["peak_rss_mb"]
     print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
           f"package worker {rss['package_workers']} MiB")  # fmt: skip
@@ -445,7 +477,11 @@ def main() -> int:
     parser.add_argument(
         "--ocloc", default=None, help="compiler for both sides (default: discovery)"
     )
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="pairs per row, at least")
+    parser.add_argument(
+        "--budget", type=float, default=60.0,
+        help="seconds a row may add pairs for until its ratio is settled (default 60)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument(
         "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
@@ -461,7 +497,7 @@ def main() -> int:
     if args.rss_probe:
         return rss_probe(args.rss_probe, args.ocloc, args.spirv)
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
-    bench = Bench(1 if args.smallest else max(1, args.repeat), args.smallest)
+    bench = Bench(max(1, args.repeat), args.smallest, max(0.0, args.budget))
     print(f"compiler: {ocloc}", file=sys.stderr)
     kernels = triton_spirv(args.smallest)
     batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]

@@ -73,11 +73,13 @@ def _compare(r: dict) -> Tuple[bytes, str]:
     ratios = [row["ratio"] for row in rows]
     chart = _bars("xpu-zebin against upstream's way (higher is better)", "speedup (log scale)",
                   labels, [("speedup", ratios)], log=True, parity=True)  # fmt: skip
-    table = ["| case | baseline, median [min-max] s | xpu-zebin, median [min-max] s | ratio |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
+    table = ["| case | baseline, median [min-max] s | xpu-zebin, median [min-max] s | ratio "
+             "| 95% interval (pairs) |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for row, ratio in zip(rows, ratios):
         b, p = (_spread(row["baseline_s"]), _spread(row["package_s"]))
-        table.append(f"| {row['label']} | {b} | {p} | {ratio:.1f} |")
+        spread = "-" if "low" not in row else f"{row['low']:.2f}-{row['high']:.2f} ({row['pairs']})"
+        table.append(f"| {row['label']} | {b} | {p} | {ratio:.1f} | {spread} |")
     return chart, "\n".join(table)
 
 

@@ -20,10 +20,12 @@ pub enum Purpose {
 }
 
 impl Purpose {
+    /// v4 of offline and jit: the ladder hashed whole (a kernel that asks for its own
+    /// GRF mode is built on the first rung only by the ladder itself, `ladder::Plan`).
     fn tag(self) -> &'static [u8] {
         match self {
-            Purpose::Offline => b"xpu-zebin/offline/v3",
-            Purpose::Jit => b"xpu-zebin/jit/v3",
+            Purpose::Offline => b"xpu-zebin/offline/v4",
+            Purpose::Jit => b"xpu-zebin/jit/v4",
             Purpose::NativeTrial => b"xpu-zebin/native-trial/v3",
             Purpose::Bundle => b"xpu-zebin/bundle/v1",
         }

@@ -128,3 +128,17 @@ def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     node = report["ms"]["300"]
     assert 0.85 * node["max_bytes"] <= node["bytes"] <= node["max_bytes"]  # a tenth cleaned
     assert _drawn(tmp_path / "out", "scale")["results"] == report
+
+
+def test_pairs_alternate_sides_and_stop_at_the_floor_when_the_budget_is_spent():
+    """benches/pairs.py: baseline and package alternate (AB, BA, AB), one ratio a pair, and
+    a budget of 0 makes exactly the floor's pairs; the interval holds the median."""
+    import pairs
+
+    order: list = []
+    ratio = pairs.measure(lambda: order.append("b"), lambda: order.append("p"), 3, 0.0)
+    assert order == ["b", "p", "p", "b", "b", "p"]
+    assert ratio.pairs == 3 and len(ratio.baseline_s) == len(ratio.package_s) == 3
+    assert ratio.low <= ratio.median <= ratio.high
+    assert pairs.interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    assert pairs.interval([1.0, 3.0, 2.0]) == pairs.interval([1.0, 3.0, 2.0])  # seeded

@@ -5,9 +5,10 @@
 //! entries; a lookup that misses takes its own key's old entry at once. An entry is moved
 //! by a hard link and an unlink, never over an entry written here since: a process killed
 //! between the two leaves the same entry under both names, and the next slice drops the
-//! old name. An entry of this user's that cannot come into this layout (too large, or on
-//! another file system where neither a link nor a rename reaches) is removed, never left
-//! uncounted: a cache entry is rebuilt by the next compile that needs it.
+//! old name. An entry of this user's that can never come into this layout (too large, or
+//! on another file system, where neither a link nor a rename reaches) is removed, never
+//! left uncounted for ever: a cache entry is rebuilt by the next compile that needs it. A
+//! failure that may pass (a full disk, a shard not writable) leaves it where it is.
 
 use super::ledger::{self, Ledger};
 use super::upkeep::{self, shard_name, shard_of};
@@ -64,11 +65,11 @@ fn old_dirs(base: &Path) -> Vec<PathBuf> {
 pub(super) enum Moved {
     /// Moved in (its length): counted now, by the process whose link or rename made it.
     In(u64),
-    /// The old name dropped (an entry was already here, or this user's entry could not
+    /// The old name dropped (an entry was already here, or this user's entry can never
     /// come in: removed rather than left uncounted), or nothing to do.
     Dropped,
-    /// Left where it is (not this user's entry, not a file, this layout's shard not
-    /// writable, or the very name it would move to).
+    /// Left where it is (not this user's entry, not a file, a failure that may pass, or
+    /// the very name it would move to).
     Left,
 }
 
@@ -87,15 +88,15 @@ pub(super) fn move_one(from: &Path, to: &Path) -> Moved {
     if !meta.file_type().is_file() || meta.uid() != crate::private::uid() {
         return Moved::Left;
     }
-    if meta.len() > MAX_ENTRY_BYTES {
-        return drop_old(from); // never an entry of any layout's
-    }
     let Some(shard) = to.parent() else {
         return Moved::Left;
     };
     let _ = std::fs::DirBuilder::new().mode(0o700).create(shard);
     if crate::private::check_dir(shard, 0o002).is_err() {
         return Moved::Left;
+    }
+    if meta.len() > MAX_ENTRY_BYTES && !one_name(from, to) {
+        return drop_old(from); // never an entry of any layout's
     }
     match std::fs::hard_link(from, to) {
         Ok(()) => {
@@ -168,11 +169,13 @@ fn rename_noreplace(from: &Path, to: &Path, len: u64) -> Moved {
         Some(libc::EINVAL | libc::ENOSYS) if std::fs::symlink_metadata(to).is_err() => {
             match std::fs::rename(from, to) {
                 Ok(()) => Moved::In(len),
-                Err(_) => drop_old(from),
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => drop_old(from),
+                Err(_) => Moved::Left,
             }
         }
-        // Another file system (EXDEV), or a rename refused: it cannot come in.
-        _ if !one_name(from, to) => drop_old(from),
+        // Another file system: it can never come in. Any other failure (a full disk, a
+        // shard not writable, a passing I/O error) leaves it for a later slice.
+        Some(libc::EXDEV) => drop_old(from),
         _ => Moved::Left,
     }
 }

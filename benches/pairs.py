@@ -1,0 +1,101 @@
+"""Interleaved pairs: a ratio between a baseline and the package that one run can trust.
+
+Timing every baseline run and then every package run lets drift on a shared host (another
+job, a CPU's clock, a cache warming) land on one side only. Here the two sides alternate,
+baseline then package, then package then baseline, and so on, so drift falls on both; each
+pair gives one ratio (baseline seconds / package seconds), and the row's ratio is the median
+of the pairs' ratios, with a 95% bootstrap interval of that median (as criterion reports).
+Pairs are added until the interval is within ``tolerance`` of the median on both sides, or
+the row's time budget is spent, and the row says which. A claim is made on the interval's
+lower bound.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Tuple
+
+#: The interval must lie within this fraction of the median for a row to be settled.
+TOLERANCE = 0.05
+#: Resamples of the bootstrap interval.
+RESAMPLES = 2000
+
+
+@dataclass
+class Ratio:
+    """One row's verdict: the median of its pairs' ratios and its 95% interval."""
+
+    median: float
+    low: float
+    high: float
+    pairs: int
+    #: The interval is within TOLERANCE of the median (else the budget ended first).
+    settled: bool
+    baseline_s: List[float] = field(default_factory=list)
+    package_s: List[float] = field(default_factory=list)
+
+    def said(self) -> str:
+        """The ratio as a table shows it: median, interval, pairs and whether settled."""
+        how = "" if self.settled else ", budget spent"
+        return f"{self.median:.2f} [{self.low:.2f}-{self.high:.2f}] ({self.pairs} pairs{how})"
+
+    def bounds(self) -> Dict[str, object]:
+        """What ``--json`` gives beside the ratio."""
+        return {
+            "low": round(self.low, 3),
+            "high": round(self.high, 3),
+            "pairs": self.pairs,
+            "settled": self.settled,
+        }
+
+
+def interval(ratios: List[float], seed: int = 0) -> Tuple[float, float]:
+    """The 95% bootstrap interval of the median of ``ratios`` (seeded: the same samples
+    give the same interval)."""
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    pick = random.Random(seed)
+    medians = sorted(
+        statistics.median(pick.choices(ratios, k=len(ratios))) for _ in range(RESAMPLES)
+    )
+    return medians[int(0.025 * RESAMPLES)], medians[int(0.975 * RESAMPLES) - 1]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def measure(
+    baseline: Callable[[], object],
+    package: Callable[[], object],
+    floor: int = 3,
+    budget_s: float = 120.0,
+    tolerance: float = TOLERANCE,
+) -> Ratio:
+    """Alternate ``baseline`` and ``package`` in pairs (AB, BA, AB, ...), at least
+    ``floor`` pairs, then more until the row is settled or ``budget_s`` seconds are spent.
+    A budget of 0 makes exactly ``floor`` pairs."""
+    started = time.perf_counter()
+    base: List[float] = []
+    pkg: List[float] = []
+    while True:
+        if len(base) % 2 == 0:
+            b, p = _timed(baseline), _timed(package)
+        else:
+            p, b = _timed(package), _timed(baseline)
+        base.append(b)
+        pkg.append(p)
+        ratios = [x / y for x, y in zip(base, pkg)]
+        median = statistics.median(ratios)
+        low, high = interval(ratios)
+        settled = len(ratios) > 1 and median * (1 - tolerance) <= low <= high <= median * (
+            1 + tolerance
+        )
+        spent = time.perf_counter() - started >= budget_s
+        if len(ratios) >= floor and (settled or spent):
+            return Ratio(median, low, high, len(ratios), settled, base, pkg)
