@@ -90,7 +90,7 @@ def measure(
             p, b = _timed(package), _timed(baseline)
         base.append(b)
         pkg.append(p)
-        ratios = [x / y for x, y in zip(base, pkg)]
+        ratios = [x / max(y, 1e-9) for x, y in zip(base, pkg)]  # a clock's tick at least
         median = statistics.median(ratios)
         low, high = interval(ratios)
         settled = len(ratios) > 1 and median * (1 - tolerance) <= low <= high <= median * (
