@@ -3,25 +3,24 @@
 //! ladder through ocloc, classify, choose (`ladder::settle`), and keep the answer in the
 //! levels. `compile_many` runs requests with bounded parallelism.
 
+use crate::answer::Answering;
+use crate::bundle::search::Query;
 use crate::cache::Cache;
 use crate::cache::Counter;
-use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind};
 use crate::grf;
 use crate::key::{KeyInputs, Purpose};
-use crate::ladder::Record;
-use crate::ladder::{self, Build, Plan, Speculation};
-use crate::ocloc::{self, JobSpec};
+use crate::ladder::{self, Plan, Speculation};
+use crate::ocloc::{self, Built, Job};
 use crate::options::Options;
-use crate::spill::{Path, Spill};
-use crate::store::levels::{Answered, Entry, Fits, Levels, Target};
-use crate::zebin;
+use crate::spill::Path;
+use crate::store::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Target};
 use crate::{batch, spirv};
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
-pub use crate::ladder::{Attempt, Failure};
+pub use crate::answer::Compiled;
+pub use crate::attempt::Attempt;
+pub use crate::ladder::Failure;
 
 #[derive(Debug, Clone)]
 pub struct CompileRequest {
@@ -29,6 +28,10 @@ pub struct CompileRequest {
     /// The `ocloc -device` name, e.g. `pvc`.
     pub device: String,
     pub options: Options,
+    /// The bundles asked first (the Triton drop-ins': they know the release and the
+    /// device's target profiles); None: no bundle. With bundles, a host without the
+    /// compiler is still answered from them.
+    pub bundle: Option<Query>,
 }
 
 impl CompileRequest {
@@ -37,101 +40,13 @@ impl CompileRequest {
             spirv,
             device: device.to_string(),
             options: Options::default(),
+            bundle: None,
         }
     }
-}
-
-/// A successful compile.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Compiled {
-    pub kernel: String,
-    pub device: String,
-    #[serde(skip)]
-    pub binary: Vec<u8>,
-    pub build_flags: String,
-    pub grf_mode: String,
-    pub n_regs: u32,
-    /// The kernel's spills, bytes per hardware thread, and its SIMD width.
-    pub spill: Spill,
-    /// The first attempt failed and a large-GRF attempt rescued the build.
-    pub recovered: bool,
-    pub cached: bool,
-    pub attempts: Vec<Attempt>,
-    /// The chosen attempt's compiler output.
-    pub log: String,
-    /// Things worth logging that are not failures (cache problems, spill retries).
-    #[serde(skip)]
-    pub notes: Vec<String>,
-    /// The answer is another node's, taken from the fleet's store (`store::levels`).
-    #[serde(skip)]
-    pub from_store: bool,
 }
 
 /// What `compile` returns; the failure is boxed because it is large and rare.
 pub type Outcome = std::result::Result<Compiled, Box<Failure>>;
-
-/// One ocloc build of the module: its zebin and what the requested kernel spills.
-struct Built {
-    binary: Vec<u8>,
-    spill: Spill,
-    log: String,
-}
-
-impl Build for Built {
-    fn spill(&self) -> Spill {
-        self.spill
-    }
-    fn log(&self) -> &str {
-        &self.log
-    }
-}
-
-fn build_once(
-    slot: &Slot,
-    req: &CompileRequest,
-    flags: &str,
-    cancel: &[&AtomicBool],
-) -> ladder::Tried<Built> {
-    let (ocloc_path, kernel, timeout) = (&slot.ocloc, &slot.kernel, slot.timeout);
-    let mut args = vec![
-        "-spirv_input".to_string(),
-        "-device".to_string(),
-        req.device.trim().to_string(),
-    ];
-    if !flags.is_empty() {
-        args.extend(["-options".to_string(), flags.to_string()]);
-    }
-    let spec = JobSpec {
-        input: &req.spirv,
-        input_name: "kernel.spv",
-        args,
-        timeout,
-        cancel,
-    };
-    let (result, seconds) = match ocloc::run(ocloc_path, &spec) {
-        Err(e) => (Err(e), 0.0),
-        Ok(run) => {
-            let result = match (run.exit, run.output) {
-                (Exit::Code(0), Some(binary)) => zebin::parse(&binary)
-                    .and_then(|info| info.kernel_spill(kernel))
-                    .map(|spill| Built {
-                        spill,
-                        binary,
-                        log: run.log.clone(),
-                    })
-                    .map_err(|e| e.with_log(run.log)),
-                (Exit::Code(0), None) => Err(BuildError::new(
-                    ErrorKind::DegenerateBinary,
-                    "ocloc reported success but wrote no binary",
-                )
-                .with_log(run.log)),
-                (exit, _) => Err(classify_failure(exit, &run.log)),
-            };
-            (result, run.seconds)
-        }
-    };
-    (Attempt::new(flags, seconds, &result), result)
-}
 
 /// The cache and key that would answer `req`, and its kernel (what `compile` computes
 /// before it looks).
@@ -140,7 +55,7 @@ pub fn entry_for(req: &CompileRequest) -> Result<(Cache, String, String), BuildE
     let cache = s
         .cache
         .unwrap_or_else(|| Cache::open(req.options.cache_dir.as_deref()));
-    Ok((cache, s.key, s.kernel))
+    Ok((cache, s.key, s.job.kernel))
 }
 
 /// What a request's compile learns before it builds: its SPIR-V checked, its kernel
@@ -151,13 +66,13 @@ pub struct Slot {
     cache: Option<Cache>,
     key: String,
     compiler: String,
-    kernel: String,
+    /// Every attempt's compiler, device, kernel and time limit.
+    job: Job,
     own_grf: Option<spirv::GrfRequest>,
-    ocloc: std::path::PathBuf,
     /// The ocloc, as a message names it.
     compiler_path: String,
-    device: String,
-    timeout: Option<Duration>,
+    /// Why there is no compiler here, when only the bundles can answer.
+    missing: Option<BuildError>,
     rule: crate::spill::Rule,
     ladder: Vec<String>,
     options: Options,
@@ -169,9 +84,10 @@ pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
 }
 
 /// The slot of `req`, or why `compile` refuses it: each module it asks is asked once, in
-/// one pass down (the options, then the SPIR-V).
+/// one pass down (the cache's directory, the options, then the SPIR-V).
 pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     let o = &req.options;
+    let cache = o.cache.then(|| Cache::open(o.cache_dir.as_deref()));
     let device = req.device.trim();
     let arch = o.device_arch.as_deref().unwrap_or(device);
     let checked = o.checked(&[("device", &req.device)], arch, Path::Offline)?;
@@ -186,8 +102,13 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
     let ladder = checked.ladder;
-    let ocloc = ocloc::discover(o.ocloc.as_deref())?;
-    let compiler = ocloc::identity(&ocloc)?;
+    let found = ocloc::discover(o.ocloc.as_deref())
+        .and_then(|path| ocloc::identity(&path).map(|identity| (path, identity)));
+    let ((ocloc, compiler), missing) = match found {
+        Ok(found) => (found, None),
+        Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
+        Err(e) => return Err(e.into()),
+    };
     let key = KeyInputs {
         purpose: Purpose::Offline,
         input: &req.spirv,
@@ -198,15 +119,18 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     }
     .key();
     Ok(Slot {
-        cache: o.cache.then(|| Cache::open(o.cache_dir.as_deref())),
+        cache,
         key,
         compiler,
-        kernel,
         own_grf,
         compiler_path: ocloc.display().to_string(),
-        ocloc,
-        device: device.to_string(),
-        timeout: checked.timeout,
+        missing,
+        job: Job {
+            ocloc,
+            device: device.to_string(),
+            kernel,
+            timeout: checked.timeout,
+        },
         rule: checked.rule,
         ladder,
         options: o.clone(),
@@ -239,14 +163,34 @@ impl Slot {
     /// What the answer is built for, as the levels sign and check it.
     fn target(&self) -> Target<'_> {
         Target {
-            device: &self.device,
+            device: &self.job.device,
             compiler: &self.compiler,
+        }
+    }
+
+    /// The levels `req` (this slot's request) asks: the bundles it names, its cache, and
+    /// the fleet's store when `store` (never without a compiler here: the key would not
+    /// be one a node publishes).
+    fn asked<'r>(&'r self, req: &'r CompileRequest, store: bool) -> Asked<'r> {
+        Asked {
+            cache: self.cache.clone(),
+            store: store && self.missing.is_none(),
+            bundle: req.bundle.as_ref().map(|query| BundleAsk {
+                query,
+                input: &req.spirv,
+                kernel: &self.job.kernel,
+                options: &req.options,
+            }),
         }
     }
 
     /// The levels this slot's request asks (`store`: the fleet's store among them).
     pub fn levels(&self, store: bool) -> crate::error::Result<Levels> {
-        Levels::open(self.cache.clone(), store, None)
+        Levels::open(Asked {
+            cache: self.cache.clone(),
+            store,
+            bundle: None,
+        })
     }
 
     /// The local entry that answers, as stored, into the fleet's store (a farm publishing
@@ -266,7 +210,7 @@ impl Slot {
     /// whose record describes it, linked unless the request allows unresolved symbols.
     fn fits(&self) -> Fits<'_> {
         Fits {
-            kernel: &self.kernel,
+            kernel: &self.job.kernel,
             linked: !self.options.allow_unresolved,
             compiler: &self.compiler_path,
         }
@@ -283,7 +227,7 @@ impl Slot {
                 "the cache is off for this request: nothing is taken into it",
             ));
         };
-        let (record, binary) = crate::cache::decode::<Record>(&self.key, entry)
+        let (record, binary) = crate::cache::decode::<crate::attempt::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
         let adopted = Entry { record, binary };
         self.fits().check(&adopted.binary, adopted.record.spill)?;
@@ -297,22 +241,15 @@ impl Slot {
     /// The answer `entry` gives; `from`: the level that answered (None: built now).
     fn answer(&self, entry: Entry, from: Option<Counter>, notes: Vec<String>) -> Compiled {
         let Entry { record, binary } = entry;
-        let kernel = &self.kernel;
-        Compiled {
-            n_regs: grf::n_regs_with(&record.build_flags, self.own_grf, &binary, kernel),
-            kernel: kernel.clone(),
-            device: self.device.clone(),
-            binary,
-            build_flags: record.build_flags,
-            grf_mode: self.options.grf_mode.clone(),
-            spill: record.spill,
-            recovered: record.recovered,
-            cached: from.is_some(),
-            attempts: record.attempts,
-            log: record.log,
-            notes,
-            from_store: from == Some(Counter::StoreHits),
-        }
+        let (job, own) = (&self.job, self.own_grf);
+        let answering = Answering {
+            kernel: &job.kernel,
+            device: &job.device,
+            grf_mode: &self.options.grf_mode,
+            n_regs: grf::n_regs_with(&record.build_flags, own, &binary, &job.kernel),
+            level: from,
+        };
+        Compiled::new(record, binary, answering, notes)
     }
 }
 
@@ -341,11 +278,16 @@ fn compile_with(
     let counted = store;
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
-    let cache = slot.cache.clone();
-    let (levels, found) = Levels::ask(cache, store, counted, key, target, fits, &mut notes)?;
-    let answer = match found {
-        Some(hit) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
-        None => {
+    let asked = slot.asked(req, store);
+    let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
+    let answer = match (found, &slot.missing) {
+        (Some(hit), _) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
+        (None, Some(missing)) => {
+            let mut missing = missing.clone();
+            missing.message = format!("no bundle holds this kernel, and {}", missing.message);
+            Err(Box::new(Failure::from(missing)))
+        }
+        (None, None) => {
             let plan = Plan {
                 ladder: &slot.ladder,
                 own_grf: slot.own_grf,
@@ -359,25 +301,36 @@ fn compile_with(
             };
             ladder::settle(
                 plan,
-                |flags, cancel| build_once(&slot, req, flags, cancel),
+                |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
                 |built: Built, _| Ok(built.binary),
             )
             .and_then(|settled| {
                 notes.extend(settled.notes);
+                let linked = fits.linked(&settled.product);
                 let built = (&settled.record, settled.product.as_slice());
-                let kept = levels.keep(key, target, built, settled.repeatable, Some(fits))?;
-                notes.extend(kept.notes);
+                let ok = linked.is_ok();
+                notes.extend(levels.keep(key, target, built, settled.repeatable, ok)?);
                 let entry = Entry {
                     record: settled.record,
                     binary: settled.product,
                 };
-                Ok((kept.linked, entry, None))
+                Ok((linked, entry, None))
             })
         }
     };
     // What the levels said comes first, whatever the answer.
     let outcome = match answer {
-        Ok((Ok(()), entry, from)) => Ok(slot.answer(entry, from, notes)),
+        Ok((Ok(()), Entry { record, binary }, from)) => {
+            let (job, own) = (&slot.job, slot.own_grf);
+            let answering = Answering {
+                kernel: &job.kernel,
+                device: &job.device,
+                grf_mode: &req.options.grf_mode,
+                n_regs: grf::n_regs_with(&record.build_flags, own, &binary, &job.kernel),
+                level: from,
+            };
+            Ok(Compiled::new(record, binary, answering, notes))
+        }
         Ok((Err(error), entry, _)) => Err(Box::new(Failure {
             error: error.with_log(entry.record.log),
             attempts: entry.record.attempts,
@@ -391,9 +344,10 @@ fn compile_with(
     };
     if counted {
         levels.count(match &outcome {
-            Ok(c) if c.from_store => Answered::Hit(Counter::StoreHits, &c.attempts),
-            Ok(c) if c.cached => Answered::Hit(Counter::LocalHits, &c.attempts),
-            Ok(c) => Answered::Built(&c.attempts),
+            Ok(c) => match c.level {
+                Some(level) => Answered::Hit(level, &c.attempts),
+                None => Answered::Built(&c.attempts),
+            },
             Err(f) if f.attempts.is_empty() => Answered::Refused,
             Err(f) => Answered::Failed(&f.attempts),
         });

@@ -4,10 +4,10 @@
 //! ladder knows no cache: the engine asks the levels (`store::levels`) before it runs.
 //! The policy itself is `grf.rs` and `spill.rs`.
 
-use crate::error::{AttemptError, BuildError, ErrorKind, Result};
+use crate::attempt::{Attempt, Build, Record, Tried};
+use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, Pick};
-use crate::spill::{Rule, Spill};
-use serde::{Deserialize, Serialize};
+use crate::spill::Rule;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A failed compile: the error to raise and the attempts that led to it.
@@ -32,48 +32,6 @@ impl From<BuildError> for Box<Failure> {
     fn from(error: BuildError) -> Self {
         Box::new(error.into())
     }
-}
-
-/// What one attempt built, as the ladder needs to see it.
-pub trait Build {
-    /// What the requested kernel spills.
-    fn spill(&self) -> Spill;
-    /// The compiler's output.
-    fn log(&self) -> &str;
-}
-
-/// One build of the ladder.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Attempt {
-    pub build_flags: String,
-    pub ok: bool,
-    pub spill_size: Option<u64>,
-    pub seconds: f64,
-    /// Why it failed, when it failed.
-    pub error: Option<AttemptError>,
-}
-
-impl Attempt {
-    pub fn new<B: Build>(flags: &str, seconds: f64, result: &Result<B>) -> Self {
-        Attempt {
-            build_flags: flags.to_string(),
-            ok: result.is_ok(),
-            spill_size: result.as_ref().ok().map(|b| b.spill().bytes),
-            seconds,
-            error: result.as_ref().err().map(AttemptError::from),
-        }
-    }
-}
-
-/// One attempt and what it built.
-pub type Tried<B> = (Attempt, Result<B>);
-
-/// Make one attempt with `build`, timed and recorded.
-pub fn timed<B: Build>(flags: &str, build: impl FnOnce() -> Result<B>) -> Tried<B> {
-    let started = std::time::Instant::now();
-    let result = build();
-    let attempt = Attempt::new(flags, started.elapsed().as_secs_f64(), &result);
-    (attempt, result)
 }
 
 /// The attempt chosen, what it built, and every attempt made.
@@ -128,18 +86,6 @@ pub struct Plan<'a> {
     pub rule: Rule,
     pub speculation: Speculation<'a>,
     pub cancel: &'a AtomicBool,
-}
-
-/// What the levels keep beside a native binary, for either backend.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Record {
-    pub build_flags: String,
-    pub spill: Spill,
-    pub attempts: Vec<Attempt>,
-    /// The first attempt failed and a large-GRF attempt rescued the build.
-    pub recovered: bool,
-    /// The chosen attempt's compiler output.
-    pub log: String,
 }
 
 /// A request's build: what it produced, and how.

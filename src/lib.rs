@@ -4,6 +4,8 @@
 //! with the `python` feature (maturin turns it on), binds them as `xpu_zebin._core`
 //! (the bindings themselves are in `bindings/`, one file per concern).
 
+pub mod answer;
+pub mod attempt;
 pub mod batch;
 #[cfg(feature = "python")]
 mod bindings;

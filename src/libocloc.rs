@@ -5,26 +5,9 @@
 //! faster after its first call. The process is a pool worker (`src/pool/`), so IGC dying
 //! takes down only the worker.
 
-use serde::{Deserialize, Serialize};
+use crate::ocloc::wire::{Request, Response};
 use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
-
-/// What the caller asks: ocloc arguments after `compile -file <input_name> -output kernel
-/// -output_no_suffix`; the payload is the input.
-#[derive(Serialize, Deserialize)]
-pub struct Request {
-    pub args: Vec<String>,
-    pub input_name: String,
-}
-
-/// What the worker answers; the payload is the kernel output (empty when none).
-#[derive(Serialize, Deserialize)]
-pub struct Response {
-    /// What ocloc's CLI would have exited with.
-    pub code: i32,
-    pub log: String,
-    pub wrote_output: bool,
-}
 
 type InvokeFn = unsafe extern "C" fn(
     u32,

@@ -606,3 +606,34 @@ def test_cli_precompiles_triton_kernels_named_by_spec(pvc, modern_ocloc, tmp_pat
             assert cli.main(["precompile", *bad, *common, "-o", str(tmp_path / "c")]) == 2, bad
             assert "Traceback" not in capsys.readouterr().err
         assert not (tmp_path / "c").exists()
+
+
+def test_the_offline_engine_asks_the_bundles_first_even_without_ocloc(
+    kernels, pvc, modern_ocloc, tmp_path, monkeypatch
+):
+    """make_zebin's native stage asks the bundles through the engine's levels (Rust): a
+    bundle hit is the bundle's own bytes, counted once as a bundle hit in the request's
+    cache directory; on a host with no ocloc the bundles still answer, and a kernel they do
+    not hold is a clear toolchain_missing error."""
+    out = tmp_path / "bundle"
+    manifest = bundle.precompile(kernels[:2], [pvc], out, ocloc=modern_ocloc)
+    assert manifest["failures"] == []
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    asked = bundle.query("add", 0)
+    assert asked is not None
+    cache = tmp_path / "engine-cache"  # this test's own (the precompile used the default)
+    for ocloc in (modern_ocloc, str(tmp_path / "no-ocloc-here")):
+        options = xpu_zebin.Options(cache_dir=str(cache), ocloc=ocloc)
+        for k in kernels[:2]:
+            result = xpu_zebin._core.compile(k["spirv"], "pvc", options, bundle=asked)
+            assert result.source == "bundle" and result.cached
+            assert result.binary == _native_of(manifest, out, k["name"], pvc.id)
+        spill = kernels[2]
+        if ocloc == modern_ocloc:  # not in the bundle: the compiler builds it
+            built = xpu_zebin._core.compile(spill["spirv"], "pvc", options, bundle=asked)
+            assert built.source == "compiled" and built.build_flags == G256
+        else:  # only the cache could answer, under another compiler's key: nothing here
+            with pytest.raises(xpu_zebin.ToolchainNotFound):
+                xpu_zebin._core.compile(spill["spirv"], "pvc", options, bundle=asked)
+    counters = xpu_zebin.stats(cache)["counters"]
+    assert counters["hits_bundle"] == 4 and counters["requests"] == 6, counters

@@ -115,7 +115,12 @@ class CompileResult:
     def with_source(self, source: str) -> CompileResult: ...
 
 def compile(
-    spirv: bytes, device: str, options: Options, *, store: bool = True
+    spirv: bytes,
+    device: str,
+    options: Options,
+    *,
+    store: bool = True,
+    bundle: Optional[Tuple[Optional[str], Sequence[Tuple[str, str]], Sequence[str]]] = None,
 ) -> CompileResult: ...
 def compile_many(
     requests: Sequence[Dict[str, Any]],

@@ -202,10 +202,10 @@ pub(crate) fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
         simd_size: c.spill.simd,
         recovered: c.recovered,
         cached: c.cached,
-        source: if c.from_store {
-            "remote".to_string()
-        } else {
-            source_of(c.cached)
+        source: match c.level {
+            Some(crate::cache::Counter::StoreHits) => "remote".to_string(),
+            Some(crate::cache::Counter::BundleHits) => "bundle".to_string(),
+            _ => source_of(c.cached),
         },
         attempts: attempts(&c.attempts),
         log: c.log,
@@ -214,20 +214,26 @@ pub(crate) fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
 }
 
 /// Compile SPIR-V to a zebin with ocloc, retrying in large GRF mode when needed; the
-/// fleet's store answers first unless `store` is False.
+/// levels answer first: `bundle` (Triton's release, the device's target profiles as
+/// `(ocloc device, id)`, the bundles' directories) when given, the local cache, the
+/// fleet's store unless `store` is False. With `bundle`, a host without ocloc is still
+/// answered from the bundles.
 #[pyfunction]
-#[pyo3(signature = (spirv, device, options, *, store=true))]
+#[pyo3(signature = (spirv, device, options, *, store=true, bundle=None))]
 pub fn compile(
     py: Python<'_>,
     spirv: Vec<u8>,
     device: String,
     options: PyRef<'_, PyOptions>,
     store: bool,
+    bundle: Option<super::bundle::BundleQuery>,
 ) -> PyResult<CompileResult> {
+    let bundle = bundle.map(super::bundle::bundle_query);
     let req = CompileRequest {
         spirv,
         device,
         options: options.inner.clone(),
+        bundle,
     };
     let outcome = interruptible(py, |cancel| engine::compile(&req, store, cancel));
     emit_warnings(py);
@@ -250,6 +256,7 @@ pub fn forget_cached(
         spirv,
         device,
         options: options.inner.clone(),
+        bundle: None,
     };
     engine::forget_cached(&req).map_err(|e| to_pyerr(py, e.into()))
 }
@@ -274,6 +281,7 @@ pub fn compile_many(
                     .extract::<PyRef<PyOptions>>()?
                     .inner
                     .clone(),
+                bundle: None,
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -15,6 +15,7 @@ fn request(spirv: Vec<u8>, device: String, options: &PyOptions) -> CompileReques
         spirv,
         device,
         options: options.inner.clone(),
+        bundle: None,
     }
 }
 

@@ -165,6 +165,22 @@ impl Cache {
         self.in_use().map(|(in_use, _)| in_use.ledger.clone())
     }
 
+    /// The ledger that counts a request's answer, the directory made (0700) on its first
+    /// use: a request answered without a write (a bundle's hit, a refusal) still counts.
+    pub fn ledger_to_count(&self) -> Option<Arc<Ledger>> {
+        self.ledger().or_else(|| {
+            let missing = std::fs::symlink_metadata(&self.dir).is_err();
+            if self.refused.is_some() || !missing {
+                return None;
+            }
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir);
+            self.ledger()
+        })
+    }
+
     /// This directory as this process uses it, and whether that began now. On first use
     /// its ledger is mapped, and a slice of the last layouts' entries moved in.
     fn in_use(&self) -> Option<(Arc<InUse>, bool)> {

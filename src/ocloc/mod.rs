@@ -5,9 +5,12 @@
 //! A job runs with argv only (never a shell), in a private temp dir removed afterwards, in
 //! its own process group so a timeout or Ctrl-C kills ocloc and anything it started.
 
+mod attempt;
 mod find;
 mod process;
+pub mod wire;
 
+pub use attempt::{Built, Job};
 pub use find::{discover, identity, worker_library, worker_unavailable, OCLOC_ENV};
 /// The compilers' identities and worker kinds known so far (the pool's tests hold them).
 #[cfg(test)]
@@ -16,7 +19,7 @@ pub use process::run_process;
 
 use crate::classify::{classify_failure, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::{libocloc, pool};
+use crate::pool;
 use find::worker_spec;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -95,7 +98,7 @@ fn run_on_worker(ocloc: &Path, spec: &JobSpec) -> Option<RawRun> {
         return None;
     }
     let kind = worker_spec(ocloc).ok()?;
-    let header = serde_json::to_vec(&libocloc::Request {
+    let header = serde_json::to_vec(&wire::Request {
         args: spec.args.clone(),
         input_name: spec.input_name.to_string(),
     })
@@ -113,7 +116,7 @@ fn from_reply(reply: pool::Reply, timeout: Option<Duration>, seconds: f64) -> Op
             payload,
             chatter,
         } => {
-            let response: libocloc::Response = serde_json::from_slice(&header).ok()?;
+            let response: wire::Response = serde_json::from_slice(&header).ok()?;
             Some(RawRun {
                 // In-process ocloc returns what the CLI would turn into its exit status.
                 exit: Exit::Code(response.code & 0xff),

@@ -3,9 +3,9 @@
 //! once per request, by `levels::Levels::count`.
 
 use super::levels::Answered;
+use crate::attempt::Attempt;
 use crate::cache::{Counter, Ledger};
 use crate::error::ErrorKind;
-use crate::ladder::Attempt;
 
 fn micros(attempts: &[Attempt]) -> u64 {
     let seconds: f64 = attempts.iter().map(|a| a.seconds.max(0.0)).sum();

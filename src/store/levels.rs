@@ -12,10 +12,11 @@
 use super::accounts;
 use super::format;
 use super::remote::{self, Config, Wanted};
-use crate::bundle::search::{Missed, Wanted as BundleWanted};
+use crate::attempt::{Attempt, Record};
+use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
-use crate::error::{BuildError, Result};
-use crate::ladder::{Attempt, Record};
+use crate::error::Result;
+use crate::options::Options;
 pub use crate::zebin::Fits;
 
 /// What an entry is built for, as the fleet's store signs it: the device and the
@@ -260,13 +261,6 @@ enum Keep {
     Everywhere,
 }
 
-/// What `Levels::keep` did with a fresh build: what it says, and whether the build fits
-/// the request's link rule (`Fits::linked`; the request fails on one that does not).
-pub struct Kept {
-    pub notes: Vec<String>,
-    pub linked: std::result::Result<(), BuildError>,
-}
-
 /// A level as a line says it (the counter of its hits names it).
 pub fn said(level: Counter) -> &'static str {
     match level {
@@ -288,6 +282,35 @@ pub enum Answered<'a> {
     Refused,
 }
 
+/// What a request looks for in the bundles: the caller's query, and what the bundles' own
+/// keys are made of (the input, its kernel, the options).
+pub struct BundleAsk<'a> {
+    pub query: &'a Query,
+    pub input: &'a [u8],
+    pub kernel: &'a str,
+    pub options: &'a Options,
+}
+
+impl BundleAsk<'_> {
+    /// The bundles' keys for this kernel, one per target profile; None (why, at debug)
+    /// when there is nothing to look for.
+    fn wanted(self) -> Option<BundleWanted> {
+        BundleWanted::new(self.input, self.kernel, self.options, self.query)
+            .map_err(|why| {
+                let kernel = self.kernel;
+                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
+            })
+            .ok()
+    }
+}
+
+/// Which levels a request asks: its cache (None: off), the fleet's store, the bundles.
+pub struct Asked<'a> {
+    pub cache: Option<Cache>,
+    pub store: bool,
+    pub bundle: Option<BundleAsk<'a>>,
+}
+
 /// The levels a request asks, fastest first (with its cache off, only the bundles it
 /// looks in, if any).
 pub struct Levels {
@@ -297,15 +320,19 @@ pub struct Levels {
 }
 
 impl Levels {
-    /// The levels of a request whose cache is `cache` (None: off), in the order they are
-    /// asked: the bundles it looks in (`bundle`), the local cache, then the fleet's store
-    /// when `XPU_ZEBIN_REMOTE` is set and `store` is true. A bad store setting is the error
-    /// (whether the cache is on or not: no setting is ignored); the keys' settings are
-    /// read when the store is.
-    pub fn open(cache: Option<Cache>, store: bool, bundle: Option<BundleWanted>) -> Result<Levels> {
+    /// The levels of a request, in the order they are asked: the bundles it looks in,
+    /// the local cache (unless off), then the fleet's store when `XPU_ZEBIN_REMOTE` is set
+    /// and the request asks it. A bad store setting is the error (whether the cache is on
+    /// or not: no setting is ignored); the keys' settings are read when the store is.
+    pub fn open(asked: Asked<'_>) -> Result<Levels> {
+        let Asked {
+            cache,
+            store,
+            bundle,
+        } = asked;
         let cfg = store.then(remote::config).transpose()?.flatten();
         let mut levels: Vec<Box<dyn Level>> = Vec::new();
-        if let Some(wanted) = bundle {
+        if let Some(wanted) = bundle.and_then(BundleAsk::wanted) {
             levels.push(Box::new(Bundle(wanted)));
         }
         let Some(cache) = cache else {
@@ -331,20 +358,20 @@ impl Levels {
     /// first level on). A bad setting is the error, counted as a refused request when
     /// the request is `counted`.
     pub fn ask(
-        cache: Option<Cache>,
-        store: bool,
+        asked: Asked<'_>,
         counted: bool,
         key: &str,
         target: Target<'_>,
         fits: Fits<'_>,
         notes: &mut Vec<String>,
     ) -> Result<(Levels, Option<Hit>)> {
+        let cache = asked.cache.clone();
         let refused = || {
             if counted {
                 Levels::count_refused(cache.as_ref());
             }
         };
-        let levels = Levels::open(cache.clone(), store, None).inspect_err(|_| refused())?;
+        let levels = Levels::open(asked).inspect_err(|_| refused())?;
         let found = levels
             .find(0, key, target, Some(fits), notes)
             .inspect_err(|_| refused())?;
@@ -398,21 +425,21 @@ impl Levels {
     }
 
     /// A fresh build of `key` into the levels this node may write: nowhere unless it is
-    /// `repeatable` (no transient failure shaped it), and here only when it does not fit
-    /// the request's link rule (`fits`; None: the driver links it). An error is a bad
-    /// setting (a signing key that cannot be read).
+    /// `repeatable` (no transient failure shaped it), and here only when it is not
+    /// `linked` (it has symbols left for a link the request allowed: no other node takes
+    /// it). What it says is returned. An error is a bad setting (a signing key that
+    /// cannot be read).
     pub fn keep(
         &self,
         key: &str,
         target: Target<'_>,
         built: (&Record, &[u8]),
         repeatable: bool,
-        fits: Option<Fits<'_>>,
-    ) -> Result<Kept> {
+        linked: bool,
+    ) -> Result<Vec<String>> {
         let (record, binary) = built;
         let entry = cache::encode(key, record, binary);
-        let linked = fits.map_or(Ok(()), |fits| fits.linked(binary));
-        let scope = match (repeatable, linked.is_ok()) {
+        let scope = match (repeatable, linked) {
             (false, _) => Keep::Nowhere,
             (true, false) => Keep::Here,
             (true, true) => Keep::Everywhere,
@@ -433,7 +460,7 @@ impl Levels {
                 }
             }
         }
-        Ok(Kept { notes, linked })
+        Ok(notes)
     }
 
     /// The local entry of `key`, whole and `key`'s and fitting the request (`fits`: one
@@ -468,15 +495,15 @@ impl Levels {
 
     /// Count a request refused before any level was asked (a bad setting), in the ledger
     /// of its cache (`cache`).
-    pub fn count_refused(cache: Option<&Cache>) {
-        if let Some(l) = cache.and_then(Cache::ledger) {
+    fn count_refused(cache: Option<&Cache>) {
+        if let Some(l) = cache.and_then(Cache::ledger_to_count) {
             accounts::count(&l, Answered::Refused);
         }
     }
 
     /// Count the request's answer once, in its directory's ledger.
     pub fn count(&self, answered: Answered<'_>) {
-        if let Some(l) = self.cache.as_ref().and_then(Cache::ledger) {
+        if let Some(l) = self.cache.as_ref().and_then(Cache::ledger_to_count) {
             accounts::count(&l, answered);
         }
     }

@@ -13,9 +13,9 @@
 //! binaries, and for SPIR-V only when isolation is explicitly turned off.
 
 use super::{ffi, runtime, Kernel, Module, Runtime};
+use crate::attempt::Build;
 use crate::classify::{classify_driver_failure, signal_name, Exit};
 use crate::error::{BuildError, ErrorKind, Result};
-use crate::ladder::Build;
 use crate::pool;
 use crate::spill::Spill;
 use serde::{Deserialize, Serialize};

@@ -8,17 +8,17 @@
 
 use super::build::{self, Built, Isolated};
 use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
+use crate::attempt::{self, Attempt, Record};
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::grf;
 use crate::key::{KeyInputs, Purpose};
 use crate::knobs::effective_timeout;
-use crate::ladder::{self, Plan, Record, Settled, Speculation};
-use crate::ladder::{Attempt, Failure};
+use crate::ladder::{self, Failure, Plan, Settled, Speculation};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
-use crate::store::levels::{Answered, Entry, Hit, Levels, Target};
+use crate::store::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -229,7 +229,7 @@ impl Context<'_> {
         ladder::settle(
             plan,
             |flags, cancel| {
-                ladder::timed(flags, || {
+                attempt::timed(flags, || {
                     let (name, input) = (&req.kernel_name, &req.binary);
                     build::isolated(req.device, name, input, true, flags, self.timeout, cancel)
                 })
@@ -324,7 +324,7 @@ impl Context<'_> {
         ladder::settle(
             plan,
             |flags, cancel| {
-                ladder::timed(flags, || {
+                attempt::timed(flags, || {
                     let (name, input) = (&req.kernel_name, &req.binary);
                     if let Some(trial) = &trial {
                         trial.run(name, input, flags, self.timeout, cancel)?;
@@ -393,17 +393,20 @@ fn levels_of(
         .bundle
         .as_ref()
         .filter(|_| req.is_spv)
-        .and_then(|query| {
-            let kernel = &req.kernel_name;
-            crate::bundle::search::Wanted::new(&req.binary, kernel, o, query)
-                .map_err(|why| {
-                    crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"))
-                })
-                .ok()
+        .map(|query| BundleAsk {
+            query,
+            input: &req.binary,
+            kernel: &req.kernel_name,
+            options: o,
         });
     let cache = kept.then(|| Cache::open(o.cache_dir.as_deref()));
     // The store serves what the local cache keeps: only then are its settings read.
-    Ok((Levels::open(cache, kept, bundle)?, key))
+    let asked = Asked {
+        cache,
+        store: kept,
+        bundle,
+    };
+    Ok((Levels::open(asked)?, key))
 }
 
 fn load_inner(
@@ -454,11 +457,7 @@ fn load_inner(
             notes.extend(more);
             // The driver links what it builds (no link rule of the request's to keep).
             let built_here = (&record, native.as_slice());
-            notes.extend(
-                levels
-                    .keep(&key, target, built_here, repeatable, None)?
-                    .notes,
-            );
+            notes.extend(levels.keep(&key, target, built_here, repeatable, true)?);
             (built, native, record, None)
         }
     };

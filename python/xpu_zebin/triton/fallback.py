@@ -123,13 +123,30 @@ def _driver_refusal(
     return error if error.kind in REFUSAL_KINDS else None
 
 
+#: What the engine asks the bundles for (``bundle.query``): Triton's release, the device's
+#: target profiles, the bundles' directories; None: no bundle.
+Asked = Optional[Tuple[Optional[str], Any, Any]]
+
+
 def jit_native(
-    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int, asked: Asked = None
 ) -> Tuple[bytes, str]:
     """The driver's own compiler builds the kernel from its SPIR-V (in a worker unless
-    isolation is off), with the GRF fallback: (native binary, chosen flags)."""
-    with xpu_zebin.compile_and_load(spirv, name, device=device, options=options) as loaded:
+    isolation is off), with the GRF fallback: (native binary, chosen flags). The engine
+    asks the bundles first (``asked``), their entry tried in a worker before it loads."""
+    req = xpu_zebin._load_request(spirv, name, device=device, options=options)
+    loaded = xpu_zebin._report(xpu_zebin._core.compile_and_load(**req, bundle=asked), name)
+    with loaded:
         return loaded.native_binary, loaded.build_flags
+
+
+def _compile(spirv: bytes, options: xpu_zebin.Options, arch: str, asked: Asked) -> Any:
+    """``compile``, the engine asking the bundles first (``asked``): a host without
+    ``ocloc`` is answered from them too."""
+    if asked is None:
+        return xpu_zebin.compile(spirv, device=arch, options=options)
+    result = xpu_zebin._core.compile(spirv, arch, options, bundle=asked)
+    return xpu_zebin._report(result, result.kernel)
 
 
 def trial_load(
@@ -151,29 +168,17 @@ def trial_load(
         raise triton_error(e) from e
 
 
-def _from_bundle(
-    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
-) -> Optional[Tuple[bytes, str]]:
-    """A bundle's build of this kernel for this device that loads here (trial-loaded in a
-    worker first), or None."""
-    found = bundle.find(name, spirv, options, device)
-    if found is not None:
-        try:
-            trial_load(name, found[0], found[1], device, options.device_arch)
-            return found
-        except Exception as e:  # an entry that does not load here: compile instead
-            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
-    return None
-
-
 def _build_offline(
-    name: str, spirv: bytes, options: xpu_zebin.Options, device: int
+    name: str, spirv: bytes, options: xpu_zebin.Options, device: int, asked: Asked
 ) -> Tuple[bytes, str, bool]:
     """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags, made by
-    this process's compiler just now); a build an autotune precompile made for this very
-    request, when there is one."""
+    this process's compiler just now), the bundles asked first (``asked``); else a build
+    an autotune precompile made for this very request, when there is one (with bundles,
+    the precompile's build answers from the cache, after them)."""
     arch = ocloc_arch(device, options.device_arch)
-    prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
+    prebuilt = None
+    if asked is None:
+        prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
     if prebuilt is not None and prebuilt.error is not None:
         raise prebuilt.error  # built for this benchmark a moment ago: its answer
     if prebuilt is not None:
@@ -183,7 +188,7 @@ def _build_offline(
             return prebuilt.binary, prebuilt.build_flags, not prebuilt.untrusted
         except Exception as e:  # built here instead, as if it had not been made
             logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
-    result = compile_trusting_no_cache(name, spirv, options, arch, device)
+    result = compile_trusting_no_cache(name, spirv, options, arch, device, asked)
     return result.binary, result.build_flags, result.source == "compiled"
 
 
@@ -198,20 +203,26 @@ def forget_cached(name: str, spirv: bytes, options: xpu_zebin.Options, arch: str
 
 
 def compile_trusting_no_cache(
-    name: str, spirv: bytes, options: xpu_zebin.Options, arch: str, device: int
-) -> Any:
-    """``compile``, where a cache entry is untrusted input (a shared cache, a neighbour):
-    its binary loads in a worker before the driver loads it here (once per binary and
-    host). One that does not load, the driver's refusal included, is removed from the
-    cache and the kernel built fresh (written back in its place): a refusal of bytes read
-    from a cache is never the compiler's, and never stays to be refused again."""
-    result = xpu_zebin.compile(spirv, device=arch, options=options)
+    name: str, spirv: bytes, options: xpu_zebin.Options, arch: str, device: int,
+    asked: Asked = None,
+) -> Any:  # fmt: skip
+    """``compile`` (the bundles asked first: ``asked``), where an entry a level gave is
+    untrusted input (a bundle, a shared cache, a neighbour): its binary loads in a worker
+    before the driver loads it here (once per binary and host). One that does not load,
+    the driver's refusal included, is removed from the cache and the kernel built fresh
+    (written back in its place): a refusal of bytes read from a level is never the
+    compiler's, and never stays to be refused again."""
+    result = _compile(spirv, options, arch, asked)
     if not result.cached:
         return result
     try:
         trial_load(name, result.binary, result.build_flags, device, options.device_arch)
         return result
     except Exception as e:
+        if result.source == "bundle":  # the other levels, then the compiler
+            logger.warning("kernel %r: native binary from a bundle did not load (%s); trying "
+                           "the next level", name, e)  # fmt: skip
+            return compile_trusting_no_cache(name, spirv, options, arch, device)
         removed = forget_cached(name, spirv, options, arch)
         logger.warning("kernel %r: cached zebin (from the %s) did not load here (%s); %s and "
                        "rebuilt fresh", name, result.source, e,
@@ -252,23 +263,22 @@ def load_spirv(
     device: int,
     load: Callable[[bytes, str], Any],
 ) -> Tuple[Any, str]:
-    """SPIR-V to the driver's loader: a bundle's build, else the package's native build
-    when the driver takes it. When the driver refuses it (a compiler of another release,
-    unresolved symbols), or the offline compiler fails where the driver's own may not,
-    the driver's own compiler builds it from the SPIR-V, as upstream's path does, and one
-    line says why; a (compiler, driver) pair whose format was refused goes to the
-    driver's compiler at once after (docs/design.md §6)."""
-    found = _from_bundle(name, spirv, options, device)
-    if found is not None:
-        return load(*found), found[1]
+    """SPIR-V to the driver's loader: a bundle's build (the engine asks the bundles first,
+    in Rust), else the package's native build when the driver takes it. When the driver
+    refuses it (a compiler of another release, unresolved symbols), or the offline
+    compiler fails where the driver's own may not, the driver's own compiler builds it
+    from the SPIR-V, as upstream's path does, and one line says why; a (compiler, driver)
+    pair whose format was refused goes to the driver's compiler at once after
+    (docs/design.md §6)."""
+    asked = bundle.query(name, device)
     offline = offline_usable()
     pair = compiler_pair(options, device) if offline else None
     refused: Optional[bytes] = None
     if not offline or refused_here(pair):
-        native, flags = jit_native(name, spirv, options, device)
+        native, flags = jit_native(name, spirv, options, device, asked)
         return load(native, flags), flags
     try:
-        native, flags, fresh = _build_offline(name, spirv, options, device)
+        native, flags, fresh = _build_offline(name, spirv, options, device, asked)
     except BuildError as e:
         if e.kind in FINAL_OFFLINE_KINDS:
             raise
@@ -299,26 +309,20 @@ def native_the_driver_takes(
     trial load the drop-in ``load_binary`` does anyway (remembered per binary on this
     host), made before the binary is handed on (docs/design.md §6)."""
     here = loads_here(arch)
-    found = bundle.find(name, spirv, options, 0, arch=arch)
-    if found is not None:
-        try:
-            if here:
-                trial_load(name, found[0], found[1], 0, options.device_arch)
-            return found
-        except Exception as e:  # an entry that does not load here: built instead
-            logger.warning("kernel %r: bundle entry did not load (%s); compiling", name, e)
+    # The engine asks the bundles first, on every path below (only for the local device).
+    asked = bundle.query(name, 0, arch)
     if not offline_usable():  # no ocloc here: the driver's own compiler, in a worker
-        return jit_native(name, spirv, options, 0)
+        return jit_native(name, spirv, options, 0, asked)
     pair = compiler_pair(options, 0) if here else None
     if refused_here(pair):
-        return jit_native(name, spirv, options, 0)
+        return jit_native(name, spirv, options, 0, asked)
     refused: Optional[bytes] = None
     arch = arch or ocloc_arch(0, None)
     try:
-        if here:  # a cached build is tried first: refused, it is rebuilt fresh
-            result = compile_trusting_no_cache(name, spirv, options, arch, 0)
+        if here:  # a level's build is tried first: refused, it is rebuilt fresh
+            result = compile_trusting_no_cache(name, spirv, options, arch, 0, asked)
         else:
-            result = xpu_zebin.compile(spirv, device=arch, options=options)
+            result = _compile(spirv, options, arch, asked)
     except BuildError as e:  # upstream's make_zebin fails too, but where the driver may not
         if not here or e.kind not in REFUSAL_KINDS:
             raise
