@@ -7,9 +7,12 @@ driver's JIT in the process, upstream's way) against from a bundle (no compile);
 model's whole start (Triton's front end and the load) from nothing against after ``bundle
 import`` (Triton cache hits: no front end, no IGC). The farm
 builds the set for three targets (pvc, bmg, dg2) one at a time, with ``jobs`` = cores, and
-on a local Dask cluster. Every ratio is measured in this run.
+on a local Dask cluster. Every ratio is measured in this run; the two starts in
+interleaved pairs (``pairs.py``: JIT and bundle alternate, AB then BA, each pair one ratio,
+the median and its 95% interval in ``bounds``), each side a fresh process timing itself.
 
-    python benches/cold_start.py --ocloc <modern ocloc> [--repeat 3] [--dask] [--json]
+    python benches/cold_start.py --ocloc <modern ocloc> [--repeat 3] [--budget 60] [--dask]
+        [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Dict, List
 
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
+import pairs
 import record
 
 import xpu_zebin
@@ -87,7 +91,13 @@ def child_model(mode: str) -> None:
     print(json.dumps({"mode": mode, "start": total}))
 
 
-def model_start(work: Path, profiles: list, ocloc: str, repeat: int) -> Dict[str, Any]:
+def _paired(jit: Any, fast: Any, repeat: int, budget: float) -> pairs.Ratio:
+    return pairs.measure(jit, fast, floor=max(1, repeat), budget_s=budget)
+
+
+def model_start(
+    work: Path, profiles: list, ocloc: str, repeat: int, budget: float
+) -> Dict[str, Any]:
     """Model start in fresh processes: from nothing (Triton's front end, then the driver's
     JIT) against after ``bundle import`` (Triton cache hits, native loads)."""
     import model_kernels
@@ -104,19 +114,27 @@ def model_start(work: Path, profiles: list, ocloc: str, repeat: int) -> Dict[str
     installed = xt.import_bundle(work / "model.bundle", work / "user-bundles")
     env = {**os.environ, "XPU_ZEBIN_BUNDLE": str(installed)}
     starts: Dict[str, list] = {"jit": [], "bundle": []}
-    for i in range(max(1, repeat)):
-        jit_env = {**os.environ, "XPU_ZEBIN_ISOLATED": "0",
-                   "TRITON_CACHE_DIR": str(work / f"jit-triton-{i}"),
-                   "XPU_ZEBIN_CACHE_DIR": str(work / f"jit-model-cache-{i}")}  # fmt: skip
-        jit_env.pop("XPU_ZEBIN_BUNDLE", None)
-        for mode, e in (("jit", jit_env), ("bundle", env)):
+
+    def start(mode: str) -> Any:
+        def one() -> pairs.Took:
+            i = len(starts[mode])  # each JIT start from nothing: its own caches
+            e = env if mode == "bundle" else {
+                **{k: v for k, v in os.environ.items() if k != "XPU_ZEBIN_BUNDLE"},
+                "XPU_ZEBIN_ISOLATED": "0", "TRITON_CACHE_DIR": str(work / f"jit-triton-{i}"),
+                "XPU_ZEBIN_CACHE_DIR": str(work / f"jit-model-cache-{i}")}  # fmt: skip
             out = subprocess.run([sys.executable, __file__, "--child-model", mode], env=e,
                                  capture_output=True, text=True, check=True)  # fmt: skip
             starts[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["start"])
+            return pairs.Took(starts[mode][-1])
+
+        return one
+
+    ratio = _paired(start("jit"), start("bundle"), repeat, budget)
     jit, fast = statistics.median(starts["jit"]), statistics.median(starts["bundle"])
     return {"model_farm_s": round(farm_s, 1), "model_start_jit_s": round(jit, 2),
             "model_start_bundle_s": round(fast, 3),
-            "model_start_speedup": round(jit / fast, 1)}  # fmt: skip
+            "model_start_speedup": round(ratio.median, 1),
+            "model_start_bounds": ratio.bounds()}  # fmt: skip
 
 
 def fresh_process(mode: str, kernels_file: Path, env: Dict[str, str]) -> Dict[str, Any]:
@@ -136,6 +154,38 @@ def farm(
         started = time.perf_counter()
         bundle.precompile(kernels, profiles, Path(tmp) / "b", jobs=jobs, client=client, ocloc=ocloc)
         return time.perf_counter() - started
+
+
+def cold_loads(
+    work: Path, kernels_file: Path, env: Dict[str, str], bundle_env: Dict[str, str],
+    repeat: int, budget: float,
+) -> Dict[str, Any]:  # fmt: skip
+    """Every kernel loaded in a fresh process: the driver's JIT from an empty package cache
+    against the bundle, in interleaved pairs."""
+    jit_env = {**env, "XPU_ZEBIN_ISOLATED": "0", "XPU_ZEBIN_CACHE_DIR": str(work / "jit-cache")}
+    jit_env.pop("XPU_ZEBIN_BUNDLE", None)
+    runs: Dict[str, list] = {"jit": [], "bundle": []}
+
+    def load(mode: str, e: Dict[str, str]) -> Any:
+        def one() -> pairs.Took:
+            if mode == "jit":  # every JIT run starts from an empty package cache
+                subprocess.run(["rm", "-rf", jit_env["XPU_ZEBIN_CACHE_DIR"]], check=True)
+            runs[mode].append(fresh_process(mode, kernels_file, e))
+            return pairs.Took(sum(runs[mode][-1]["loads"]))
+
+        return one
+
+    cold = _paired(load("jit", jit_env), load("bundle", bundle_env), repeat, budget)
+    total = {m: statistics.median(sum(r["loads"]) for r in rs) for m, rs in runs.items()}
+    per_bundle = statistics.median(x for r in runs["bundle"] for x in r["loads"])
+    per_native = statistics.median(x for r in runs["bundle"] for x in r["native"])
+    return dict(
+        jit_load_s=round(total["jit"], 2), bundle_load_s=round(total["bundle"], 3),
+        cold_start_speedup=round(cold.median, 1), cold_start_bounds=cold.bounds(),
+        per_kernel_bundle_ms=round(1000 * per_bundle, 2),
+        per_kernel_native_ms=round(1000 * per_native, 2),
+        driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
+    )  # fmt: skip
 
 
 def report(results: Dict[str, Any], pairs: int, n_targets: int, cores: int) -> None:
@@ -159,7 +209,10 @@ def report(results: Dict[str, Any], pairs: int, n_targets: int, cores: int) -> N
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None, help="the farm's compiler (default: discovery)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3, help="pairs per ratio, at least")
+    p.add_argument("--budget", type=pairs.seconds, default=60.0,
+                   help="seconds a ratio may add pairs for until its interval is within "
+                        "5%% of its median (0: exactly --repeat pairs)")  # fmt: skip
     p.add_argument("--dask", action="store_true", help="also build on a 2-worker LocalCluster")
     p.add_argument("--json", action="store_true")
     record.add_output_argument(p)
@@ -203,25 +256,9 @@ def main() -> int:
     env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(work / "user-cache")}
     os.environ.update(env)
     installed = bundle.import_bundle(work / "bundle")
-    jit_env = {**env, "XPU_ZEBIN_ISOLATED": "0", "XPU_ZEBIN_CACHE_DIR": str(work / "jit-cache")}
-    jit_env.pop("XPU_ZEBIN_BUNDLE", None)
-    runs: Dict[str, list] = {"jit": [], "bundle": []}
-    for _ in range(max(1, args.repeat)):
-        for mode, e in (("jit", jit_env), ("bundle", {**env, "XPU_ZEBIN_BUNDLE": str(installed)})):
-            if mode == "jit":  # every JIT run starts from an empty package cache
-                subprocess.run(["rm", "-rf", jit_env["XPU_ZEBIN_CACHE_DIR"]], check=True)
-            runs[mode].append(fresh_process(mode, kernels_file, e))
-    total = {m: statistics.median(sum(r["loads"]) for r in rs) for m, rs in runs.items()}
-    per_bundle = statistics.median(x for r in runs["bundle"] for x in r["loads"])
-    per_native = statistics.median(x for r in runs["bundle"] for x in r["native"])
-    results.update(
-        jit_load_s=round(total["jit"], 2), bundle_load_s=round(total["bundle"], 3),
-        cold_start_speedup=round(total["jit"] / total["bundle"], 1),
-        per_kernel_bundle_ms=round(1000 * per_bundle, 2),
-        per_kernel_native_ms=round(1000 * per_native, 2),
-        driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
-    )  # fmt: skip
-    results.update(model_start(work, profiles, ocloc, args.repeat))
+    bundle_env = {**env, "XPU_ZEBIN_BUNDLE": str(installed)}
+    results.update(cold_loads(work, kernels_file, env, bundle_env, args.repeat, args.budget))
+    results.update(model_start(work, profiles, ocloc, args.repeat, args.budget))
     report(results, len(kernels), len(profiles), cores)
     record.write(args.output, "cold_start", results, ocloc)
     if args.json:

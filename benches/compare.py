@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -473,14 +472,6 @@ def print_report(bench: Bench, ocloc: str, machine: str) -> None:
           f"{results['ze_isolation_overhead_percent']}%")  # fmt: skip
 
 
-def seconds(text: str) -> float:
-    """A time budget: a finite number of seconds, 0 or more (inf would never end a row)."""
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -488,7 +479,7 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="pairs per row, at least")
     parser.add_argument(
-        "--budget", type=seconds, default=60.0,
+        "--budget", type=pairs.seconds, default=60.0,
         help="seconds a row may add pairs for until its ratio is settled (default 60)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object last")

@@ -5,6 +5,10 @@ Node A (a fresh process, read-write, a signing key) compiles the model's kernels
 fresh local cache, read-only, A's key trusted) gets the same kernels. Reported, each a ratio
 measured in this run:
 
+Each ratio is the median of interleaved pairs (``pairs.py``: baseline and package
+alternate, AB then BA, each pair one ratio, a 95% interval beside it in ``bounds``), each
+side a fresh node timing itself (its process start is the same on both sides):
+
 - ``fleet_speedup``: B compiling from scratch over B with the store;
 - ``triton_fleet_speedup``: the same through Triton's own front end, with the package's
   cache manager (``FleetCacheManager``) against no shared cache;
@@ -42,7 +46,8 @@ from typing import Any, Dict, Tuple
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
 
 HERE = Path(__file__).resolve().parent
-import record  # noqa: E402  (benches/, beside this file)
+import pairs  # noqa: E402  (benches/, beside this file)
+import record  # noqa: E402
 
 MANAGER = "xpu_zebin.triton.fleet_cache:FleetCacheManager"
 
@@ -128,6 +133,12 @@ def _median(runs: list) -> float:
     return statistics.median(x["seconds"] for x in runs)
 
 
+def _row(r: Dict[str, Any], name: str, ratio: pairs.Ratio) -> None:
+    """A ratio into the results, its interval and pairs into ``bounds``."""
+    r[name] = round(ratio.median, 2)
+    r.setdefault("bounds", {})[name] = ratio.bounds()
+
+
 @dataclasses.dataclass
 class Nodes:
     """How this run starts a fresh node: its work directory, the store, the kernels."""
@@ -138,32 +149,51 @@ class Nodes:
     count: int
     signer: Dict[str, str]
     trust: Dict[str, str]
+    #: Seconds a row may add pairs for, after its floor.
+    budget: float = 0.0
+    runs: Dict[str, list] = dataclasses.field(default_factory=dict)
 
     def run(self, mode: str, name: str, url: str, **extra: str) -> Dict[str, Any]:
         return run_node(mode, _node_env(self.work, name, url, **extra), self.count, self.ocloc)
 
+    def side(self, mode: str, name: str, url: str, fresh: bool = True, **extra: str) -> Any:
+        """One side of a pair: a node named ``name`` (a new one each call when ``fresh``),
+        its own seconds; every run kept in ``runs[name]``."""
+
+        def one() -> pairs.Took:
+            kept = self.runs.setdefault(name, [])
+            node = f"{name}-{len(kept)}" if fresh else name
+            kept.append(self.run(mode, node, url, **extra))
+            return pairs.Took(kept[-1]["seconds"])
+
+        return one
+
+    def measure(self, baseline: Any, package: Any, floor: int) -> pairs.Ratio:
+        return pairs.measure(baseline, package, floor=floor, budget_s=self.budget)
+
 
 def native_cases(nodes: Nodes, repeat: int) -> Dict[str, Any]:
     """A publishes; B, fresh each time, compiles from scratch or takes the kernels from
-    the store (alternated, so that the machine's drift hits both alike)."""
+    the store (in interleaved pairs, so that the machine's drift hits both alike)."""
     nodes.run("native", "a", nodes.url, **nodes.signer)
-    scratch, shared = [], []
-    for i in range(repeat):
-        scratch.append(nodes.run("native", f"b0-{i}", ""))
-        shared.append(nodes.run("native", f"b1-{i}", nodes.url, **nodes.trust))
-    # The same nodes again: every kernel in their local caches, with and without the store.
-    warm_store, warm_alone = [], []
-    for i in range(repeat):
-        warm_store.append(nodes.run("native", f"b1-{i}", nodes.url, **nodes.trust))
-        warm_alone.append(nodes.run("native", f"b1-{i}", ""))
-    assert all(set(w["sources"]) == {"cache"} for w in warm_store + warm_alone), warm_store
+    r: Dict[str, Any] = {}
+    scratch = nodes.side("native", "b0", "")
+    shared = nodes.side("native", "b1", nodes.url, **nodes.trust)
+    _row(r, "fleet_speedup", nodes.measure(scratch, shared, repeat))
+    # One node again: every kernel in its local cache, with the store set and with none.
+    warm_store = nodes.side("native", "b1-0", nodes.url, fresh=False, **nodes.trust)
+    warm_alone = nodes.side("native", "b1-0", "", fresh=False)
+    # A ratio above 1 is the store's cost: the package side is the one with no store.
+    _row(r, "local_hit_store_ratio", nodes.measure(warm_store, warm_alone, repeat))
+    warm = nodes.runs["b1-0"]
+    assert all(set(w["sources"]) == {"cache"} for w in warm), warm
+    shared_runs = nodes.runs["b1"]
     return {
-        "kernels": sum(shared[0]["sources"].values()),
-        "fleet_speedup": round(_median(scratch) / _median(shared), 2),
-        "local_hit_store_ratio": round(_median(warm_store) / _median(warm_alone), 2),
-        "b_scratch_s": round(_median(scratch), 2),
-        "b_remote_s": round(_median(shared), 3),
-        "b_sources": shared[0]["sources"],
+        **r,
+        "kernels": sum(shared_runs[0]["sources"].values()),
+        "b_scratch_s": round(_median(nodes.runs["b0"]), 2),
+        "b_remote_s": round(_median(shared_runs), 3),
+        "b_sources": shared_runs[0]["sources"],
     }
 
 
@@ -176,16 +206,17 @@ def triton_cases(nodes: Nodes, repeat: int, port: int) -> Dict[str, Any]:
               "TRITON_REDIS_HOST": "127.0.0.1", "TRITON_REDIS_PORT": str(port)}  # fmt: skip
     nodes.run("triton", "ta", nodes.url, **nodes.signer, TRITON_CACHE_MANAGER=MANAGER)
     nodes.run("triton", "tc", "", **theirs)  # fills Triton's own store
-    scratch, with_ours, with_theirs = [], [], []
-    for i in range(repeat):
-        scratch.append(nodes.run("triton", f"tb0-{i}", ""))
-        with_ours.append(nodes.run("triton", f"tb1-{i}", nodes.url, **ours))
-        with_theirs.append(nodes.run("triton", f"tc-{i}", "", **theirs))
+    r: Dict[str, Any] = {}
+    scratch = nodes.side("triton", "tb0", "")
+    with_ours = nodes.side("triton", "tb1", nodes.url, **ours)
+    with_theirs = nodes.side("triton", "tc", "", **theirs)
+    _row(r, "triton_fleet_speedup", nodes.measure(scratch, with_ours, repeat))
+    # Ours over theirs: the package side is Triton's own remote cache (below 1: ours faster).
+    _row(r, "vs_triton_remote", nodes.measure(with_ours, with_theirs, repeat))
     return {
-        "triton_fleet_speedup": round(_median(scratch) / _median(with_ours), 2),
-        "vs_triton_remote": round(_median(with_ours) / _median(with_theirs), 2),
-        "triton_ours_s": round(_median(with_ours), 3),
-        "triton_theirs_s": round(_median(with_theirs), 3),
+        **r,
+        "triton_ours_s": round(_median(nodes.runs["tb1"]), 3),
+        "triton_theirs_s": round(_median(nodes.runs["tc"]), 3),
     }
 
 
@@ -193,8 +224,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
     p.add_argument("--kernels", type=int, default=1000, help="at most this many pairs")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="fresh node B processes per case, alternated: medians")  # fmt: skip
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="at least this many pairs of fresh node B processes per ratio",
+    )
+    p.add_argument("--budget", type=pairs.seconds, default=60.0,
+                   help="seconds a ratio may add pairs for until its interval is within "
+                        "5%% of its median (0: exactly --repeat pairs)")  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     record.add_output_argument(p)
@@ -229,9 +267,10 @@ def main() -> int:
         signer = {"XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_REMOTE_MODE": "read-write"}
         trust = {"XPU_ZEBIN_TRUSTED_KEYS": public}
         n, repeat = args.kernels, max(1, args.repeat)
-        nodes = Nodes(work, url, ocloc, n, signer, trust)
-        r: Dict[str, Any] = {"repeat": repeat, **native_cases(nodes, repeat)}
-        r.update(triton_cases(nodes, repeat, port))
+        nodes = Nodes(work, url, ocloc, n, signer, trust, budget=args.budget)
+        native, front_end = native_cases(nodes, repeat), triton_cases(nodes, repeat, port)
+        bounds = {**native.pop("bounds"), **front_end.pop("bounds")}
+        r: Dict[str, Any] = {"repeat": repeat, **native, **front_end, "bounds": bounds}
         # Every entry tampered with (one byte flipped): nothing of it is loaded.
         client = redis.Redis(port=port)
         for name in client.scan_iter(match=remote.PREFIX + "*"):

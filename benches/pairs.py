@@ -12,6 +12,8 @@ lower bound.
 
 from __future__ import annotations
 
+import argparse
+import math
 import random
 import statistics
 import time
@@ -52,6 +54,15 @@ class Ratio:
         }
 
 
+def seconds(text: str) -> float:
+    """A time budget (``--budget``): a finite number of seconds, 0 or more (inf would
+    never end a row)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return value
+
+
 def interval(ratios: List[float], seed: int = 0) -> Tuple[float, float]:
     """The 95% bootstrap interval of the median of ``ratios`` (seeded: the same samples
     give the same interval)."""
@@ -64,10 +75,18 @@ def interval(ratios: List[float], seed: int = 0) -> Tuple[float, float]:
     return medians[int(0.025 * RESAMPLES)], medians[int(0.975 * RESAMPLES) - 1]
 
 
+@dataclass(frozen=True)
+class Took:
+    """What one side measured itself, returned by it instead of being timed from outside
+    (a fresh process's own clock: its start and imports are the same on both sides)."""
+
+    seconds: float
+
+
 def _timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
+    said = fn()
+    return said.seconds if isinstance(said, Took) else time.perf_counter() - started
 
 
 def measure(
@@ -79,7 +98,8 @@ def measure(
 ) -> Ratio:
     """Alternate ``baseline`` and ``package`` in pairs (AB, BA, AB, ...), at least
     ``floor`` pairs, then more until the row is settled or ``budget_s`` seconds are spent.
-    A budget of 0 makes exactly ``floor`` pairs."""
+    A budget of 0 makes exactly ``floor`` pairs. A side that returns :class:`Took` is
+    counted by the seconds it says, else timed here."""
     started = time.perf_counter()
     base: List[float] = []
     pkg: List[float] = []

@@ -1,5 +1,5 @@
 //! The offline compile engine: validate, ask the levels of native code
-//! (`store::levels`: the local cache, the fleet's store), and on a miss run the GRF
+//! (`store::levels`: bundles, the local cache, the fleet's store), and on a miss run the GRF
 //! ladder through ocloc, classify, choose (`ladder::settle`), and keep the answer in the
 //! levels. `compile_many` runs requests with bounded parallelism.
 
@@ -32,6 +32,9 @@ pub struct CompileRequest {
     /// device's target profiles); None: no bundle. With bundles, a host without the
     /// compiler is still answered from them.
     pub bundle: Option<Query>,
+    /// False for a request already counted once (its first answer, a level's, did not
+    /// load here): it is not counted again.
+    pub counted: bool,
 }
 
 impl CompileRequest {
@@ -41,6 +44,7 @@ impl CompileRequest {
             device: device.to_string(),
             options: Options::default(),
             bundle: None,
+            counted: true,
         }
     }
 }
@@ -106,7 +110,9 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         .and_then(|path| ocloc::identity(&path).map(|identity| (path, identity)));
     let ((ocloc, compiler), missing) = match found {
         Ok(found) => (found, None),
-        Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
+        Err(e) if req.bundle.is_some() && e.kind == ErrorKind::ToolchainMissing => {
+            (Default::default(), Some(e))
+        }
         Err(e) => return Err(e.into()),
     };
     let key = KeyInputs {
@@ -123,7 +129,10 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         key,
         compiler,
         own_grf,
-        compiler_path: ocloc.display().to_string(),
+        compiler_path: match &missing {
+            None => ocloc.display().to_string(),
+            Some(_) => "the bundle's compiler".to_string(),
+        },
         missing,
         job: Job {
             ocloc,
@@ -253,8 +262,8 @@ impl Slot {
     }
 }
 
-/// Compile one request through every level: the local cache, the fleet's store (unless
-/// `store` is false), then this process's compiler. `cancel` stops it (the running ocloc
+/// Compile one request through every level: the bundles it names, the local cache, the
+/// fleet's store (unless `store` is false), then this process's compiler. `cancel` stops it (the running ocloc
 /// is killed).
 pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcome {
     compile_with(req, store, cancel, &|| true)
@@ -275,7 +284,7 @@ fn compile_with(
     let fits = slot.fits();
     // Asked without the store, a request is the rebuild of one already counted (the
     // driver refused its kept build: `forget_cached`).
-    let counted = store;
+    let counted = store && req.counted;
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
@@ -284,7 +293,7 @@ fn compile_with(
         (Some(hit), _) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
         (None, Some(missing)) => {
             let mut missing = missing.clone();
-            missing.message = format!("no bundle holds this kernel, and {}", missing.message);
+            missing.message = format!("no bundle gave this kernel, and {}", missing.message);
             Err(Box::new(Failure::from(missing)))
         }
         (None, None) => {
@@ -342,7 +351,10 @@ fn compile_with(
             Err(failure)
         }
     };
-    if counted {
+    // Without a compiler, a miss is not counted: the caller's fallback (the driver's own
+    // compiler) counts the request.
+    let fell_through = slot.missing.is_some() && outcome.is_err();
+    if counted && !fell_through {
         levels.count(match &outcome {
             Ok(c) => match c.level {
                 Some(level) => Answered::Hit(level, &c.attempts),

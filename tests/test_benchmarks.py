@@ -76,7 +76,7 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     fleet = BENCH.parent / "fleet.py"
     run = subprocess.run(
         [sys.executable, str(fleet), "--ocloc", system_ocloc, "--kernels", "4", "--json",
-         "--output", str(tmp_path / "out" / "fleet.json")],
+         "--repeat", "2", "--budget", "0", "--output", str(tmp_path / "out" / "fleet.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
@@ -84,6 +84,9 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     for key in ("fleet_speedup", "triton_fleet_speedup", "vs_triton_remote",
                 "local_hit_store_ratio"):  # fmt: skip
         assert report[key] > 0, key
+        bounds = report["bounds"][key]  # interleaved pairs: two, as asked (2 decimals)
+        assert bounds["pairs"] == 2, key
+        assert bounds["low"] - 0.01 <= report[key] <= bounds["high"] + 0.01, key
     assert report["b_sources"] == {"remote": 4} and report["tampered_loaded"] == 0
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
 

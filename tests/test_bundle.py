@@ -636,4 +636,5 @@ def test_the_offline_engine_asks_the_bundles_first_even_without_ocloc(
             with pytest.raises(xpu_zebin.ToolchainNotFound):
                 xpu_zebin._core.compile(spill["spirv"], "pvc", options, bundle=asked)
     counters = xpu_zebin.stats(cache)["counters"]
-    assert counters["hits_bundle"] == 4 and counters["requests"] == 6, counters
+    # The miss without a compiler is not counted: the caller's fallback counts the request.
+    assert counters["hits_bundle"] == 4 and counters["requests"] == 5, counters

@@ -461,3 +461,35 @@ def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
     zebin = xt.make_zebin(spirv.read_bytes(), meta, options, "pvc")
     assert _major(zebin) == "1" and "native binary from a bundle did not load" in caplog.text
     xpu_zebin.compile_and_load(zebin, "softmax_kernel", is_spv=False, cache=False).close()
+
+
+def test_make_zebin_counts_once_a_request_whose_bundle_entry_the_driver_refuses(
+    refused_ocloc, system_ocloc, tmp_path, monkeypatch, caplog
+):
+    """With ocloc here, the offline engine answers make_zebin from the bundles first: an
+    entry this driver refuses (another compiler release) is tried in a worker, refused,
+    and the kernel built by the ocloc here; the request is counted once (its bundle hit),
+    the rebuild not again."""
+    import json
+
+    from xpu_zebin import targets
+
+    out = tmp_path / "model"
+    local = targets.local()
+    config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
+    xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
+                             ocloc=str(refused_ocloc.path))  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    spv_entry = next(t for t in manifest["triton_cache"] if not t["native"])
+    spirv = next((out / "triton" / spv_entry["target"] / spv_entry["hash"]).glob("*.spv"))
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
+    options = backends["intel"].compiler(local.gpu_target()).parse_options({"num_warps": 4})
+    meta = {"name": "softmax_kernel", "build_flags": "", "target": local.gpu_target()}
+    before = xpu_zebin.stats()["counters"]
+    zebin = xt.make_zebin(spirv.read_bytes(), meta, options, "pvc")
+    after = xpu_zebin.stats()["counters"]
+    assert _major(zebin) == "1" and "native binary from a bundle did not load" in caplog.text
+    assert after["requests"] - before["requests"] == 1, (before, after)
+    assert after["hits_bundle"] - before["hits_bundle"] == 1, (before, after)
+    xpu_zebin.compile_and_load(zebin, "softmax_kernel", is_spv=False, cache=False).close()

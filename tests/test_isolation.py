@@ -187,26 +187,32 @@ def _compiling(pid: int) -> bool:
 def test_worker_killed_mid_build_is_a_crash_and_the_next_build_succeeds(
     ptss_spirv, add_spirv, marker
 ):
-    result: dict = {}
-
-    def build():
+    def build(result: dict) -> None:
         try:
             xpu_zebin.compile_and_load(ptss_spirv, "pressure", build_flags=GRF128, cache=False)
             result["loaded"] = True
         except xpu_zebin.BuildError as e:
             result["error"] = e
 
-    thread = threading.Thread(target=build)
-    thread.start()
-    # Wait (generously) for the worker to get into IGC; the build then takes seconds.
-    deadline = time.monotonic() + 60
-    victim = None
-    while victim is None and time.monotonic() < deadline:
-        victim = next((p for p in _ze_workers(marker) if _compiling(p)), None)
-        time.sleep(0.05)
-    assert victim is not None, "no Level Zero worker started compiling"
-    os.kill(victim, signal.SIGKILL)
-    thread.join(120)
+    # On a loaded host the build may end between seeing IGC mapped and the kill: then the
+    # kill found an idle worker, and the scenario is run again (a build that survives its
+    # worker's death every time still fails the test).
+    for _ in range(3):
+        result: dict = {}
+        thread = threading.Thread(target=build, args=(result,))
+        thread.start()
+        # Wait (generously) for the worker to get into IGC; the build then takes seconds.
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            victim = next((p for p in _ze_workers(marker) if _compiling(p)), None)
+            time.sleep(0.05)
+        assert victim is not None, "no Level Zero worker started compiling"
+        os.kill(victim, signal.SIGKILL)
+        thread.join(120)
+        if "loaded" not in result:
+            break
+        _core.shutdown_workers()
     err = result.get("error")
     assert isinstance(err, xpu_zebin.CompilerCrashError), result
     assert "SIGKILL" in err.message and len(err.attempts) == 1

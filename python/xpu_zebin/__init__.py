@@ -189,8 +189,8 @@ if TYPE_CHECKING:
 
 
 def _options(options: Optional[Options], changes: dict) -> Options:
-    """``options`` (default ``Options()``) with keyword ``changes``; a bad value is an
-    :class:`InvalidArgumentError` naming the option, an unknown name a ``TypeError``."""
+    """``options`` (default ``Options()``) with keyword ``changes``: a bad value raises
+    :class:`InvalidArgumentError` naming it, an unknown name ``TypeError``."""
     if options is None:
         return Options(**changes)
     if not isinstance(options, Options):
@@ -219,11 +219,12 @@ def _jobs(jobs: Optional[int]) -> Optional[int]:
 
 
 def _request(spirv: bytes, device: str, options: Optional[Options] = None, **changes: Any) -> dict:
-    """A complete request for the native engine: the module, the device, the options."""
+    """A request for the native engine: the module, device, options, bundles to ask first."""
+    asked = changes.pop("bundle", None)
     opts = _options(options, changes)
     if not isinstance(device, str):
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a str")
-    return {"spirv": _bytes("spirv", spirv), "device": device, "options": opts}
+    return {"spirv": _bytes("spirv", spirv), "device": device, "options": opts, "bundle": asked}
 
 
 def compile(
@@ -231,6 +232,7 @@ def compile(
     *,
     device: str,
     options: Optional[Options] = None,
+    bundle: Optional[Sequence[Any]] = None,
     **changes: Unpack[OptionValues],
 ) -> CompileResult:
     """Compile SPIR-V to a zebin for ``device`` (an ocloc device name such as ``pvc``).
@@ -244,16 +246,15 @@ def compile(
     :class:`BuildError` subclass naming the cause; when both attempts fail, the first
     attempt's error.
 
-    ``speculative`` runs both GRF modes at once and cancels the large one if the default
-    build is accepted: the same answer, sooner. ``None`` (default) speculates only when a
-    core is idle. ``timeout`` is per compiler run, in seconds.
+    ``speculative`` runs both GRF modes at once, the large one cancelled if the default is
+    accepted (``None``, the default: when a core is idle); ``timeout``: seconds per run.
 
     With a remote store (``XPU_ZEBIN_REMOTE``, :mod:`xpu_zebin.remote`) a build a trusted
-    key signed is taken from it; ``result.source`` says where the native code came from:
-    ``compiled``, ``cache`` or ``remote``.
+    key signed is taken from it; ``bundle`` (:func:`xpu_zebin.bundle.query`) asks bundles
+    first. ``result.source`` says where: ``compiled``, ``cache``, ``remote`` or ``bundle``.
     """
-    req = _request(spirv, device, options, **changes)
-    result = _core.compile(req["spirv"], req["device"], req["options"])
+    req = _request(spirv, device, options, bundle=bundle, **changes)
+    result = _core.compile(**req)
     if not result.cached:
         _warn_once_without_worker(req["options"].ocloc)
     return _report(result, result.kernel)
@@ -313,8 +314,7 @@ ISOLATED_ENV = _core.ISOLATED_ENV
 
 
 def _isolated_default() -> bool:
-    """``XPU_ZEBIN_ISOLATED`` (default on); a value that is not a boolean raises
-    :class:`InvalidArgumentError` naming it, as every knob does."""
+    """``XPU_ZEBIN_ISOLATED`` (default on); a non-boolean raises, as every knob does."""
     return _core.bool_knob(ISOLATED_ENV, True)
 
 

@@ -121,6 +121,7 @@ def compile(
     *,
     store: bool = True,
     bundle: Optional[Tuple[Optional[str], Sequence[Tuple[str, str]], Sequence[str]]] = None,
+    counted: bool = True,
 ) -> CompileResult: ...
 def compile_many(
     requests: Sequence[Dict[str, Any]],

@@ -217,9 +217,10 @@ pub(crate) fn to_result(py: Python<'_>, c: Compiled) -> CompileResult {
 /// levels answer first: `bundle` (Triton's release, the device's target profiles as
 /// `(ocloc device, id)`, the bundles' directories) when given, the local cache, the
 /// fleet's store unless `store` is False. With `bundle`, a host without ocloc is still
-/// answered from the bundles.
+/// answered from the bundles. `counted` False: the request was counted once already (a
+/// level's answer to it did not load here).
 #[pyfunction]
-#[pyo3(signature = (spirv, device, options, *, store=true, bundle=None))]
+#[pyo3(signature = (spirv, device, options, *, store=true, bundle=None, counted=true))]
 pub fn compile(
     py: Python<'_>,
     spirv: Vec<u8>,
@@ -227,6 +228,7 @@ pub fn compile(
     options: PyRef<'_, PyOptions>,
     store: bool,
     bundle: Option<super::bundle::BundleQuery>,
+    counted: bool,
 ) -> PyResult<CompileResult> {
     let bundle = bundle.map(super::bundle::bundle_query);
     let req = CompileRequest {
@@ -234,6 +236,7 @@ pub fn compile(
         device,
         options: options.inner.clone(),
         bundle,
+        counted,
     };
     let outcome = interruptible(py, |cancel| engine::compile(&req, store, cancel));
     emit_warnings(py);
@@ -257,6 +260,7 @@ pub fn forget_cached(
         device,
         options: options.inner.clone(),
         bundle: None,
+        counted: true,
     };
     engine::forget_cached(&req).map_err(|e| to_pyerr(py, e.into()))
 }
@@ -281,7 +285,12 @@ pub fn compile_many(
                     .extract::<PyRef<PyOptions>>()?
                     .inner
                     .clone(),
-                bundle: None,
+                // What to ask the bundles first, if anything (an autotune precompile's).
+                bundle: match d.get_item("bundle")? {
+                    Some(q) if !q.is_none() => Some(super::bundle::bundle_query(q.extract()?)),
+                    _ => None,
+                },
+                counted: true,
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

@@ -16,6 +16,7 @@ fn request(spirv: Vec<u8>, device: String, options: &PyOptions) -> CompileReques
         device,
         options: options.inner.clone(),
         bundle: None,
+        counted: true,
     }
 }
 

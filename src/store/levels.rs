@@ -170,7 +170,8 @@ impl Level for Bundle {
 
     fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
         let kernel = &self.0.kernel;
-        let message = format!("kernel '{kernel}': bundle entry refused ({why}); compiling");
+        let message =
+            format!("kernel '{kernel}': bundle entry refused ({why}); trying the next level");
         crate::diag::warn_once(&format!("bundle:{message}"), message);
     }
 

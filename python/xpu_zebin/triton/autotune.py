@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import xpu_zebin
 
+from .. import bundle
 from ..build_options import load_binary_options
 from ..errors import BuildError
 from .frontend import warm_triton
@@ -254,8 +255,10 @@ def _native_request(kernel: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
         return None
     name = kernel.metadata.name
     options = load_binary_options(name, kernel.metadata.build_flags or "", arch)
-    return request_key(spirv, name, arch, options), {"spirv": spirv, "device": arch,
-                                                     "options": options}  # fmt: skip
+    # The engine asks the bundles first, as the load this build is made for would.
+    asked = bundle.query(name, 0, arch)
+    request = {"spirv": spirv, "device": arch, "options": options, "bundle": asked}
+    return request_key(spirv, name, arch, options), request
 
 
 def request_key(spirv: bytes, name: str, device: str, options: Any) -> str:

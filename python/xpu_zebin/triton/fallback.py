@@ -140,12 +140,15 @@ def jit_native(
         return loaded.native_binary, loaded.build_flags
 
 
-def _compile(spirv: bytes, options: xpu_zebin.Options, arch: str, asked: Asked) -> Any:
+def _compile(
+    spirv: bytes, options: xpu_zebin.Options, arch: str, asked: Asked, counted: bool = True
+) -> Any:
     """``compile``, the engine asking the bundles first (``asked``): a host without
-    ``ocloc`` is answered from them too."""
-    if asked is None:
-        return xpu_zebin.compile(spirv, device=arch, options=options)
-    result = xpu_zebin._core.compile(spirv, arch, options, bundle=asked)
+    ``ocloc`` is answered from them too. ``counted`` False: the request was counted once
+    already (a bundle's answer to it did not load here)."""
+    if counted:
+        return xpu_zebin.compile(spirv, device=arch, options=options, bundle=asked)
+    result = xpu_zebin._core.compile(spirv, arch, options, bundle=asked, counted=False)
     return xpu_zebin._report(result, result.kernel)
 
 
@@ -172,13 +175,11 @@ def _build_offline(
     name: str, spirv: bytes, options: xpu_zebin.Options, device: int, asked: Asked
 ) -> Tuple[bytes, str, bool]:
     """``ocloc``'s build of SPIR-V with the GRF fallback: (binary, chosen flags, made by
-    this process's compiler just now), the bundles asked first (``asked``); else a build
-    an autotune precompile made for this very request, when there is one (with bundles,
-    the precompile's build answers from the cache, after them)."""
+    this process's compiler just now), the bundles asked first (``asked``); a build an
+    autotune precompile made for this very request, when there is one (it asked the
+    bundles first too)."""
     arch = ocloc_arch(device, options.device_arch)
-    prebuilt = None
-    if asked is None:
-        prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
+    prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
     if prebuilt is not None and prebuilt.error is not None:
         raise prebuilt.error  # built for this benchmark a moment ago: its answer
     if prebuilt is not None:
@@ -204,7 +205,7 @@ def forget_cached(name: str, spirv: bytes, options: xpu_zebin.Options, arch: str
 
 def compile_trusting_no_cache(
     name: str, spirv: bytes, options: xpu_zebin.Options, arch: str, device: int,
-    asked: Asked = None,
+    asked: Asked = None, counted: bool = True,
 ) -> Any:  # fmt: skip
     """``compile`` (the bundles asked first: ``asked``), where an entry a level gave is
     untrusted input (a bundle, a shared cache, a neighbour): its binary loads in a worker
@@ -212,7 +213,7 @@ def compile_trusting_no_cache(
     the driver's refusal included, is removed from the cache and the kernel built fresh
     (written back in its place): a refusal of bytes read from a level is never the
     compiler's, and never stays to be refused again."""
-    result = _compile(spirv, options, arch, asked)
+    result = _compile(spirv, options, arch, asked, counted)
     if not result.cached:
         return result
     try:
@@ -222,7 +223,7 @@ def compile_trusting_no_cache(
         if result.source == "bundle":  # the other levels, then the compiler
             logger.warning("kernel %r: native binary from a bundle did not load (%s); trying "
                            "the next level", name, e)  # fmt: skip
-            return compile_trusting_no_cache(name, spirv, options, arch, device)
+            return compile_trusting_no_cache(name, spirv, options, arch, device, counted=False)
         removed = forget_cached(name, spirv, options, arch)
         logger.warning("kernel %r: cached zebin (from the %s) did not load here (%s); %s and "
                        "rebuilt fresh", name, result.source, e,
