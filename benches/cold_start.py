@@ -181,7 +181,7 @@ def cold_loads(
     per_native = statistics.median(x for r in runs["bundle"] for x in r["native"])
     return dict(
         jit_load_s=round(total["jit"], 2), bundle_load_s=round(total["bundle"], 3),
-        cold_start_speedup=round(cold.median, 1), cold_start_bounds=cold.bounds(),
+        cold_start_speedup=round(cold.median, 1), bounds={"cold_start_speedup": cold.bounds()},
         per_kernel_bundle_ms=round(1000 * per_bundle, 2),
         per_kernel_native_ms=round(1000 * per_native, 2),
         driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
@@ -258,7 +258,9 @@ def main() -> int:
     installed = bundle.import_bundle(work / "bundle")
     bundle_env = {**env, "XPU_ZEBIN_BUNDLE": str(installed)}
     results.update(cold_loads(work, kernels_file, env, bundle_env, args.repeat, args.budget))
-    results.update(model_start(work, profiles, ocloc, args.repeat, args.budget))
+    model = model_start(work, profiles, ocloc, args.repeat, args.budget)
+    results["bounds"]["model_start_speedup"] = model.pop("model_start_bounds")
+    results.update(model)
     report(results, len(kernels), len(profiles), cores)
     record.write(args.output, "cold_start", results, ocloc)
     if args.json:

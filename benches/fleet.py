@@ -149,7 +149,7 @@ class Nodes:
     count: int
     signer: Dict[str, str]
     trust: Dict[str, str]
-    #: Seconds a row may add pairs for, after its floor.
+    #: Seconds a row may take adding pairs (its floor's pairs included).
     budget: float = 0.0
     runs: Dict[str, list] = dataclasses.field(default_factory=dict)
 
@@ -223,7 +223,8 @@ def triton_cases(nodes: Nodes, repeat: int, port: int) -> Dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ocloc", default=None)
-    p.add_argument("--kernels", type=int, default=1000, help="at most this many pairs")
+    p.add_argument("--kernels", type=int, default=1000,
+                   help="at most this many kernel-config pairs of the model")  # fmt: skip
     p.add_argument(
         "--repeat",
         type=int,

@@ -110,9 +110,9 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         .and_then(|path| ocloc::identity(&path).map(|identity| (path, identity)));
     let ((ocloc, compiler), missing) = match found {
         Ok(found) => (found, None),
-        Err(e) if req.bundle.is_some() && e.kind == ErrorKind::ToolchainMissing => {
-            (Default::default(), Some(e))
-        }
+        // The bundles come before the compiler: they may answer without it. Its error is
+        // the answer to a miss, and a note beside a hit.
+        Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
         Err(e) => return Err(e.into()),
     };
     let key = KeyInputs {
@@ -263,8 +263,8 @@ impl Slot {
 }
 
 /// Compile one request through every level: the bundles it names, the local cache, the
-/// fleet's store (unless `store` is false), then this process's compiler. `cancel` stops it (the running ocloc
-/// is killed).
+/// fleet's store (unless `store` is false), then this process's compiler. `cancel` stops
+/// it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcome {
     compile_with(req, store, cancel, &|| true)
 }
@@ -289,13 +289,11 @@ fn compile_with(
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
     let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
+    let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
+    notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
     let answer = match (found, &slot.missing) {
         (Some(hit), _) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
-        (None, Some(missing)) => {
-            let mut missing = missing.clone();
-            missing.message = format!("no bundle gave this kernel, and {}", missing.message);
-            Err(Box::new(Failure::from(missing)))
-        }
+        (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
         (None, None) => {
             let plan = Plan {
                 ladder: &slot.ladder,

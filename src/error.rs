@@ -130,6 +130,13 @@ impl BuildError {
         self.log = log.into();
         self
     }
+
+    /// The same error, its message after `context` (what came before it).
+    pub fn in_context(&self, context: &str) -> Self {
+        let mut e = self.clone();
+        e.message = format!("{context}{}", e.message);
+        e
+    }
 }
 
 pub type Result<T, E = BuildError> = std::result::Result<T, E>;

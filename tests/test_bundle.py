@@ -638,3 +638,13 @@ def test_the_offline_engine_asks_the_bundles_first_even_without_ocloc(
     counters = xpu_zebin.stats(cache)["counters"]
     # The miss without a compiler is not counted: the caller's fallback counts the request.
     assert counters["hits_bundle"] == 4 and counters["requests"] == 5, counters
+
+
+@pytest.mark.parametrize("bad", ["abc", (None, [None], []), [1, 2], (None, [("pvc",)], ["d"])])
+def test_a_bundle_argument_that_is_not_a_query_is_refused_by_name(add_spirv, bad):
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match=r"bundle=.*is not valid"):
+        xpu_zebin.compile(add_spirv, device="pvc", bundle=bad)
+    # A malformed batch is refused whole, naming the request (as a request without spirv).
+    good = {"spirv": add_spirv, "device": "pvc"}
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match=r"requests\[1\]\['bundle'\]"):
+        xpu_zebin.compile_many([good, {**good, "bundle": bad}])

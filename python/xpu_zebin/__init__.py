@@ -219,12 +219,13 @@ def _jobs(jobs: Optional[int]) -> Optional[int]:
 
 
 def _request(spirv: bytes, device: str, options: Optional[Options] = None, **changes: Any) -> dict:
-    """A request for the native engine: the module, device, options, bundles to ask first."""
+    """A request for the native engine: module, device, options (bundles to ask first)."""
     asked = changes.pop("bundle", None)
     opts = _options(options, changes)
     if not isinstance(device, str):
         raise InvalidArgumentError(f"device={device!r} is not valid: expected a str")
-    return {"spirv": _bytes("spirv", spirv), "device": device, "options": opts, "bundle": asked}
+    req = {"spirv": _bytes("spirv", spirv), "device": device, "options": opts}
+    return req if asked is None else {**req, "bundle": asked}  # an older worker knows no key
 
 
 def compile(
@@ -232,7 +233,7 @@ def compile(
     *,
     device: str,
     options: Optional[Options] = None,
-    bundle: Optional[Sequence[Any]] = None,
+    bundle: Optional[tuple] = None,
     **changes: Unpack[OptionValues],
 ) -> CompileResult:
     """Compile SPIR-V to a zebin for ``device`` (an ocloc device name such as ``pvc``).
@@ -437,8 +438,7 @@ def _run_on_executor(
 # Earlier releases' names: a task pickled by one (a Dask cluster mid-upgrade) still runs.
 _batch_task = batch_task
 
-#: Modules moved into xpu_zebin.triton, still reachable as attributes (as they were once
-#: xpu_zebin.triton was imported), each with its DeprecationWarning, for one release.
+#: Modules moved into xpu_zebin.triton, still attributes here (a DeprecationWarning each).
 _MOVED_MODULES = ("autotune", "triton_cache")
 
 

@@ -324,6 +324,32 @@ pub(crate) fn bundle_query((triton, targets, dirs): BundleQuery) -> crate::bundl
     }
 }
 
+/// `bundle=` as a caller gave it (`xpu_zebin.bundle.query()`'s answer, or None), named
+/// `what` in the error: anything else is an `InvalidArgumentError` saying what is expected.
+pub(crate) fn bundle_arg(
+    py: Python<'_>,
+    value: Option<&Bound<'_, PyAny>>,
+    what: &str,
+) -> PyResult<Option<crate::bundle::search::Query>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    match value.extract::<BundleQuery>() {
+        Ok(query) => Ok(Some(bundle_query(query))),
+        Err(_) => {
+            let shown: String = value.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+            let shown: String = shown.chars().take(80).collect();
+            let message = format!(
+                "{what}={shown} is not valid: expected what xpu_zebin.bundle.query() returns \
+                 (Triton's release or None, [(ocloc device, profile id)], [bundle directories])"
+            );
+            let error =
+                crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, message);
+            Err(to_pyerr(py, error.into()))
+        }
+    }
+}
+
 /// The build of `kernel` (from `spirv`, with `options`) that a bundle this process uses
 /// holds for the first of `bundle`'s targets that has one: `(native, flags, False)`;
 /// else `(None, why, refused)`, `refused` when a bundle's entry failed its checks.

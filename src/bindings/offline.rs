@@ -227,10 +227,10 @@ pub fn compile(
     device: String,
     options: PyRef<'_, PyOptions>,
     store: bool,
-    bundle: Option<super::bundle::BundleQuery>,
+    bundle: Option<Bound<'_, PyAny>>,
     counted: bool,
 ) -> PyResult<CompileResult> {
-    let bundle = bundle.map(super::bundle::bundle_query);
+    let bundle = super::bundle::bundle_arg(py, bundle.as_ref(), "bundle")?;
     let req = CompileRequest {
         spirv,
         device,
@@ -277,7 +277,8 @@ pub fn compile_many(
 ) -> PyResult<Vec<Py<PyAny>>> {
     let reqs = requests
         .iter()
-        .map(|d| {
+        .enumerate()
+        .map(|(i, d)| {
             Ok(CompileRequest {
                 spirv: field(d, "spirv")?.extract()?,
                 device: field(d, "device")?.extract()?,
@@ -286,10 +287,11 @@ pub fn compile_many(
                     .inner
                     .clone(),
                 // What to ask the bundles first, if anything (an autotune precompile's).
-                bundle: match d.get_item("bundle")? {
-                    Some(q) if !q.is_none() => Some(super::bundle::bundle_query(q.extract()?)),
-                    _ => None,
-                },
+                bundle: super::bundle::bundle_arg(
+                    py,
+                    d.get_item("bundle")?.as_ref(),
+                    &format!("requests[{i}]['bundle']"),
+                )?,
                 counted: true,
             })
         })

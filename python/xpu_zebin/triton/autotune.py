@@ -68,11 +68,11 @@ class Prebuilt:
     binary: bytes = b""
     build_flags: str = ""
     error: Optional[BuildError] = None
-    #: Built elsewhere (a Dask cluster) or read from the cache (which others may write):
-    #: loaded in a worker before the driver sees it.
+    #: Built elsewhere (a Dask cluster) or a level's (a bundle, a cache others may write):
+    #: loaded in a worker before the driver sees it. ``source``: ``CompileResult.source``.
     untrusted: bool = False
-    #: How many configs' benchmarks it answers (configs that differ only in what does
-    #: not change the SPIR-V, such as num_stages here, build once).
+    source: str = ""
+    #: How many configs' benchmarks it answers (configs with the same SPIR-V build once).
     uses: int = 1
 
 
@@ -256,8 +256,8 @@ def _native_request(kernel: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
     name = kernel.metadata.name
     options = load_binary_options(name, kernel.metadata.build_flags or "", arch)
     # The engine asks the bundles first, as the load this build is made for would.
-    asked = bundle.query(name, 0, arch)
-    request = {"spirv": spirv, "device": arch, "options": options, "bundle": asked}
+    request = {"spirv": spirv, "device": arch, "options": options,
+               "bundle": bundle.query(name, 0, arch)}  # fmt: skip
     return request_key(spirv, name, arch, options), request
 
 
@@ -279,7 +279,7 @@ def _build(key: str, request: Dict[str, Any], uses: Dict[str, int]) -> None:
             return
     try:
         result = xpu_zebin.compile(**request)
-        built = Prebuilt(result.binary, result.build_flags, untrusted=result.cached)
+        built = Prebuilt(result.binary, result.build_flags, None, result.cached, result.source)
     except BuildError as e:
         if e.kind == "cancelled":  # not the input's answer: its benchmark builds it
             with _pending_lock:
@@ -345,7 +345,8 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
             if isinstance(result, BuildError):
                 _keep(key, Prebuilt(error=result, uses=count))
             else:
-                _keep(key, Prebuilt(result.binary, result.build_flags, untrusted=True, uses=count))
+                _keep(key, Prebuilt(result.binary, result.build_flags, untrusted=True,
+                                    uses=count, source=result.source))  # fmt: skip
     logger.info("%s: %d configs compiled before benchmarking in %.2f s%s",
                 getattr(tuner.base_fn, "__name__", "kernel"), len(configs),
                 time.perf_counter() - started, " (native builds on the Dask cluster)"

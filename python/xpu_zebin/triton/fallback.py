@@ -182,14 +182,17 @@ def _build_offline(
     prebuilt = autotune.take(autotune.request_key(spirv, name, arch, options))
     if prebuilt is not None and prebuilt.error is not None:
         raise prebuilt.error  # built for this benchmark a moment ago: its answer
+    counted = True
     if prebuilt is not None:
         try:
-            if prebuilt.untrusted:  # another machine's, or the cache's: tried first
+            if prebuilt.untrusted:  # another machine's, or a level's: tried first
                 trial_load(name, prebuilt.binary, prebuilt.build_flags, device, arch)
             return prebuilt.binary, prebuilt.build_flags, not prebuilt.untrusted
         except Exception as e:  # built here instead, as if it had not been made
             logger.warning("kernel %r: its build for the benchmark did not load (%s)", name, e)
-    result = compile_trusting_no_cache(name, spirv, options, arch, device, asked)
+            # The precompile counted this request; a bundle's bytes are not asked again.
+            counted, asked = False, (None if prebuilt.source == "bundle" else asked)
+    result = compile_trusting_no_cache(name, spirv, options, arch, device, asked, counted)
     return result.binary, result.build_flags, result.source == "compiled"
 
 
