@@ -434,17 +434,13 @@ def test_sweeps_and_bundles_of_a_refused_compiler_still_load(refused_ocloc, tmp_
     assert refused_ocloc.compiles == 4  # the bundle's build only
 
 
-def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
-    refused_ocloc, tmp_path, monkeypatch, caplog
-):
-    """A bundle (for any driver) built by a compiler this driver refuses holds make_zebin's
-    build of a kernel: make_zebin's answer, which Triton loads with no retry, is the
-    driver's own build instead."""
+def _refused_bundle(refused_ocloc: StandIn, out: Path) -> tuple:
+    """A bundle (for any driver) of softmax built by a compiler this driver refuses, with
+    make_zebin's build among its entries: (its SPIR-V, make_zebin's options and metadata)."""
     import json
 
     from xpu_zebin import targets
 
-    out = tmp_path / "model"
     local = targets.local()
     config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
     xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
@@ -454,11 +450,21 @@ def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
     spirv = next((out / "triton" / spv_entry["target"] / spv_entry["hash"]).glob("*.spv"))
     ours = next(e for e in manifest["entries"] if "make_zebin" in e["config"])
     assert _major((out / ours["file"]).read_bytes()) == "9"
-    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
-    monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
     options = backends["intel"].compiler(local.gpu_target()).parse_options({"num_warps": 4})
     meta = {"name": "softmax_kernel", "build_flags": "", "target": local.gpu_target()}
-    zebin = xt.make_zebin(spirv.read_bytes(), meta, options, "pvc")
+    return spirv.read_bytes(), options, meta
+
+
+def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(
+    refused_ocloc, tmp_path, monkeypatch, caplog
+):
+    """A bundle (for any driver) built by a compiler this driver refuses holds make_zebin's
+    build of a kernel: make_zebin's answer, which Triton loads with no retry, is the
+    driver's own build instead."""
+    spirv, options, meta = _refused_bundle(refused_ocloc, tmp_path / "model")
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(tmp_path / "model"))
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
+    zebin = xt.make_zebin(spirv, meta, options, "pvc")
     assert _major(zebin) == "1" and "native binary from a bundle did not load" in caplog.text
     xpu_zebin.compile_and_load(zebin, "softmax_kernel", is_spv=False, cache=False).close()
 
@@ -470,24 +476,11 @@ def test_make_zebin_counts_once_a_request_whose_bundle_entry_the_driver_refuses(
     entry this driver refuses (another compiler release) is tried in a worker, refused,
     and the kernel built by the ocloc here; the request is counted once (its bundle hit),
     the rebuild not again."""
-    import json
-
-    from xpu_zebin import targets
-
-    out = tmp_path / "model"
-    local = targets.local()
-    config = {"constexprs": {"BLOCK": 256}, "num_warps": 4}
-    xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [local.any_driver()], out, [config],
-                             ocloc=str(refused_ocloc.path))  # fmt: skip
-    manifest = json.loads((out / "manifest.json").read_text())
-    spv_entry = next(t for t in manifest["triton_cache"] if not t["native"])
-    spirv = next((out / "triton" / spv_entry["target"] / spv_entry["hash"]).glob("*.spv"))
-    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
+    spirv, options, meta = _refused_bundle(refused_ocloc, tmp_path / "model")
+    monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(tmp_path / "model"))
     monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
-    options = backends["intel"].compiler(local.gpu_target()).parse_options({"num_warps": 4})
-    meta = {"name": "softmax_kernel", "build_flags": "", "target": local.gpu_target()}
     before = xpu_zebin.stats()["counters"]
-    zebin = xt.make_zebin(spirv.read_bytes(), meta, options, "pvc")
+    zebin = xt.make_zebin(spirv, meta, options, "pvc")
     after = xpu_zebin.stats()["counters"]
     assert _major(zebin) == "1" and "native binary from a bundle did not load" in caplog.text
     assert after["requests"] - before["requests"] == 1, (before, after)
