@@ -327,17 +327,7 @@ fn compile_with(
     };
     // What the levels said comes first, whatever the answer.
     let outcome = match answer {
-        Ok((Ok(()), Entry { record, binary }, from)) => {
-            let (job, own) = (&slot.job, slot.own_grf);
-            let answering = Answering {
-                kernel: &job.kernel,
-                device: &job.device,
-                grf_mode: &req.options.grf_mode,
-                n_regs: grf::n_regs_with(&record.build_flags, own, &binary, &job.kernel),
-                level: from,
-            };
-            Ok(Compiled::new(record, binary, answering, notes))
-        }
+        Ok((Ok(()), entry, from)) => Ok(slot.answer(entry, from, notes)),
         Ok((Err(error), entry, _)) => Err(Box::new(Failure {
             error: error.with_log(entry.record.log),
             attempts: entry.record.attempts,
