@@ -1,10 +1,12 @@
 //! What the offline engine answers a request with (`Compiled`): the entry a level gave or
-//! the ladder built (its record and native binary), for the kernel and device asked, and
-//! whether a level answered.
+//! the ladder built (its record and native binary), for the kernel and device asked, its
+//! registers, and whether a level answered.
 
 use crate::attempt::{Attempt, Record};
 use crate::cache::Counter;
+use crate::grf;
 use crate::spill::Spill;
+use crate::spirv::GrfRequest;
 use serde::{Deserialize, Serialize};
 
 /// A successful compile.
@@ -34,21 +36,27 @@ pub struct Compiled {
     pub level: Option<Counter>,
 }
 
-/// What an answer says beside its entry: the request's kernel, device and GRF mode, its
-/// registers, and which level answered, if any.
+/// What an answer says beside its entry: the request's kernel, device and GRF mode, and
+/// the GRF mode its kernel asks for itself (its registers are read from the entry).
 pub struct Answering<'a> {
     pub kernel: &'a str,
     pub device: &'a str,
     pub grf_mode: &'a str,
-    pub n_regs: u32,
-    /// The level that answered, as its hits are counted; None: built now.
-    pub level: Option<Counter>,
+    pub own_grf: Option<GrfRequest>,
 }
 
 impl Compiled {
-    pub fn new(record: Record, binary: Vec<u8>, a: Answering<'_>, notes: Vec<String>) -> Self {
+    /// The answer `record` and `binary` give to the request `a` describes; `level`: the
+    /// level that answered, as its hits are counted (None: built now).
+    pub fn new(
+        record: Record,
+        binary: Vec<u8>,
+        a: &Answering<'_>,
+        level: Option<Counter>,
+        notes: Vec<String>,
+    ) -> Self {
         Compiled {
-            n_regs: a.n_regs,
+            n_regs: grf::n_regs_with(&record.build_flags, a.own_grf, &binary, a.kernel),
             kernel: a.kernel.to_string(),
             device: a.device.to_string(),
             binary,
@@ -56,11 +64,11 @@ impl Compiled {
             grf_mode: a.grf_mode.to_string(),
             spill: record.spill,
             recovered: record.recovered,
-            cached: a.level.is_some(),
+            cached: level.is_some(),
             attempts: record.attempts,
             log: record.log,
             notes,
-            level: a.level,
+            level,
         }
     }
 }

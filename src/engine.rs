@@ -8,7 +8,6 @@ use crate::bundle::search::Query;
 use crate::cache::Cache;
 use crate::cache::Counter;
 use crate::error::{BuildError, ErrorKind};
-use crate::grf;
 use crate::key::{KeyInputs, Purpose};
 use crate::ladder::{self, Plan, Speculation};
 use crate::ocloc::{self, Built, Job};
@@ -238,27 +237,29 @@ impl Slot {
         };
         let (record, binary) = crate::cache::decode::<crate::attempt::Record>(&self.key, entry)
             .map_err(|why| BuildError::new(ErrorKind::InvalidArgument, why))?;
-        let adopted = Entry { record, binary };
-        self.fits().check(&adopted.binary, adopted.record.spill)?;
+        self.fits().check(&binary, record.spill)?;
         let notes = cache
             .put_entry(&self.key, entry, false)
             .into_iter()
             .collect();
-        Ok(self.answer(adopted, Some(Counter::StoreHits), notes))
+        let from = Some(Counter::StoreHits);
+        Ok(Compiled::new(
+            record,
+            binary,
+            &self.answering(),
+            from,
+            notes,
+        ))
     }
 
-    /// The answer `entry` gives; `from`: the level that answered (None: built now).
-    fn answer(&self, entry: Entry, from: Option<Counter>, notes: Vec<String>) -> Compiled {
-        let Entry { record, binary } = entry;
-        let (job, own) = (&self.job, self.own_grf);
-        let answering = Answering {
-            kernel: &job.kernel,
-            device: &job.device,
+    /// What this slot's answer says beside its entry.
+    fn answering(&self) -> Answering<'_> {
+        Answering {
+            kernel: &self.job.kernel,
+            device: &self.job.device,
             grf_mode: &self.options.grf_mode,
-            n_regs: grf::n_regs_with(&record.build_flags, own, &binary, &job.kernel),
-            level: from,
-        };
-        Compiled::new(record, binary, answering, notes)
+            own_grf: self.own_grf,
+        }
     }
 }
 
@@ -270,10 +271,10 @@ pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcom
 }
 
 /// The request goes down once: its slot (`prepare`), the levels' answer, else a build
-/// with the GRF ladder kept in the levels (`Levels::keep` decides where); then it is
-/// counted, once, where the request's cache is. `may_speculate()` is false while more
-/// requests wait for a core, so a speculative build would take it from them (unless the
-/// request asked for speculation explicitly).
+/// with the GRF ladder; the answer is made, then kept in the levels (`Levels::keep`
+/// decides where) and counted, once, where the request's cache is. `may_speculate()` is
+/// false while more requests wait for a core, so a speculative build would take it from
+/// them (unless the request asked for speculation explicitly).
 fn compile_with(
     req: &CompileRequest,
     store: bool,
@@ -281,7 +282,7 @@ fn compile_with(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let slot = prepare(req)?;
-    let fits = slot.fits();
+    let (fits, answering) = (slot.fits(), slot.answering());
     // Asked without the store, a request is the rebuild of one already counted (the
     // driver refused its kept build: `forget_cached`).
     let counted = store && req.counted;
@@ -291,8 +292,9 @@ fn compile_with(
     let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
     notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
-    let answer = match (found, &slot.missing) {
-        (Some(hit), _) => Ok((fits.linked(&hit.entry.binary), hit.entry, Some(hit.counter))),
+    // An entry, the level that gave it, and for a build made now what keeping it needs.
+    let answered = match (found, &slot.missing) {
+        (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
         (None, None) => {
             let plan = Plan {
@@ -311,28 +313,33 @@ fn compile_with(
                 |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
                 |built: Built, _| Ok(built.binary),
             )
-            .and_then(|settled| {
+            .map(|settled| {
                 notes.extend(settled.notes);
-                let linked = fits.linked(&settled.product);
-                let built = (&settled.record, settled.product.as_slice());
-                let ok = linked.is_ok();
-                notes.extend(levels.keep(key, target, built, settled.repeatable, ok)?);
-                let entry = Entry {
-                    record: settled.record,
-                    binary: settled.product,
-                };
-                Ok((linked, entry, None))
+                let fresh = Some((settled.record.clone(), settled.repeatable));
+                let (record, binary) = (settled.record, settled.product);
+                (Entry { record, binary }, None, fresh)
             })
         }
     };
+    let outcome = answered.and_then(|(entry, from, fresh)| {
+        let linked = fits.linked(&entry.binary);
+        let compiled = Compiled::new(entry.record, entry.binary, &answering, from, Vec::new());
+        if let Some((record, repeatable)) = fresh {
+            let built = (&record, compiled.binary.as_slice());
+            notes.extend(levels.keep(key, target, built, repeatable, linked.is_ok())?);
+        }
+        match linked {
+            Ok(()) => Ok(compiled),
+            Err(error) => Err(Box::new(Failure {
+                error: error.with_log(compiled.log),
+                attempts: compiled.attempts,
+                notes: Vec::new(),
+            })),
+        }
+    });
     // What the levels said comes first, whatever the answer.
-    let outcome = match answer {
-        Ok((Ok(()), entry, from)) => Ok(slot.answer(entry, from, notes)),
-        Ok((Err(error), entry, _)) => Err(Box::new(Failure {
-            error: error.with_log(entry.record.log),
-            attempts: entry.record.attempts,
-            notes,
-        })),
+    let outcome = match outcome {
+        Ok(compiled) => Ok(Compiled { notes, ..compiled }),
         Err(mut failure) => {
             notes.append(&mut failure.notes);
             failure.notes = notes;
