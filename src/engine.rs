@@ -271,10 +271,10 @@ pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcom
 }
 
 /// The request goes down once: its slot (`prepare`), the levels' answer, else a build
-/// with the GRF ladder; the answer is made, then kept in the levels (`Levels::keep`
-/// decides where) and counted, once, where the request's cache is. `may_speculate()` is
-/// false while more requests wait for a core, so a speculative build would take it from
-/// them (unless the request asked for speculation explicitly).
+/// with the GRF ladder kept in the levels (`Levels::keep` decides where); then it is
+/// answered (`Compiled::new`) and counted, once, where the request's cache is.
+/// `may_speculate()` is false while more requests wait for a core, so a speculative
+/// build would take it from them (unless the request asked for speculation explicitly).
 fn compile_with(
     req: &CompileRequest,
     store: bool,
@@ -292,7 +292,8 @@ fn compile_with(
     let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
     notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
-    // An entry, the level that gave it, and for a build made now what keeping it needs.
+    // An entry, the level that gave it, and for a build made now whether it is worth
+    // keeping (`Settled::repeatable`).
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
@@ -315,24 +316,23 @@ fn compile_with(
             )
             .map(|settled| {
                 notes.extend(settled.notes);
-                let fresh = Some((settled.record.clone(), settled.repeatable));
                 let (record, binary) = (settled.record, settled.product);
-                (Entry { record, binary }, None, fresh)
+                (Entry { record, binary }, None, Some(settled.repeatable))
             })
         }
     };
-    let outcome = answered.and_then(|(entry, from, fresh)| {
-        let linked = fits.linked(&entry.binary);
-        let compiled = Compiled::new(entry.record, entry.binary, &answering, from, Vec::new());
-        if let Some((record, repeatable)) = fresh {
-            let built = (&record, compiled.binary.as_slice());
+    let outcome = answered.and_then(|(entry, from, repeatable)| {
+        let Entry { record, binary } = entry;
+        let linked = fits.linked(&binary);
+        if let Some(repeatable) = repeatable {
+            let built = (&record, binary.as_slice());
             notes.extend(levels.keep(key, target, built, repeatable, linked.is_ok())?);
         }
         match linked {
-            Ok(()) => Ok(compiled),
+            Ok(()) => Ok(Compiled::new(record, binary, &answering, from, Vec::new())),
             Err(error) => Err(Box::new(Failure {
-                error: error.with_log(compiled.log),
-                attempts: compiled.attempts,
+                error: error.with_log(record.log),
+                attempts: record.attempts,
                 notes: Vec::new(),
             })),
         }

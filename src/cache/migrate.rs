@@ -244,7 +244,7 @@ pub fn slice(dir: &Path, ledger: &Ledger, mut budget: usize) -> bool {
         if shards_left || crate::private::check_dir(&old, 0o002).is_err() {
             continue;
         }
-        if let Some(_held) = upkeep::try_lock(&old) {
+        if let Some(_held) = super::keeper::try_lock(&old) {
             ledger::remove(&old);
             upkeep::sweep(&old);
             let _ = std::fs::remove_file(old.join("upkeep.lock"));

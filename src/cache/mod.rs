@@ -15,11 +15,14 @@
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
 //! fail a compile; every problem comes back as a note.
 
+mod keeper;
+mod lease;
 mod ledger;
 mod migrate;
 pub mod stats;
 mod upkeep;
 
+use ledger::Round;
 pub use ledger::{Counter, Ledger};
 
 use crate::private;
@@ -132,11 +135,9 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                let generation = l.unknown_generation();
-                if generation != 0 {
-                    if let Some(_held) = upkeep::try_lock(&self.dir) {
+                if l.unknown_generation() != 0 {
+                    if let Some(_held) = keeper::try_lock(&self.dir) {
                         upkeep::recount_all(&self.dir, &l);
-                        l.counted_whole(generation);
                     }
                 }
                 (l.entries(), l.bytes())
@@ -151,7 +152,7 @@ impl Cache {
         let Some((in_use, _)) = self.in_use() else {
             return false;
         };
-        let Some(_held) = upkeep::try_lock(&self.dir) else {
+        let Some(_held) = keeper::try_lock(&self.dir) else {
             return false;
         };
         self.move_old(&in_use, usize::MAX);
@@ -208,7 +209,7 @@ impl Cache {
         });
         lock(LEDGERS.get()).insert(self.dir.clone(), in_use.clone());
         if old_left {
-            if let Some(_held) = upkeep::try_lock(&self.dir) {
+            if let Some(_held) = keeper::try_lock(&self.dir) {
                 self.move_old(&in_use, migrate::SLICE);
             }
         }
@@ -234,8 +235,8 @@ impl Cache {
         made || taken
     }
 
-    /// What the ledger asks after a write: accounts recounted when unknown, one shard
-    /// recounted now and then, a slice of the last layouts moved in, a slice of a cleaning
+    /// What the ledger asks after a write: accounts rebuilt a slice at a time when
+    /// unknown, one shard recounted now and then, a slice of the last layouts moved in, a slice of a cleaning
     /// when over the bound or in one. A note says what was evicted. Skipped while another
     /// process does it.
     fn upkeep(&self, in_use: &InUse) -> Option<String> {
@@ -248,22 +249,33 @@ impl Cache {
         if recount.is_none() && !over && unknown == 0 && !old_left && !cleaning {
             return None;
         }
-        let Some(_held) = upkeep::try_lock(&self.dir) else {
+        let Some(_held) = keeper::try_lock(&self.dir) else {
             return None; // the process that holds the lock does it, or the next writer
         };
         if old_left {
             self.move_old(in_use, migrate::SLICE);
         }
-        if unknown != 0 {
-            upkeep::recount_all(&self.dir, ledger);
-            ledger.counted_whole(unknown);
-        } else if let Some(shard) = recount {
+        // Read again under the lock: the last holder may have begun a walk or a round.
+        let (unknown, cleaning) = (ledger.unknown_generation(), ledger.round().is_some());
+        let walking = unknown != 0 && !cleaning;
+        if walking {
+            // A new or lost ledger (a fresh boot, a restored directory): its accounts are
+            // rebuilt by a round that only walks, a slice per write like any cleaning, so
+            // that no write lists the whole cache; its end makes them known.
+            upkeep::sweep(&self.dir);
+            ledger.set_round(Some(&Round::walk()));
+        } else if let (Some(shard), 0) = (recount, unknown) {
             upkeep::recount(&self.dir, ledger, shard);
         }
-        if !cleaning && ledger.bytes() <= self.max_bytes {
+        if !cleaning && !walking && ledger.bytes() <= self.max_bytes {
             return None;
         }
-        let removed = upkeep::clean(&self.dir, ledger, self.max_bytes, upkeep::SLICE_ENTRIES);
+        let mut removed = upkeep::clean(&self.dir, ledger, self.max_bytes, upkeep::SLICE_ENTRIES);
+        if walking && ledger.round().is_none() && ledger.bytes() > self.max_bytes {
+            // The walk ended in this slice (a small cache) and found the cache over its
+            // bound: its cleaning starts now, one more slice.
+            removed += upkeep::clean(&self.dir, ledger, self.max_bytes, upkeep::SLICE_ENTRIES);
+        }
         (removed > 0).then(|| {
             format!(
                 "cache over {} bytes: evicted {removed} least recently used entries",

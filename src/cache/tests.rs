@@ -638,3 +638,57 @@ fn moving_an_old_entry_never_loses_it_and_counts_it_once() {
     assert_eq!(cache.usage(), on_disk(&cache));
     assert_eq!(cache.usage().0, 3);
 }
+
+/// A lost ledger (a fresh boot, a restored directory) is rebuilt a slice per write: no
+/// write lists the whole cache, the walk goes on in the next writes (whoever makes them),
+/// removes nothing, and its end makes the accounts known and right.
+#[test]
+fn a_lost_ledger_is_rebuilt_a_slice_per_write() {
+    let (_dir, cache, _) = filled(20_000);
+    let (entries, bytes) = on_disk(&cache);
+    let cache = cache.with_max_bytes(bytes * 2);
+    ledger::remove(cache.dir());
+    cache.put_copy("new0", &"m".to_string(), b"new");
+    let ledger = cache.ledger().unwrap();
+    assert_ne!(
+        ledger.unknown_generation(),
+        0,
+        "a new ledger is not known yet"
+    );
+    let walked = ledger.round().expect("a walk rebuilds a lost ledger").next;
+    assert!(
+        walked > 0 && walked < ledger::ROUND_PARTS / 4,
+        "one write walked {walked} of {} parts",
+        ledger::ROUND_PARTS
+    );
+    let mut writes = 1;
+    while ledger.round().is_some() {
+        cache.put_copy(&format!("new{writes}"), &"m".to_string(), b"new");
+        writes += 1;
+        assert!(writes < 2 * ledger::SHARDS as u64, "the walk never ended");
+    }
+    assert!(writes > 4, "{writes} writes: the walk was not spread");
+    assert_eq!(ledger.unknown_generation(), 0, "known once walked");
+    assert_eq!(
+        ledger.counter(Counter::Evictions),
+        0,
+        "a walk removes nothing"
+    );
+    let (now_entries, now_bytes) = on_disk(&cache);
+    assert_eq!(now_entries, entries + writes);
+    assert_eq!((ledger.entries(), ledger.bytes()), (now_entries, now_bytes));
+}
+
+/// Asked for its usage while a lost ledger is being rebuilt, the cache counts every shard
+/// at once: the accounts are known and right, and the walk is over.
+#[test]
+fn usage_during_a_rebuild_counts_at_once_and_ends_the_walk() {
+    let (_dir, cache, _) = filled(5_000);
+    ledger::remove(cache.dir());
+    cache.put_copy("new", &"m".to_string(), b"new");
+    let ledger = cache.ledger().unwrap();
+    assert!(ledger.round().is_some_and(|r| r.only_walks()));
+    assert_eq!(cache.usage(), on_disk(&cache));
+    assert_eq!(ledger.unknown_generation(), 0);
+    assert!(ledger.round().is_none(), "the walk goes on after a recount");
+}

@@ -4,18 +4,14 @@
 //! of it, a slice per write, so a cleaning comes once per tenth of the bound written, and
 //! neither its cost per entry removed nor the entries one write stats and removes grow
 //! with the cache (a slice reads the names of the shards it is in: a 256th of the cache's
-//! each). Upkeep runs under an advisory lock taken without
-//! waiting: a process that finds it taken leaves the work to the one holding it, and a
-//! holder that dies lets go with its file.
+//! each). Upkeep runs under the directory's upkeep lock (`keeper.rs`), taken without
+//! waiting: a process that finds it taken leaves the work to the one holding it.
 
 use super::ledger::{Counter, Ledger, Round, PARTS, ROUND_PARTS, SHARDS};
 use super::{ABANDONED_TEMP, MAX_ENTRY_BYTES, TEMP_PREFIX};
-use std::fs::File;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
-
-use crate::sync::Renewable;
 
 /// The name of shard `shard`'s directory.
 pub fn shard_name(shard: usize) -> String {
@@ -28,99 +24,6 @@ pub fn shard_of(key: &str) -> usize {
         Some(s) => s as usize % SHARDS,
         None => blake3::hash(key.as_bytes()).as_bytes()[0] as usize % SHARDS,
     }
-}
-
-/// The directories this process is keeping up now, by device and inode (two spellings of
-/// one directory are one): one thread at a time each (a POSIX lock is the process's, so
-/// two threads would both hold it). A forked child starts with none.
-static KEPT_UP: Renewable<std::sync::Mutex<Vec<(u64, u64)>>> = Renewable::new(
-    || std::sync::Mutex::new(Vec::new()),
-    forget_turns_after_fork,
-);
-
-fn forget_turns_after_fork() {
-    KEPT_UP.renew();
-}
-
-/// This thread's turn at a directory's upkeep, given back when dropped.
-struct Turn((u64, u64));
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        crate::sync::lock(KEPT_UP.get()).retain(|d| *d != self.0);
-    }
-}
-
-/// Held while doing upkeep: the directory's lock, and this thread's turn (given back
-/// after the lock: its file is closed first).
-pub struct Held {
-    _file: File,
-    _turn: Turn,
-}
-
-/// The upkeep lock of `dir`, when no other process or thread holds it. A lock file that
-/// is not this user's regular file (planted by a group member) is replaced.
-pub fn try_lock(dir: &Path) -> Option<Held> {
-    let id = std::fs::metadata(dir).map(|m| (m.dev(), m.ino())).ok()?;
-    let turn = {
-        let mut kept_up = crate::sync::lock(KEPT_UP.get());
-        if kept_up.contains(&id) {
-            return None;
-        }
-        kept_up.push(id);
-        Turn(id)
-    };
-    let path = dir.join("upkeep.lock");
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&path)
-    };
-    let ours = |f: &File| {
-        f.metadata()
-            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
-    };
-    // Replaced only when it is provably not this user's lock file (a link, a directory,
-    // another user's file), never on any other failure (no descriptors left): another
-    // process may hold it.
-    let not_a_lock = |e: &std::io::Error| {
-        let planted = [
-            libc::ELOOP,
-            libc::EISDIR,
-            libc::ENXIO,
-            libc::EACCES,
-            libc::EPERM,
-        ];
-        let this_users_file = std::fs::symlink_metadata(&path)
-            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid());
-        e.raw_os_error().is_some_and(|c| planted.contains(&c)) && !this_users_file
-    };
-    let file = match open() {
-        Ok(f) if ours(&f) => f,
-        Err(e) if !not_a_lock(&e) => return None,
-        _ => {
-            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
-            open().ok().filter(ours)?
-        }
-    };
-    // A POSIX record lock, not flock: it belongs to this process, so a child forked while
-    // it is held (Python's os.fork, a DataLoader worker) does not keep it for ever; it is
-    // released when this file is closed or the process ends.
-    // SAFETY: flock is plain data; zeroed, then set, is a valid whole-file write lock.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as libc::c_short;
-    lock.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: fcntl on a descriptor we own, with a valid flock.
-    let got = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_SETLK, &lock) };
-    (got == 0).then_some(Held {
-        _file: file,
-        _turn: turn,
-    })
 }
 
 /// One entry on disk: when last used, its size, where.
@@ -354,7 +257,12 @@ pub fn clean(dir: &Path, ledger: &Ledger, max_bytes: u64, slice: usize) -> u64 {
         target,
     })); // ends it past the last part
     if next >= ROUND_PARTS {
-        ledger.set_walked(); // every shard's accounts set: the next plan trusts them
+        // Every shard's accounts set: a new ledger's are known now; otherwise the next
+        // plan trusts them (a walk it planned found them wrong).
+        match ledger.unknown_generation() {
+            0 => ledger.set_walked(),
+            unknown => ledger.counted_whole(unknown),
+        }
     }
     ledger.count(Counter::Evictions, removed);
     removed
@@ -442,9 +350,20 @@ fn nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// Count every shard now (the caller holds the upkeep lock): the accounts are known and
+/// right, and a round that only walks to set them has nothing left to do.
 pub fn recount_all(dir: &Path, ledger: &Ledger) {
+    let unknown = ledger.unknown_generation();
     sweep(dir);
     for shard in 0..SHARDS {
         recount(dir, ledger, shard);
     }
+    if ledger.round().is_some_and(|r| r.only_walks()) {
+        // The walk is done: the next plan trusts the accounts, as at a walk's end.
+        ledger.set_round(None);
+        if unknown == 0 {
+            ledger.set_walked();
+        }
+    }
+    ledger.counted_whole(unknown);
 }

@@ -1,0 +1,145 @@
+//! The upkeep lock of a cache directory: one process, and one thread of it, keeps the
+//! directory up at a time (moves old layouts in, recounts, cleans), and no one waits for
+//! it: a process that finds it taken leaves the work to the holder. Where the file system
+//! has POSIX record locks, it is one (released with its file when the holder dies, never
+//! kept by a forked child); where it refuses them (many FUSE mounts, Lustre without
+//! `flock`, NFS without a lock daemon), it is a lease (`lease.rs`). Either way nobody
+//! waits, so a missing lock never stops a compile, and never stops the cache from being
+//! cleaned.
+
+use super::lease::{self, Lease};
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::sync::Renewable;
+
+/// Whether this process said (at debug) that a directory's file system refuses locks.
+static SAID_LEASES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The directories this process is keeping up now, by device and inode (two spellings of
+/// one directory are one): one thread at a time each (a POSIX lock is the process's, so
+/// two threads would both hold it). A forked child starts with none.
+static KEPT_UP: Renewable<std::sync::Mutex<Vec<(u64, u64)>>> = Renewable::new(
+    || std::sync::Mutex::new(Vec::new()),
+    forget_turns_after_fork,
+);
+
+fn forget_turns_after_fork() {
+    KEPT_UP.renew();
+}
+
+/// This thread's turn at a directory's upkeep, given back when dropped.
+struct Turn((u64, u64));
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        crate::sync::lock(KEPT_UP.get()).retain(|d| *d != self.0);
+    }
+}
+
+/// Held while doing upkeep: the directory's lock, and this thread's turn (given back
+/// after the lock: its file is closed first).
+pub struct Held {
+    _lock: Lock,
+    _turn: Turn,
+}
+
+/// How the directory is held: a POSIX lock on this open file, or a lease.
+enum Lock {
+    Record(#[allow(dead_code)] File),
+    Lease(#[allow(dead_code)] Lease),
+}
+
+/// The upkeep lock of `dir`, when no other process or thread holds it: a POSIX lock, else
+/// (the file system refuses them) a lease. A lock or lease file that is not this user's
+/// regular file (planted by a group member) is replaced.
+pub fn try_lock(dir: &Path) -> Option<Held> {
+    let id = std::fs::metadata(dir).map(|m| (m.dev(), m.ino())).ok()?;
+    let turn = {
+        let mut kept_up = crate::sync::lock(KEPT_UP.get());
+        if kept_up.contains(&id) {
+            return None;
+        }
+        kept_up.push(id);
+        Turn(id)
+    };
+    let path = dir.join("upkeep.lock");
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+    };
+    let ours = |f: &File| {
+        f.metadata()
+            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
+    };
+    // Replaced only when it is provably not this user's lock file (a link, a directory,
+    // another user's file), never on any other failure (no descriptors left): another
+    // process may hold it.
+    let not_a_lock = |e: &std::io::Error| {
+        let planted = [
+            libc::ELOOP,
+            libc::EISDIR,
+            libc::ENXIO,
+            libc::EACCES,
+            libc::EPERM,
+        ];
+        let this_users_file = std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid());
+        e.raw_os_error().is_some_and(|c| planted.contains(&c)) && !this_users_file
+    };
+    let file = match open() {
+        Ok(f) if ours(&f) => f,
+        Err(e) if !not_a_lock(&e) => return None,
+        _ => {
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+            open().ok().filter(ours)?
+        }
+    };
+    let lock = match record_lock(&file) {
+        // A process that could not take the POSIX lock on this file system (a transient
+        // refusal, a client mounted otherwise) may hold the lease instead.
+        Ok(true) if lease::held_by_another(dir) => return None,
+        Ok(true) => Lock::Record(file),
+        Ok(false) => return None, // held by another process
+        Err(refused) => {
+            if !SAID_LEASES.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                let why = format!("{}: no POSIX locks ({refused}): leases", dir.display());
+                crate::diag::detail("cache", why);
+            }
+            Lock::Lease(lease::take(dir)?)
+        }
+    };
+    Some(Held {
+        _lock: lock,
+        _turn: turn,
+    })
+}
+
+/// A POSIX record lock on `file`, taken without waiting: Ok(false) when another process
+/// holds it, an error when the file system refuses such locks.
+fn record_lock(file: &File) -> std::io::Result<bool> {
+    // A POSIX record lock, not flock: it belongs to this process, so a child forked while
+    // it is held (Python's os.fork, a DataLoader worker) does not keep it for ever; it is
+    // released when this file is closed or the process ends.
+    // SAFETY: flock is plain data; zeroed, then set, is a valid whole-file write lock.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: fcntl on a descriptor we own, with a valid flock.
+    let got = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(file), libc::F_SETLK, &lock) };
+    if got == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES | libc::EINTR) => Ok(false),
+        _ => Err(e),
+    }
+}

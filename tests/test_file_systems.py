@@ -1,0 +1,98 @@
+"""A cache directory on a file system other than a local ext4, mounted for real on this
+machine: a FUSE mount that refuses POSIX record locks (``tests/fixtures/lockless_fs.py``,
+a passthrough answering ``ENOLCK`` as Lustre without ``flock`` or NFS without a lock daemon
+does). Every compile succeeds, and the cache is still cleaned to its bound."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import xpu_zebin
+
+LOCKLESS = Path(__file__).parent / "fixtures" / "lockless_fs.py"
+KERNEL = """__kernel void fs{n}(__global float* a, __global const float* b) {{
+    int i = get_global_id(0);
+    a[i] = b[i] * {n}.0f + a[i];
+}}
+"""
+
+
+@contextlib.contextmanager
+def lockless_mount(root: Path, mountpoint: Path) -> Iterator[Path]:
+    """``root`` mounted at ``mountpoint`` through the lock-refusing passthrough."""
+    root.mkdir()
+    mountpoint.mkdir()
+    log = open(root.parent / "lockless_fs.log", "w+")
+    fs = subprocess.Popen([sys.executable, str(LOCKLESS), str(root), str(mountpoint)],
+                          stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not os.path.ismount(mountpoint):
+        if fs.poll() is not None or time.monotonic() > deadline:
+            fs.kill()
+            log.seek(0)
+            pytest.fail(f"the FUSE mount did not come up: {log.read()[-2000:]}")
+        time.sleep(0.05)  # polling for the mount, under the deadline above
+    try:
+        yield mountpoint
+    finally:
+        done = subprocess.run(["fusermount3", "-u", str(mountpoint)], timeout=60, check=False)
+        if done.returncode != 0:
+            subprocess.run(["fusermount3", "-uz", str(mountpoint)], timeout=60, check=False)
+        try:
+            fs.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            fs.kill()
+            fs.wait(timeout=60)
+        log.close()
+
+
+def _ledger_in_shm(layout: Path) -> Path:
+    """Where the ledger of a cache directory on this file system lives (``ledger.rs``:
+    this host's shared memory, by the directory's device and inode)."""
+    st = layout.stat()
+    return Path("/dev/shm") / f"xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger"
+
+
+@pytest.mark.slow
+def test_a_mount_without_locks_is_still_cleaned(system_ocloc, tmp_path, monkeypatch):
+    """On a mount that refuses POSIX locks, upkeep takes a lease instead (``upkeep.lease``,
+    made with O_EXCL, let go after each turn): every compile succeeds, the cache is cleaned
+    to its bound (the least recently used go), and the newest entry still answers."""
+    spirvs = [
+        xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc", ocloc=system_ocloc)
+        for n in range(12)
+    ]
+    with lockless_mount(tmp_path / "under", tmp_path / "mnt") as mnt:
+        probe = os.open(mnt / "probe", os.O_RDWR | os.O_CREAT, 0o600)
+        with pytest.raises(OSError) as refused:
+            fcntl.lockf(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(probe)
+        assert refused.value.errno == errno.ENOLCK, "the mount must refuse POSIX locks"
+        cache = mnt / "cache"
+        compile_ = lambda s: xpu_zebin.compile(s, device="pvc", ocloc=system_ocloc,  # noqa: E731
+                                               cache_dir=cache)  # fmt: skip
+        assert not compile_(spirvs[0]).cached
+        ledger = _ledger_in_shm(cache / "zebin-v3")
+        try:
+            one = xpu_zebin.stats(cache)["bytes"]
+            monkeypatch.setenv("XPU_ZEBIN_CACHE_MAX_BYTES", str(4 * one))
+            results = [compile_(s) for s in spirvs[1:]]
+            assert not any(r.cached for r in results)
+            stats = xpu_zebin.stats(cache)
+            assert stats["counters"]["evictions"] > 0, stats
+            assert stats["bytes"] <= stats["max_bytes"] and not stats["cleaning"], stats
+            assert compile_(spirvs[-1]).cached
+            assert not compile_(spirvs[0]).cached, "the least recently used went first"
+            assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
+        finally:
+            ledger.unlink(missing_ok=True)
