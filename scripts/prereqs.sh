@@ -17,9 +17,10 @@ fi
 if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ] && ! { command -v redis-server && command -v openssl; } >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server openssl >/dev/null
 fi
-# Cache directories on other file systems: a FUSE mount (libfuse3, fusermount3).
-if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ] && ! command -v fusermount3 >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fuse3 >/dev/null
+# Cache directories on other file systems: a FUSE mount (libfuse3, fusermount3), XFS
+# and btrfs made in loop devices.
+if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ] && ! { command -v fusermount3 && command -v mkfs.xfs && command -v mkfs.btrfs; } >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fuse3 xfsprogs btrfs-progs >/dev/null
 fi
 if [ "${PREREQS_NO_TOOLCHAIN:-0}" != 1 ]; then
   XPU_ZEBIN_MODERN_OCLOC="$(bash "$(dirname "${BASH_SOURCE[0]}")/install-toolchain.sh" | tail -n 1)"

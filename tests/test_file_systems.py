@@ -1,7 +1,8 @@
-"""A cache directory on a file system other than a local ext4, mounted for real on this
-machine: a FUSE mount that refuses POSIX record locks (``tests/fixtures/lockless_fs.py``,
-a passthrough answering ``ENOLCK`` as Lustre without ``flock`` or NFS without a lock daemon
-does). Every compile succeeds, and the cache is still cleaned to its bound."""
+"""A cache directory on file systems other than a local ext4, each mounted for real on this
+machine: XFS and btrfs in loop devices, overlayfs, and a FUSE mount that refuses POSIX
+record locks (``tests/fixtures/lockless_fs.py``, a passthrough answering ``ENOLCK`` as
+Lustre without ``flock`` or NFS without a lock daemon does). Every compile succeeds, and
+the cache is cleaned to its bound on each."""
 
 from __future__ import annotations
 
@@ -63,36 +64,86 @@ def _ledger_in_shm(layout: Path) -> Path:
     return Path("/dev/shm") / f"xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger"
 
 
-@pytest.mark.slow
-def test_a_mount_without_locks_is_still_cleaned(system_ocloc, tmp_path, monkeypatch):
-    """On a mount that refuses POSIX locks, upkeep takes a lease instead (``upkeep.lease``,
-    made with O_EXCL, let go after each turn): every compile succeeds, the cache is cleaned
-    to its bound (the least recently used go), and the newest entry still answers."""
-    spirvs = [
+def run(*args: object) -> None:
+    subprocess.run([str(a) for a in args], check=True, timeout=300, capture_output=True)
+
+
+@contextlib.contextmanager
+def mounted(kind: str, tmp_path: Path) -> Iterator[Path]:
+    """A fresh file system of ``kind`` mounted under ``tmp_path``: XFS or btrfs in a loop
+    device (a sparse 512 MiB image), or overlayfs (a container's writable layer over an
+    empty lower one)."""
+    mnt = tmp_path / kind
+    mnt.mkdir()
+    if kind == "overlay":
+        parts = {p: tmp_path / f"overlay-{p}" for p in ("lower", "upper", "work")}
+        for d in parts.values():
+            d.mkdir()
+        options = ",".join(f"{p}dir={d}" for p, d in parts.items())
+        run("mount", "-t", "overlay", "overlay", "-o", options, mnt)
+    else:
+        image = tmp_path / f"{kind}.img"
+        with open(image, "wb") as f:
+            f.truncate(512 << 20)
+        run(f"mkfs.{kind}", "-q", "-f", image)
+        run("mount", "-o", "loop", image, mnt)
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], timeout=120, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def small_kernels(system_ocloc) -> list:
+    """Twelve small kernels, each its own cache key."""
+    return [
         xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc", ocloc=system_ocloc)
         for n in range(12)
     ]
+
+
+def cleaned_to_its_bound(mnt: Path, ocloc: str, spirvs: list, monkeypatch) -> None:
+    """Kernels compiled into a cache on ``mnt`` bounded at four entries' bytes: every
+    compile succeeds, the cache is cleaned to its bound, the least recently used go, the
+    newest still answers, no upkeep lease is left."""
+    cache = mnt / "cache"
+    compile_ = lambda s: xpu_zebin.compile(s, device="pvc", ocloc=ocloc,  # noqa: E731
+                                           cache_dir=cache)  # fmt: skip
+    assert not compile_(spirvs[0]).cached
+    ledger = _ledger_in_shm(cache / "zebin-v3")
+    try:
+        one = xpu_zebin.stats(cache)["bytes"]
+        monkeypatch.setenv("XPU_ZEBIN_CACHE_MAX_BYTES", str(4 * one))
+        results = [compile_(s) for s in spirvs[1:]]
+        assert not any(r.cached for r in results)
+        stats = xpu_zebin.stats(cache)
+        assert stats["counters"]["evictions"] > 0, stats
+        assert stats["bytes"] <= stats["max_bytes"] and not stats["cleaning"], stats
+        assert compile_(spirvs[-1]).cached
+        assert not compile_(spirvs[0]).cached, "the least recently used went first"
+        assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
+    finally:
+        ledger.unlink(missing_ok=True)
+
+
+def test_a_mount_without_locks_is_still_cleaned(system_ocloc, small_kernels, tmp_path,
+                                                monkeypatch):  # fmt: skip
+    """On a mount that refuses POSIX locks, upkeep takes a lease instead (``upkeep.lease``,
+    made with O_EXCL, let go after each turn), and the cache is cleaned as anywhere."""
     with lockless_mount(tmp_path / "under", tmp_path / "mnt") as mnt:
         probe = os.open(mnt / "probe", os.O_RDWR | os.O_CREAT, 0o600)
         with pytest.raises(OSError) as refused:
             fcntl.lockf(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(probe)
         assert refused.value.errno == errno.ENOLCK, "the mount must refuse POSIX locks"
-        cache = mnt / "cache"
-        compile_ = lambda s: xpu_zebin.compile(s, device="pvc", ocloc=system_ocloc,  # noqa: E731
-                                               cache_dir=cache)  # fmt: skip
-        assert not compile_(spirvs[0]).cached
-        ledger = _ledger_in_shm(cache / "zebin-v3")
-        try:
-            one = xpu_zebin.stats(cache)["bytes"]
-            monkeypatch.setenv("XPU_ZEBIN_CACHE_MAX_BYTES", str(4 * one))
-            results = [compile_(s) for s in spirvs[1:]]
-            assert not any(r.cached for r in results)
-            stats = xpu_zebin.stats(cache)
-            assert stats["counters"]["evictions"] > 0, stats
-            assert stats["bytes"] <= stats["max_bytes"] and not stats["cleaning"], stats
-            assert compile_(spirvs[-1]).cached
-            assert not compile_(spirvs[0]).cached, "the least recently used went first"
-            assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
-        finally:
-            ledger.unlink(missing_ok=True)
+        cleaned_to_its_bound(mnt, system_ocloc, small_kernels, monkeypatch)
+
+
+@pytest.mark.parametrize("kind", ["xfs", "btrfs", "overlay"])
+def test_a_cache_on_another_file_system_is_cleaned(kind, system_ocloc, small_kernels,
+                                                   tmp_path, monkeypatch):  # fmt: skip
+    """XFS and btrfs (the ledger in this host's /dev/shm: a store into a mapped page there
+    may need new space) and overlayfs (a container's layer): compiles, cleaning, LRU."""
+    with mounted(kind, tmp_path) as mnt:
+        cleaned_to_its_bound(mnt, system_ocloc, small_kernels, monkeypatch)
