@@ -37,7 +37,8 @@ impl Holder {
         let (host, boot) = here();
         let mut bytes = [0u8; 16];
         // SAFETY: getrandom writes at most the buffer's length into it.
-        let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        let got =
+            unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
         if got != bytes.len() as isize {
             // No entropy source: a token from the clock and the process, still unique
             // among the holders of one directory.
@@ -57,20 +58,9 @@ impl Holder {
         format!("{} {} {} {}\n", self.host, self.boot, self.pid, self.token)
     }
 
-    /// The holder `path` names, when it is this user's regular file holding one line of
-    /// four fields (a file being written, or anything else, names none).
-    fn read(path: &Path) -> Option<Holder> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)
-            .ok()?;
-        let meta = file.metadata().ok()?;
-        if !meta.file_type().is_file() || meta.uid() != crate::private::uid() {
-            return None;
-        }
-        let mut text = String::new();
-        file.take(MAX_LINE).read_to_string(&mut text).ok()?;
+    /// The holder `text` names: one line of four fields (a file being written, or
+    /// anything else, names none).
+    fn parse(text: &str) -> Option<Holder> {
         let mut fields = text.strip_suffix('\n')?.split(' ');
         let holder = Holder {
             host: fields.next()?.to_string(),
@@ -84,7 +74,8 @@ impl Holder {
     /// Whether this holder was a process of this host's current boot that is gone.
     fn gone_from_here(&self) -> bool {
         let (host, boot) = here();
-        if (self.host.as_str(), self.boot.as_str()) != (host.as_str(), boot.as_str()) {
+        let known = !host.contains(UNKNOWN) && !boot.contains(UNKNOWN);
+        if !known || (self.host.as_str(), self.boot.as_str()) != (host.as_str(), boot.as_str()) {
             return false;
         }
         let Ok(pid) = libc::pid_t::try_from(self.pid) else {
@@ -97,21 +88,64 @@ impl Holder {
     }
 }
 
-/// This host's name and boot (a host's process ids are its own only within one boot).
+/// What names a host or boot that could not be read: never judged gone.
+const UNKNOWN: &str = "unknown";
+
+/// This host's name, and its boot and process namespace (a process id names one process
+/// only within both: containers of one pod share a host name and a boot, not their ids).
 fn here() -> (String, String) {
-    let read = |p: &str| {
-        let text = std::fs::read_to_string(p).unwrap_or_default();
+    let word = |text: String| {
         let word: String = text.split_whitespace().collect::<Vec<_>>().join("-");
         if word.is_empty() {
-            "unknown".to_string()
+            UNKNOWN.to_string()
         } else {
             word
         }
     };
-    (
-        read("/proc/sys/kernel/hostname"),
+    let read = |p: &str| word(std::fs::read_to_string(p).unwrap_or_default());
+    let pids = std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string());
+    let boot = format!(
+        "{}/{}",
         read("/proc/sys/kernel/random/boot_id"),
-    )
+        word(pids.unwrap_or_default())
+    );
+    (read("/proc/sys/kernel/hostname"), boot)
+}
+
+/// What is at a lease's name, as one look at one file: its inode and last change, whether
+/// it is this user's regular file, and the holder it names.
+#[derive(Debug, PartialEq, Eq)]
+struct Found {
+    ino: u64,
+    modified: Option<SystemTime>,
+    ours: bool,
+    holder: Option<Holder>,
+}
+
+/// What is at `path`: a regular file of this user's is opened (never following a link or
+/// blocking on a FIFO), its status and holder read from the same open file; anything else
+/// is only looked at.
+fn look(path: &Path) -> Option<Found> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path);
+    let (meta, file) = match opened {
+        Ok(file) => (file.metadata().ok()?, Some(file)),
+        Err(_) => (std::fs::symlink_metadata(path).ok()?, None),
+    };
+    let ours = meta.file_type().is_file() && meta.uid() == crate::private::uid();
+    let holder = file.filter(|_| ours).and_then(|file| {
+        let mut text = String::new();
+        file.take(MAX_LINE).read_to_string(&mut text).ok()?;
+        Holder::parse(&text)
+    });
+    Some(Found {
+        ino: meta.ino(),
+        modified: meta.modified().ok(),
+        ours,
+        holder,
+    })
 }
 
 /// A lease held: removed when let go, while it still carries this holder's token.
@@ -122,7 +156,8 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if Holder::read(&self.path).is_some_and(|h| h.token == self.token) {
+        let found = look(&self.path).and_then(|f| f.holder);
+        if found.is_some_and(|h| h.token == self.token) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -138,23 +173,21 @@ pub fn take(dir: &Path) -> Option<Lease> {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return None,
         Err(_) => {}
     }
-    let seen = std::fs::symlink_metadata(&path).ok()?;
-    let holder = Holder::read(&path);
-    if !stale(&seen, holder.as_ref()) {
+    let Some(seen) = look(&path) else {
+        return make(&path).ok().flatten(); // let go meanwhile
+    };
+    if !stale(&seen) {
         return None;
     }
-    // Moved aside, then checked to be the lease judged stale (its inode and token), never
-    // another process's lease made meanwhile: that one is put back.
+    // Moved aside, then checked to be the lease judged stale (its inode, last change and
+    // holder), never another process's lease made meanwhile: that one is put back.
     let aside = dir.join(format!(
         "{}stale-lease-{}",
         super::TEMP_PREFIX,
         Holder::me().token
     ));
     std::fs::rename(&path, &aside).ok()?;
-    let moved = std::fs::symlink_metadata(&aside).ok();
-    let same = moved.is_some_and(|m| m.ino() == seen.ino())
-        && Holder::read(&aside).map(|h| h.token) == holder.map(|h| h.token);
-    if !same {
+    if look(&aside).as_ref() != Some(&seen) {
         if !rename_no_replace(&aside, &path) {
             let _ = std::fs::remove_file(&aside);
         }
@@ -170,23 +203,20 @@ pub fn take(dir: &Path) -> Option<Lease> {
 /// the POSIX lock, in case another on the same file system could not).
 pub fn held_by_another(dir: &Path) -> bool {
     let path = dir.join(NAME);
-    match std::fs::symlink_metadata(&path) {
-        Ok(seen) => !stale(&seen, Holder::read(&path).as_ref()),
-        Err(_) => false,
-    }
+    look(&path).is_some_and(|seen| !stale(&seen))
 }
 
-/// Whether a lease file found (`meta`, the holder it names) may be taken over.
-fn stale(meta: &std::fs::Metadata, holder: Option<&Holder>) -> bool {
-    let planted = !meta.file_type().is_file() || meta.uid() != crate::private::uid();
-    let age = meta
-        .modified()
-        .ok()
+/// Whether a lease found may be taken over.
+fn stale(found: &Found) -> bool {
+    let age = found
+        .modified
         .map(|t| match SystemTime::now().duration_since(t) {
             Ok(past) => past,
             Err(ahead) => ahead.duration(),
         });
-    planted || age.is_none_or(|a| a > LEASE) || holder.is_some_and(Holder::gone_from_here)
+    !found.ours
+        || age.is_none_or(|a| a > LEASE)
+        || found.holder.as_ref().is_some_and(Holder::gone_from_here)
 }
 
 /// A new lease at `path` (`Ok(None)`: made, but its holder could not be written, so it
@@ -231,7 +261,20 @@ fn rename_no_replace(from: &Path, to: &Path) -> bool {
             libc::RENAME_NOREPLACE,
         )
     };
-    done == 0
+    if done == 0 {
+        return true;
+    }
+    // NFS, Lustre and older FUSE servers take no rename flags (EINVAL): a hard link, which
+    // fails if the name exists, then the old name removed.
+    let refused = std::io::Error::last_os_error().raw_os_error();
+    let from = std::path::Path::new(std::ffi::OsStr::from_bytes(from.as_bytes()));
+    let to = std::path::Path::new(std::ffi::OsStr::from_bytes(to.as_bytes()));
+    if matches!(refused, Some(libc::EINVAL | libc::ENOSYS)) && std::fs::hard_link(from, to).is_ok()
+    {
+        let _ = std::fs::remove_file(from);
+        return true;
+    }
+    false
 }
 
 #[cfg(test)]
