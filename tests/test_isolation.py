@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from spirv_mutations import mutants
 from triton_helpers import SOFTMAX_SIG, compile_triton, softmax_kernel, triton_on_cpu
+from worker_helpers import first_compiling
 
 import xpu_zebin
 import xpu_zebin.triton as xt
@@ -176,14 +177,6 @@ def _ze_workers(marker) -> list[int]:
     return [pid for pid, cmd in marker.processes() if "xpu_zebin._worker ze" in cmd]
 
 
-def _compiling(pid: int) -> bool:
-    """IGC is mapped into the worker: it has started compiling."""
-    try:
-        return "libigc" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
 def test_worker_killed_mid_build_is_a_crash_and_the_next_build_succeeds(
     ptss_spirv, add_spirv, marker
 ):
@@ -202,11 +195,7 @@ def test_worker_killed_mid_build_is_a_crash_and_the_next_build_succeeds(
         thread = threading.Thread(target=build, args=(result,))
         thread.start()
         # Wait (generously) for the worker to get into IGC; the build then takes seconds.
-        deadline = time.monotonic() + 60
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            victim = next((p for p in _ze_workers(marker) if _compiling(p)), None)
-            time.sleep(0.05)
+        victim = first_compiling(lambda: _ze_workers(marker))
         assert victim is not None, "no Level Zero worker started compiling"
         os.kill(victim, signal.SIGKILL)
         thread.join(120)

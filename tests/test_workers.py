@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from worker_helpers import first_compiling
 
 import xpu_zebin
 from xpu_zebin import _core
@@ -229,12 +229,7 @@ def test_a_worker_stuck_in_a_crash_handler_is_a_crash_at_once(ocloc, ptss_spirv,
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 60
-    victim = None
-    while victim is None and time.monotonic() < deadline:
-        # The worker is compiling once IGC is mapped (its main thread serves requests).
-        victim = next((p for p in _workers(marker) if _compiling(p)), None)
-        time.sleep(0.05)
+    victim = first_compiling(lambda: _workers(marker))
     assert victim is not None, "no worker started compiling"
     _stop_in_crash_handler_state(victim)
     started = time.monotonic()
@@ -248,10 +243,3 @@ def test_a_worker_stuck_in_a_crash_handler_is_a_crash_at_once(ocloc, ptss_spirv,
     assert "crash handler" in err.message and "crash handler" in err.log, err
     assert one_shots == set(), "the input was compiled again one-shot"
     assert time.monotonic() - started < 60
-
-
-def _compiling(pid: int) -> bool:
-    try:
-        return "libigc" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False

@@ -1,0 +1,30 @@
+"""Finding a compile worker mid-build, for the tests that kill or stop one."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+
+def compiling(pid: int) -> bool:
+    """IGC is mapped into the worker: it has started compiling (its main thread serves
+    requests, so being alive says nothing)."""
+    try:
+        return "libigc" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def first_compiling(workers: Callable[[], Iterable[int]], within: float = 60) -> Optional[int]:
+    """The first of ``workers()`` seen compiling, looked for (generously) for ``within``
+    seconds; None when none started."""
+    deadline = time.monotonic() + within
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        victim = next((p for p in workers() if compiling(p)), None)
+        # Polling /proc under the deadline; also after one is found: IGC mapped comes a
+        # moment before the build is under way (a worker killed sooner has its request
+        # served again by another, and the build succeeds).
+        time.sleep(0.05)
+    return victim
