@@ -75,7 +75,7 @@ def synthesize(cache: Path, first: int, count: int) -> None:
         os.write(fd, data)
         os.close(fd)
     # Entries written behind the ledger's back: counted again (setup, not a node's cost).
-    (layout / "ledger").unlink(missing_ok=True)
+    (layout / "ledger2").unlink(missing_ok=True)
     import xpu_zebin
 
     xpu_zebin.stats(cache, recount=True)
@@ -140,8 +140,8 @@ def rebuild(cache: str, options: Any, donor: Any, spirv: Path, adopt: float) -> 
     layout = Path(cache) / "zebin-v3"
     st = layout.stat()  # beside the entries on ext4 and tmpfs, else in /dev/shm (ledger.rs)
     for ledger in (
-        layout / "ledger",
-        Path(f"/dev/shm/xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger"),
+        layout / "ledger2",
+        Path(f"/dev/shm/xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger2"),
     ):
         ledger.unlink(missing_ok=True)  # fmt: skip
     entry = xpu_zebin._core.cache_slot(spirv.read_bytes(), "pvc", donor).local()

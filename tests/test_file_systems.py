@@ -12,6 +12,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -29,12 +30,14 @@ KERNEL = """__kernel void fs{n}(__global float* a, __global const float* b) {{
 
 
 @contextlib.contextmanager
-def lockless_mount(root: Path, mountpoint: Path) -> Iterator[Path]:
-    """``root`` mounted at ``mountpoint`` through the lock-refusing passthrough."""
+def lockless_mount(root: Path, mountpoint: Path, hang_locks: bool = False) -> Iterator[Path]:
+    """``root`` mounted at ``mountpoint`` through the lock-refusing passthrough (or, with
+    ``hang_locks``, one that never answers a lock call)."""
     root.mkdir()
     mountpoint.mkdir()
     log = open(root.parent / "lockless_fs.log", "w+")
-    fs = subprocess.Popen([sys.executable, str(LOCKLESS), str(root), str(mountpoint)],
+    hang = ["--hang-locks"] if hang_locks else []
+    fs = subprocess.Popen([sys.executable, str(LOCKLESS), str(root), str(mountpoint), *hang],
                           stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + 60
     while not os.path.ismount(mountpoint):
@@ -48,6 +51,10 @@ def lockless_mount(root: Path, mountpoint: Path) -> Iterator[Path]:
     try:
         yield mountpoint
     finally:
+        if hang_locks:
+            # The lock call left waiting holds the mount: its server goes first, which
+            # fails the call, then the mount.
+            fs.kill()
         done = subprocess.run(["fusermount3", "-u", str(mountpoint)], timeout=60, check=False)
         if done.returncode != 0:
             subprocess.run(["fusermount3", "-uz", str(mountpoint)], timeout=60, check=False)
@@ -63,7 +70,7 @@ def _ledger_in_shm(layout: Path) -> Path:
     """Where the ledger of a cache directory on this file system lives (``ledger.rs``:
     this host's shared memory, by the directory's device and inode)."""
     st = layout.stat()
-    return Path("/dev/shm") / f"xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger"
+    return Path("/dev/shm") / f"xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger2"
 
 
 def run(*args: object) -> None:
@@ -144,6 +151,31 @@ def test_a_mount_without_locks_is_still_cleaned(system_ocloc, small_kernels, tmp
         os.close(probe)
         assert refused.value.errno == errno.ENOLCK, "the mount must refuse POSIX locks"
         cleaned_to_its_bound(mnt, system_ocloc, small_kernels, monkeypatch)
+
+
+def test_a_mount_whose_locks_hang_is_still_cleaned(system_ocloc, small_kernels, tmp_path,
+                                                   monkeypatch):  # fmt: skip
+    """On a mount whose lock calls are never answered (NFS with a lock daemon that does
+    not answer), the first upkeep gives the call up after its deadline (two seconds), and
+    the directory uses leases from then on: every compile succeeds, and the cache is
+    cleaned as anywhere."""
+    with lockless_mount(tmp_path / "under", tmp_path / "mnt", hang_locks=True) as mnt:
+        # In a thread, so that a compile held by the lock call fails the test (the mount's
+        # server, killed on the way out, then fails the call) instead of hanging it.
+        failed: list = []
+
+        def run() -> None:
+            try:
+                cleaned_to_its_bound(mnt, system_ocloc, small_kernels, monkeypatch)
+            except BaseException as e:  # given to the test's thread
+                failed.append(e)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=300)
+        assert not worker.is_alive(), "a compile waited on a lock call that never answers"
+        if failed:
+            raise failed[0]
 
 
 @pytest.mark.parametrize("kind", ["xfs", "btrfs", "overlay"])

@@ -17,7 +17,9 @@ def stats(
     against ``max_bytes``) and what every process that used it counted (``counters``):
     requests, hits per level (local, store, bundle, Triton's cache), compiles, large-GRF
     retries by trigger, entries refused (untrusted, checksum, driver), evictions, compiler
-    microseconds spent and saved by hits. ``zero`` sets the counters back to zero after
+    microseconds spent and saved by hits. Hosts sharing the directory (NFS, Lustre) each
+    publish their counts in it: these are every host's, and ``other_hosts`` says how many
+    others there were. ``zero`` sets the counters back to zero, for every host, after
     they are read; ``recount`` counts every entry on disk again first (a writer killed
     mid-write leaves the accounts off by its entry until its shard is recounted).
     ``cleaning`` is the cleaning in progress (``next_shard`` of ``shards``: over its bound,

@@ -5,7 +5,9 @@
 //! kept by a forked child); where it refuses them (many FUSE mounts, Lustre without
 //! `flock`, NFS without a lock daemon), it is a lease (`lease.rs`). Either way nobody
 //! waits, so a missing lock never stops a compile, and never stops the cache from being
-//! cleaned.
+//! cleaned. A lock call that does not answer within `LOCK_DEADLINE` (NFS with a lock
+//! daemon that does not answer) is given up, and the directory uses leases from then on
+//! in this process.
 
 use super::lease::{self, Lease};
 use std::fs::File;
@@ -16,6 +18,21 @@ use crate::sync::Renewable;
 
 /// Whether this process said (at debug) that a directory's file system refuses locks.
 static SAID_LEASES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long a lock call may take: a POSIX lock taken without waiting answers at once, but
+/// on NFS the call goes to the server's lock daemon, and one that does not answer would
+/// hold the write that asked for ever.
+const LOCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Directories whose lock call did not answer in time, by device and inode: leases there.
+static HANGING: Renewable<std::sync::Mutex<Vec<(u64, u64)>>> = Renewable::new(
+    || std::sync::Mutex::new(Vec::new()),
+    forget_hanging_after_fork,
+);
+
+fn forget_hanging_after_fork() {
+    HANGING.renew();
+}
 
 /// The directories this process is keeping up now, by device and inode (two spellings of
 /// one directory are one): one thread at a time each (a POSIX lock is the process's, so
@@ -47,7 +64,7 @@ pub struct Held {
 
 /// How the directory is held: a POSIX lock on this open file, or a lease.
 enum Lock {
-    Record(#[allow(dead_code)] File),
+    Record(#[allow(dead_code)] std::sync::Arc<File>),
     Lease(#[allow(dead_code)] Lease),
 }
 
@@ -94,15 +111,29 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
             .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid());
         e.raw_os_error().is_some_and(|c| planted.contains(&c)) && !this_users_file
     };
-    let file = match open() {
+    let file = match open().map(std::sync::Arc::new) {
         Ok(f) if ours(&f) => f,
         Err(e) if !not_a_lock(&e) => return None,
         _ => {
             let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
-            open().ok().filter(ours)?
+            open().ok().map(std::sync::Arc::new).filter(|f| ours(f))?
         }
     };
-    let lock = match record_lock(&file) {
+    let hanging = crate::sync::lock(HANGING.get()).contains(&id);
+    let answer = if hanging {
+        Err(std::io::Error::other(
+            "a lock call here did not answer in time",
+        ))
+    } else {
+        record_lock_within(file.clone(), LOCK_DEADLINE)
+    };
+    if answer
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    {
+        crate::sync::lock(HANGING.get()).push(id);
+    }
+    let lock = match answer {
         // A process that could not take the POSIX lock on this file system (a transient
         // refusal, a client mounted otherwise) may hold the lease instead.
         Ok(true) if lease::held_by_another(dir) => return None,
@@ -119,6 +150,32 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
     Some(Held {
         _lock: lock,
         _turn: turn,
+    })
+}
+
+/// `record_lock`, answered within `deadline` (else `TimedOut`): the call is made by a
+/// thread of its own, left behind when it does not answer (it holds the file, which closes
+/// when it returns, letting go of a lock it got late).
+fn record_lock_within(
+    file: std::sync::Arc<File>,
+    deadline: std::time::Duration,
+) -> std::io::Result<bool> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let asker = std::thread::Builder::new()
+        .name("xpu-zebin-lock".into())
+        .spawn(move || {
+            let _ = tx.send(record_lock(&file));
+        });
+    if let Err(e) = asker {
+        return Err(std::io::Error::other(format!(
+            "no thread to ask for the lock: {e}"
+        )));
+    }
+    rx.recv_timeout(deadline).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the lock call did not answer within {deadline:?}"),
+        ))
     })
 }
 

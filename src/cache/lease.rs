@@ -31,21 +31,28 @@ struct Holder {
     token: String,
 }
 
+/// Random bytes, never blocking: where there is no entropy source, bytes from the clock,
+/// the process and `salt`, still unique among the processes of one directory.
+pub fn random_bytes<const N: usize>(salt: &str) -> [u8; N] {
+    let mut bytes = [0u8; N];
+    // SAFETY: getrandom writes at most the buffer's length into it.
+    let got =
+        unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
+    if got != bytes.len() as isize {
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+        let seed = format!("{:?} {} {salt}", now, std::process::id());
+        let mut hash = blake3::Hasher::new();
+        hash.update(seed.as_bytes());
+        hash.finalize_xof().fill(&mut bytes);
+    }
+    bytes
+}
+
 impl Holder {
     /// This process, with a fresh token.
     fn me() -> Holder {
         let (host, boot) = here();
-        let mut bytes = [0u8; 16];
-        // SAFETY: getrandom writes at most the buffer's length into it.
-        let got =
-            unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
-        if got != bytes.len() as isize {
-            // No entropy source: a token from the clock and the process, still unique
-            // among the holders of one directory.
-            let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
-            let seed = format!("{:?} {} {host}", now, std::process::id());
-            bytes.copy_from_slice(&blake3::hash(seed.as_bytes()).as_bytes()[..16]);
-        }
+        let bytes: [u8; 16] = random_bytes(&host);
         Holder {
             host,
             boot,

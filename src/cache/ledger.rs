@@ -6,12 +6,21 @@
 //! leaves each add whole. What can drift (a writer killed between its rename and its add)
 //! is set right by recounting: one shard every `RECOUNT_EVERY` writes, a shard as it is
 //! cleaned, everything when the file is new or when asked (`xpu-zebin stats --recount`).
+//!
+//! The file is one host's (its memory is shared by that host's processes only): its own
+//! words count what this host did, and each write publishes them beside the entries
+//! (`hosts.rs`), where every other host reads them into its `others` words. The cache's
+//! accounts are the sum of both, so they hold across hosts with no memory shared.
 
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+mod turn;
+use turn::host_id_for;
+pub use turn::Turn;
 
 /// Shards of a cache directory, each made on its first entry: 256, so that a shard of a
 /// million entries' cache (3,900 each) still has a one-level ext4 name index (a shard of
@@ -21,19 +30,24 @@ pub const SHARDS: usize = 256;
 /// digit), and so the parts of a round.
 pub const PARTS: usize = 16;
 pub const ROUND_PARTS: usize = SHARDS * PARTS;
-const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR4");
-/// Words: a header, bytes and entries of each shard, counters.
-const HEADER: usize = 16;
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR5");
+/// Words: a header; this host's own words (bytes and entries of each shard, counters),
+/// what it publishes; the sum of the other hosts' own words, as last read.
+const HEADER: usize = 24;
 const COUNTERS: usize = 64;
-const WORDS: usize = HEADER + 2 * SHARDS + COUNTERS;
+pub const OWN_WORDS: usize = 2 * SHARDS + COUNTERS;
+const OTHERS: usize = HEADER + OWN_WORDS;
+/// Other hosts' words summed while a pass over their files is under way.
+const PARTIAL: usize = OTHERS + OWN_WORDS;
+const WORDS: usize = PARTIAL + OWN_WORDS;
 /// The file's size: whole pages.
-pub const FILE_BYTES: usize = 8192;
+pub const FILE_BYTES: usize = 16384;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// One shard is recounted every this many writes (round robin: each shard every 262,144
 /// writes; a write pays a 1024th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 1024;
 
-// Header words (11 to 15 unused).
+// Header words.
 const W_MAGIC: usize = 0;
 const W_WRITES: usize = 3;
 const W_NEXT_RECOUNT: usize = 4;
@@ -50,6 +64,27 @@ const W_ROUND_TARGET: usize = 9;
 /// Nonzero: the last round walked every shard and set its accounts (the ledger's total is
 /// then trusted by the next plan, whatever its sample shows).
 const W_WALKED: usize = 10;
+/// This host's id (random, never 0): the name of the file it publishes.
+const W_HOST: usize = 11;
+/// When this host last published (nanoseconds since 1970).
+const W_PUBLISHED: usize = 12;
+/// The pass over the other hosts' files: the last host id read (its cursor), and the
+/// passes ended (the others' words are known once one has).
+const W_PASS_AFTER: usize = 13;
+const W_PASSES: usize = 14;
+/// Other hosts read in the last pass, and so far in this one.
+const W_HOSTS: usize = 15;
+const W_PASS_READ: usize = 16;
+/// Nonzero: this host's words changed and are to be published (by whoever has the turn).
+const W_WANT: usize = 17;
+/// Nonzero while a turn changes several of the pass's words: a turn that finds it set (its
+/// holder was killed) begins the pass again.
+const W_PASS_DIRTY: usize = 18;
+/// Nonzero: a new ledger whose host may have published before (it lost its ledger): its
+/// words go on from its file.
+const W_SEED: usize = 19;
+/// When the last step of a pass was taken (nanoseconds since 1970).
+const W_STEPPED: usize = 20;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
@@ -145,6 +180,10 @@ pub struct Ledger {
     words: *const AtomicU64,
     /// The file mapped: (device, inode).
     file: (u64, u64),
+    /// The file, open: its `flock` (and this process's mutex) lets one process of this
+    /// host at a time read the other hosts' files.
+    open: File,
+    pass: std::sync::Mutex<()>,
 }
 
 // SAFETY: the mapping is shared memory used only through atomics, unmapped only when the
@@ -159,7 +198,8 @@ impl Drop for Ledger {
     }
 }
 
-/// A count that went below zero for a moment (adds of two processes crossing) reads 0.
+/// A count that went below zero for a moment (adds of two processes crossing, or a host's
+/// own words after it removed what another wrote) reads 0.
 fn clamp(v: u64) -> u64 {
     if v > u64::MAX / 2 {
         0
@@ -172,13 +212,17 @@ impl Ledger {
     /// The ledger of the cache in `dir` (made when missing or not one: then unknown, and
     /// recounted by the next write). `dir` was checked as this user's, private to others.
     pub fn open(dir: &Path) -> std::io::Result<Ledger> {
-        let path = location(dir)?;
-        let home = path.parent().unwrap_or(dir);
-        let file = match open_checked(&path) {
+        Ledger::open_at(&location(dir)?)
+    }
+
+    /// The ledger file at `path` (a host's; tests open two for one directory).
+    pub fn open_at(path: &Path) -> std::io::Result<Ledger> {
+        let home = path.parent().unwrap_or(path);
+        let file = match open_checked(path) {
             Ok(f) => f,
             Err(_) => {
-                make(home, &path)?;
-                open_checked(&path)?
+                make(home, path)?;
+                open_checked(path)?
             }
         };
         let meta = file.metadata()?;
@@ -201,12 +245,18 @@ impl Ledger {
         let ledger = Ledger {
             words: ptr as *const AtomicU64,
             file: (meta.dev(), meta.ino()),
+            open: file,
+            pass: std::sync::Mutex::new(()),
         };
         if ledger.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
             for i in 1..WORDS {
                 ledger.word(i).store(0, Ordering::Relaxed);
             }
             ledger.word(W_UNKNOWN).store(1, Ordering::Release);
+            ledger.word(W_SEED).store(1, Ordering::Release);
+            ledger
+                .word(W_HOST)
+                .store(host_id_for(path), Ordering::Release);
             ledger.word(W_MAGIC).store(MAGIC, Ordering::Release);
         }
         Ok(ledger)
@@ -225,6 +275,15 @@ impl Ledger {
         unsafe { &*self.words.add(i) }
     }
 
+    fn load(&self, i: usize) -> u64 {
+        self.word(i).load(Ordering::Relaxed)
+    }
+
+    /// This host's own word `i` plus the other hosts' (signed, as wrapping sums).
+    fn total(&self, i: usize) -> u64 {
+        clamp(self.load(HEADER + i).wrapping_add(self.load(OTHERS + i)))
+    }
+
     fn add_word(&self, i: usize, delta: i64) {
         self.word(i).fetch_add(delta as u64, Ordering::Relaxed);
     }
@@ -236,12 +295,14 @@ impl Ledger {
         self.add_word(HEADER + SHARDS + shard, entries);
     }
 
-    /// A shard's true size, found by counting it.
+    /// A shard's true size, found by counting it: this host's own words take what the
+    /// other hosts' (as last read) do not account for.
     pub fn set_shard(&self, shard: usize, bytes: u64, entries: u64) {
         let shard = shard % SHARDS;
-        self.word(HEADER + shard).store(bytes, Ordering::Relaxed);
-        self.word(HEADER + SHARDS + shard)
-            .store(entries, Ordering::Relaxed);
+        for (i, v) in [(shard, bytes), (SHARDS + shard, entries)] {
+            let own = v.wrapping_sub(self.load(OTHERS + i));
+            self.word(HEADER + i).store(own, Ordering::Relaxed);
+        }
     }
 
     /// The whole cache: the sum of its shards (never a total of its own, which a process
@@ -259,14 +320,11 @@ impl Ledger {
     }
 
     pub fn shard_entries(&self, shard: usize) -> u64 {
-        clamp(
-            self.word(HEADER + SHARDS + shard % SHARDS)
-                .load(Ordering::Relaxed),
-        )
+        self.total(SHARDS + shard % SHARDS)
     }
 
     pub fn shard_bytes(&self, shard: usize) -> u64 {
-        clamp(self.word(HEADER + shard % SHARDS).load(Ordering::Relaxed))
+        self.total(shard % SHARDS)
     }
 
     /// The generation of unknown accounts (a new ledger), 0 when they are known. Cleared
@@ -297,14 +355,14 @@ impl Ledger {
     pub fn round(&self) -> Option<Round> {
         let next = self.word(W_ROUND_NEXT).load(Ordering::Acquire);
         (1..=ROUND_PARTS as u64).contains(&next).then(|| Round {
-            cut: self.word(W_ROUND_CUT).load(Ordering::Relaxed),
-            tied: self.word(W_ROUND_TIED).load(Ordering::Relaxed),
+            cut: self.load(W_ROUND_CUT),
+            tied: self.load(W_ROUND_TIED),
             next: (next - 1) as usize,
             kept: (
-                self.word(W_ROUND_KEPT_BYTES).load(Ordering::Relaxed),
-                self.word(W_ROUND_KEPT_ENTRIES).load(Ordering::Relaxed),
+                self.load(W_ROUND_KEPT_BYTES),
+                self.load(W_ROUND_KEPT_ENTRIES),
             ),
-            target: self.word(W_ROUND_TARGET).load(Ordering::Relaxed),
+            target: self.load(W_ROUND_TARGET),
         })
     }
 
@@ -341,17 +399,58 @@ impl Ledger {
             .fetch_add(n, Ordering::Relaxed);
     }
 
+    /// A counter, as every host counted it (this host's, and the others' as last read).
     pub fn counter(&self, c: Counter) -> u64 {
-        self.word(HEADER + 2 * SHARDS + c as usize)
-            .load(Ordering::Relaxed)
+        self.total(2 * SHARDS + c as usize)
     }
 
-    /// Read and set back to zero at once (nothing counted meanwhile is lost).
-    pub fn take_counter(&self, c: Counter) -> u64 {
-        self.word(HEADER + 2 * SHARDS + c as usize)
-            .swap(0, Ordering::Relaxed)
+    /// This host's id: its file among the hosts' (`hosts.rs`).
+    pub fn host_id(&self) -> u64 {
+        self.word(W_HOST).load(Ordering::Acquire)
+    }
+
+    /// This host's own words, to publish.
+    pub fn own_words(&self) -> Vec<u64> {
+        (0..OWN_WORDS).map(|i| self.load(HEADER + i)).collect()
+    }
+
+    /// Whether this host's words are due to be published (`every` nanoseconds since they
+    /// last were): the process that says so asks for it.
+    pub fn publish_due(&self, now: u64, every: u64) -> bool {
+        self.due(W_PUBLISHED, now, every)
+    }
+
+    /// Whether a step of the pass is due (`every` nanoseconds since the last): the process
+    /// that says so takes it.
+    pub fn step_due(&self, now: u64, every: u64) -> bool {
+        self.due(W_STEPPED, now, every)
+    }
+
+    /// Whether `every` nanoseconds passed since the time in word `i` (or the clock went
+    /// back), then set to `now` by this process, which says so (one process of many).
+    fn due(&self, i: usize, now: u64, every: u64) -> bool {
+        let last = self.load(i);
+        (now < last || now - last >= every)
+            && self
+                .word(i)
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Passes over the other hosts' files ended: until one has, their words are unknown.
+    pub fn passes(&self) -> u64 {
+        self.word(W_PASSES).load(Ordering::Acquire)
+    }
+
+    /// Other hosts read by the last pass.
+    pub fn other_hosts(&self) -> u64 {
+        self.load(W_HOSTS)
     }
 }
+
+/// The ledger's name: `ledger2` since it holds other hosts' words (a release before, still
+/// running, keeps its `ledger`, and neither replaces the other's).
+const NAME: &str = "ledger2";
 
 /// Where the ledger of `dir` is: beside its entries on a file system that never needs new
 /// space to write a page already written (ext4, tmpfs); elsewhere (btrfs, ZFS, XFS with
@@ -369,11 +468,11 @@ fn location(dir: &Path) -> std::io::Result<std::path::PathBuf> {
         return Err(std::io::Error::last_os_error());
     }
     if matches!(fs.f_type as i64, EXT4 | TMPFS) {
-        return Ok(dir.join("ledger"));
+        return Ok(dir.join(NAME));
     }
     let meta = std::fs::metadata(dir)?;
     let name = format!(
-        "xpu-zebin-{}-{}-{}.ledger",
+        "xpu-zebin-{}-{}-{}.{NAME}",
         crate::private::uid(),
         meta.dev(),
         meta.ino()
@@ -414,6 +513,8 @@ fn make(dir: &Path, path: &Path) -> std::io::Result<()> {
     let mut page = vec![0u8; FILE_BYTES];
     page[..8].copy_from_slice(&MAGIC.to_le_bytes());
     page[W_UNKNOWN * 8] = 1;
+    page[W_SEED * 8] = 1;
+    page[W_HOST * 8..W_HOST * 8 + 8].copy_from_slice(&host_id_for(path).to_le_bytes());
     tmp.write_all(&page)?;
     // Its blocks allocated now: a page written later through the mapping needs none.
     tmp.as_file().sync_all()?;

@@ -4,7 +4,8 @@
 //! directory's accounts (bytes, entries, counters) are one shared mapped file
 //! (`ledger.rs`), so a write never lists the directory: when the ledger says the cache is
 //! over its bound, `upkeep.rs` removes the least recently used entries. The last layouts'
-//! entries are moved in a slice at a time (`migrate.rs`).
+//! entries are moved in a slice at a time (`migrate.rs`). Where hosts share the directory,
+//! each publishes its words there and reads the others' (`hosts.rs`).
 //!
 //! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | checksum`, the
 //! checksum blake3 over the key and everything before it: an entry renamed onto another
@@ -15,6 +16,7 @@
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
 //! fail a compile; every problem comes back as a note.
 
+mod hosts;
 mod keeper;
 mod lease;
 mod ledger;
@@ -135,11 +137,14 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                if l.unknown_generation() != 0 {
+                hosts::step(&self.dir, &l, hosts::Step::Fresh);
+                if l.unknown_generation() != 0 && l.passes() > 0 {
                     if let Some(_held) = keeper::try_lock(&self.dir) {
                         upkeep::recount_all(&self.dir, &l);
+                        hosts::publish(&self.dir, &l, true); // before the lock goes
                     }
                 }
+                hosts::publish(&self.dir, &l, true);
                 (l.entries(), l.bytes())
             }
             None => upkeep::listed(&self.dir),
@@ -156,8 +161,29 @@ impl Cache {
             return false;
         };
         self.move_old(&in_use, usize::MAX);
-        upkeep::recount_all(&self.dir, &in_use.ledger);
+        // What the other hosts account for, now: a shard's count takes the rest.
+        let ledger = &in_use.ledger;
+        if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) && ledger.passes() == 0 {
+            return false;
+        }
+        upkeep::recount_all(&self.dir, ledger);
+        hosts::publish(&self.dir, ledger, true); // before the lock goes
         true
+    }
+
+    /// Publish this host's counts (at once after a compile, `urgent`; at most every
+    /// `hosts::PUBLISH_EVERY` otherwise), for the other hosts sharing the directory.
+    pub fn publish_counts(&self, ledger: &Ledger, urgent: bool) {
+        hosts::publish(&self.dir, ledger, urgent);
+    }
+
+    /// The counters of every host that used the directory, less the zero last set;
+    /// `zero`: set the zero now.
+    pub fn counters(&self, zero: bool) -> Vec<(Counter, u64)> {
+        match self.in_use() {
+            Some((in_use, _)) => hosts::counters(&self.dir, &in_use.ledger, zero),
+            None => Counter::ALL.iter().map(|&c| (c, 0)).collect(),
+        }
     }
 
     /// This directory's ledger (one per process and directory, made on first use); None
@@ -241,6 +267,7 @@ impl Cache {
     /// process does it.
     fn upkeep(&self, in_use: &InUse) -> Option<String> {
         let ledger = &in_use.ledger;
+        hosts::step(&self.dir, ledger, hosts::Step::Write);
         let recount = ledger.shard_due_after_write();
         let over = ledger.bytes() > self.max_bytes;
         let unknown = ledger.unknown_generation();
@@ -252,6 +279,21 @@ impl Cache {
         let Some(_held) = keeper::try_lock(&self.dir) else {
             return None; // the process that holds the lock does it, or the next writer
         };
+        // The others' words as they are now: accounts set from a listing take the rest, and
+        // this host's are published before the lock goes, for the next holder to read.
+        hosts::step(&self.dir, ledger, hosts::Step::Now);
+        if ledger.passes() == 0 {
+            return None; // the others' words are not known yet (a pass of many hosts)
+        }
+        let note = self.upkeep_held(in_use, recount);
+        hosts::publish(&self.dir, ledger, true);
+        note
+    }
+
+    /// `upkeep`'s work, with the upkeep lock held.
+    fn upkeep_held(&self, in_use: &InUse, recount: Option<usize>) -> Option<String> {
+        let ledger = &in_use.ledger;
+        let old_left = in_use.old_left.load(Ordering::Relaxed);
         if old_left {
             self.move_old(in_use, migrate::SLICE);
         }
@@ -263,6 +305,7 @@ impl Cache {
             // rebuilt by a round that only walks, a slice per write like any cleaning, so
             // that no write lists the whole cache; its end makes them known.
             upkeep::sweep(&self.dir);
+            upkeep::sweep(&self.dir.join(hosts::DIR));
             ledger.set_round(Some(&Round::walk()));
         } else if let (Some(shard), 0) = (recount, unknown) {
             upkeep::recount(&self.dir, ledger, shard);

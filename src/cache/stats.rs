@@ -1,7 +1,6 @@
 //! `xpu-zebin stats`: what a cache directory holds and what every process that used it
 //! counted (`ledger.rs`), as ccache's `-s` and sccache's `--show-stats` report theirs.
 
-use super::ledger::Counter;
 use super::Cache;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -14,6 +13,8 @@ pub struct Stats {
     pub max_bytes: u64,
     /// Counters by name (`Counter::name`).
     pub counters: BTreeMap<&'static str, u64>,
+    /// Other hosts whose counts are in these (each publishes its own in the directory).
+    pub other_hosts: u64,
     /// A cleaning in progress (done a slice per write): the next of its shards.
     pub cleaning: Option<Cleaning>,
 }
@@ -33,23 +34,19 @@ pub fn stats(cache: &Cache, zero: bool, recount: bool) -> Stats {
     }
     let (entries, bytes) = cache.usage();
     let ledger = cache.ledger();
-    let counters = Counter::ALL
-        .iter()
-        .map(|c| {
-            let n = match (&ledger, zero) {
-                (Some(l), true) => l.take_counter(*c),
-                (Some(l), false) => l.counter(*c),
-                (None, _) => 0,
-            };
-            (c.name(), n)
-        })
+    let counters = cache
+        .counters(zero)
+        .into_iter()
+        .map(|(c, n)| (c.name(), n))
         .collect();
+    let other_hosts = ledger.as_ref().map_or(0, |l| l.other_hosts());
     Stats {
         cache_dir: cache.dir().display().to_string(),
         entries,
         bytes,
         max_bytes: cache.max_bytes,
         counters,
+        other_hosts,
         cleaning: ledger.and_then(|l| l.round()).map(|r| Cleaning {
             next_shard: r.next / super::ledger::PARTS,
             shards: super::ledger::SHARDS,

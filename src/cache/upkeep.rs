@@ -355,6 +355,7 @@ fn nanos(t: SystemTime) -> u64 {
 pub fn recount_all(dir: &Path, ledger: &Ledger) {
     let unknown = ledger.unknown_generation();
     sweep(dir);
+    sweep(&dir.join(super::hosts::DIR));
     for shard in 0..SHARDS {
         recount(dir, ledger, shard);
     }

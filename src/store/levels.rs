@@ -497,15 +497,22 @@ impl Levels {
     /// Count a request refused before any level was asked (a bad setting), in the ledger
     /// of its cache (`cache`).
     fn count_refused(cache: Option<&Cache>) {
-        if let Some(l) = cache.and_then(Cache::ledger_to_count) {
-            accounts::count(&l, Answered::Refused);
+        if let Some(cache) = cache {
+            if let Some(l) = cache.ledger_to_count() {
+                accounts::count(&l, Answered::Refused);
+                cache.publish_counts(&l, false);
+            }
         }
     }
 
     /// Count the request's answer once, in its directory's ledger.
     pub fn count(&self, answered: Answered<'_>) {
-        if let Some(l) = self.cache.as_ref().and_then(Cache::ledger_to_count) {
-            accounts::count(&l, answered);
+        if let Some(cache) = self.cache.as_ref() {
+            if let Some(l) = cache.ledger_to_count() {
+                let urgent = matches!(answered, Answered::Built(_) | Answered::Failed(_));
+                accounts::count(&l, answered);
+                cache.publish_counts(&l, urgent);
+            }
         }
     }
 }

@@ -1,0 +1,475 @@
+//! Accounts across hosts, with no memory shared between them: each host's ledger
+//! (`ledger.rs`, in memory only that host's processes share) publishes its own words in
+//! the directory, `hosts/<host id>.counts`, and reads the other hosts' files into its
+//! `others` words, a step of at most `STEP_HOSTS` files at a time. The cache's size, its
+//! bound and `xpu-zebin stats` are then judged on the sum of every host's words, on NFS,
+//! Lustre or GPFS as on one machine.
+//!
+//! A host's file has one writer at a time: whichever process of the host has its turn
+//! (`Ledger::turn`), which publishes whatever was asked for before it lets go, so no
+//! change is left unpublished and no older version lands after a newer one. It is written
+//! in place and closed (NFS sends it to the server at close), with a checksum: a reader
+//! that meets a version half written reads it again, and skips a file that is never
+//! whole (or not this user's, or not of its size).
+
+use super::ledger::{Counter, Ledger, Turn, OWN_WORDS};
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The hosts' files, in the cache directory.
+pub const DIR: &str = "hosts";
+const MAGIC: &[u8; 8] = b"XZHOSTS1";
+/// A file: magic, host id, the host's own words, blake3 of all before it.
+const FILE_BYTES: usize = 8 + 8 + OWN_WORDS * 8 + 32;
+/// Other hosts' files read per step: what one write pays, besides listing the hosts'
+/// names (a pass over a thousand hosts takes 16 steps).
+pub const STEP_HOSTS: usize = 64;
+/// A step is taken by a write at most this often on one host (a write with the upkeep
+/// lock takes one whenever: it may set accounts from what the others' words say).
+const STEP_EVERY: Duration = Duration::from_millis(50);
+/// Host files read at most (more is someone's mistake): the rest are not read.
+const MAX_HOSTS: usize = 65_536;
+/// Counts a request made are published at least this often (a write publishes at once).
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// The counters' zero (`xpu-zebin stats --zero`): every host's counts when it was set.
+const ZERO: &str = "zero.counts";
+/// How long a reader that wants every host's latest words (`stats`) waits for its turn.
+const FRESH_WAIT: Duration = Duration::from_secs(2);
+
+fn nanos(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn file_name(id: u64) -> String {
+    format!("{id:016x}.counts")
+}
+
+/// The hosts' directory of `dir`, made (0700) when missing: Ok(None) when there is none
+/// and it cannot be made; an error when it is not this user's, private to others.
+fn hosts_dir(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let hosts = dir.join(DIR);
+    if std::fs::symlink_metadata(&hosts).is_err() {
+        let made = std::fs::DirBuilder::new().mode(0o700).create(&hosts);
+        if made.is_err() && std::fs::symlink_metadata(&hosts).is_err() {
+            return Ok(None);
+        }
+    }
+    crate::private::check_dir(&hosts, 0o002).map(|_| Some(hosts))
+}
+
+/// Publish this host's own words: now when `urgent` (a write), else when they were last
+/// published `PUBLISH_EVERY` ago (a hit). Done by this process, or by the one that has
+/// the turn, before it lets go; a failure is harmless (the next one tries again).
+pub fn publish(dir: &Path, ledger: &Ledger, urgent: bool) {
+    let due = || ledger.publish_due(nanos(SystemTime::now()), PUBLISH_EVERY.as_nanos() as u64);
+    if ledger.host_id() == 0 || !(urgent || due()) {
+        return;
+    }
+    ledger.want_published();
+    with_turn(dir, ledger, |_| {});
+}
+
+/// Run `work` with this host's turn, when no one else has it, then publish what was
+/// asked for (by this process or others meanwhile) before letting go, and again while
+/// more is asked for after (a process that found the turn taken left it to this one).
+fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> Option<T> {
+    let turn = ledger.turn()?;
+    if turn.take_seed() {
+        seed(dir, ledger, &turn);
+    }
+    let done = work(&turn);
+    let mut turn = Some(turn);
+    for _ in 0..8 {
+        let Some(held) = turn.take() else { break };
+        while held.take_wanted() {
+            if let Err(e) = write(dir, ledger.host_id(), &ledger.own_words()) {
+                crate::diag::detail("cache", format!("this host's accounts not published: {e}"));
+            }
+        }
+        drop(held);
+        if !ledger.published_wanted() {
+            break;
+        }
+        turn = ledger.turn(); // asked for again as this one let go, by one that found it taken
+    }
+    Some(done)
+}
+
+/// A new ledger of a host that published before (its ledger was lost): its words go on
+/// from its file, so what it did is counted once.
+fn seed(dir: &Path, ledger: &Ledger, turn: &Turn) {
+    if let Ok(Some(hosts)) = hosts_dir(dir) {
+        if let Ok(Some(words)) = read(&hosts, &file_name(ledger.host_id()), ledger.host_id()) {
+            turn.seed(&words);
+        }
+    }
+}
+
+/// Write file `id` (a host's, or 0: the zero) of `dir`'s hosts in place: its size is
+/// fixed, so a reader sees the whole of one version, or a mix its checksum refuses.
+fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
+    let hosts = hosts_dir(dir)
+        .map_err(std::io::Error::other)?
+        .ok_or_else(|| std::io::Error::other("no hosts directory"))?;
+    let mut bytes = Vec::with_capacity(FILE_BYTES);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&id.to_le_bytes());
+    for w in words.iter().take(OWN_WORDS) {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    let sum = blake3::hash(&bytes);
+    bytes.extend_from_slice(sum.as_bytes());
+    let name = if id == 0 {
+        ZERO.to_string()
+    } else {
+        file_name(id)
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(hosts.join(name))?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.uid() != crate::private::uid() {
+        return Err(std::io::Error::other("not this user's regular file"));
+    }
+    file.write_all_at(&bytes, 0)?;
+    if meta.len() > FILE_BYTES as u64 {
+        file.set_len(FILE_BYTES as u64)?;
+    }
+    Ok(()) // closed here: on NFS, sent to the server
+}
+
+/// The words of file `name` of host `id` (0: the zero): Ok(None) when it is not one (not
+/// this user's regular file of its size, or never whole in three reads); an error when it
+/// could not be read (it may be a host's whole file: the pass does not go past it).
+fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> {
+    let file = match crate::private::open_file(&hosts.join(name), false, false) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // A link, or not a regular file: not a host's file.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::Other => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if meta.uid() != crate::private::uid() || meta.len() != FILE_BYTES as u64 {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; FILE_BYTES];
+    for _ in 0..3 {
+        (&file).take(FILE_BYTES as u64).read_exact(&mut bytes)?;
+        let (body, sum) = bytes.split_at(FILE_BYTES - 32);
+        if &body[..8] != MAGIC || body[8..16] != id.to_le_bytes() {
+            return Ok(None);
+        }
+        if blake3::hash(body) == *sum {
+            let words = body[16..].chunks_exact(8);
+            return Ok(Some(
+                words
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                    .collect(),
+            ));
+        }
+        std::io::Seek::rewind(&mut &file)?; // a version half written: read again
+    }
+    Ok(None)
+}
+
+/// The ids of the hosts that published in `hosts`, sorted (at most `MAX_HOSTS`); an
+/// error when the directory could not be listed whole.
+fn ids(hosts: &Path) -> std::io::Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(hosts)? {
+        let name = entry?.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".counts"))
+            .filter(|hex| hex.len() == 16)
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+        if let Some(id) = id.filter(|id| *id != 0) {
+            ids.push(id);
+            if ids.len() >= MAX_HOSTS {
+                break;
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// Who steps on with a host's pass over the other hosts' files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A write: at most one step every `STEP_EVERY` on this host.
+    Write,
+    /// The upkeep lock's holder, about to set accounts from what the others' words say.
+    Now,
+    /// A reader that wants every host's latest words (`stats`): a pass begun now and taken
+    /// to its end, waiting up to `FRESH_WAIT` for the turn.
+    Fresh,
+}
+
+/// A step of this host's pass over the other hosts' files (`Step`); whether a pass ended.
+pub fn step(dir: &Path, ledger: &Ledger, who: Step) -> bool {
+    let fresh = who == Step::Fresh;
+    let due = || ledger.step_due(nanos(SystemTime::now()), STEP_EVERY.as_nanos() as u64);
+    if who == Step::Write && !due() {
+        return false;
+    }
+    let deadline = std::time::Instant::now() + FRESH_WAIT;
+    loop {
+        if let Some(ended) = with_turn(dir, ledger, |turn| step_with(dir, ledger, turn, fresh)) {
+            return ended;
+        }
+        if !fresh || std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5)); // another process's step: short
+    }
+}
+
+fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
+    let hosts = match hosts_dir(dir) {
+        Ok(Some(hosts)) => hosts,
+        found => {
+            // No hosts' directory, and none can be made (no other host published), or one
+            // that is not this user's private directory (never read): this host's words
+            // are the accounts.
+            if let Err(why) = found {
+                crate::diag::warn_once(&why, format!("{why}: other hosts' counts not read"));
+            }
+            turn.restart();
+            turn.end();
+            return true;
+        }
+    };
+    if fresh {
+        turn.restart();
+    }
+    let Ok(ids) = ids(&hosts) else {
+        return false; // not listed whole: the pass waits
+    };
+    let own = ledger.host_id();
+    let mut left = ids
+        .iter()
+        .filter(|&&id| id != own && id > turn.after())
+        .peekable();
+    let budget = if fresh { MAX_HOSTS } else { STEP_HOSTS };
+    for _ in 0..budget {
+        let Some(&&id) = left.peek() else { break };
+        match read(&hosts, &file_name(id), id) {
+            Ok(words) => turn.read(id, words.as_deref()),
+            Err(_) => return false, // read again by the next step
+        }
+        left.next();
+    }
+    let ended = left.peek().is_none();
+    if ended {
+        turn.end();
+    }
+    ended
+}
+
+/// The counters as every host counted them, less the zero last set; `zero`: set the zero
+/// to them now (nothing counted meanwhile is lost).
+pub fn counters(dir: &Path, ledger: &Ledger, zero: bool) -> Vec<(Counter, u64)> {
+    let base = hosts_dir(dir)
+        .ok()
+        .flatten()
+        .and_then(|h| read(&h, ZERO, 0).ok().flatten());
+    let at = |c: Counter| 2 * super::ledger::SHARDS + c as usize;
+    let now: Vec<(Counter, u64)> = Counter::ALL
+        .iter()
+        .map(|&c| (c, ledger.counter(c)))
+        .collect();
+    if zero {
+        let mut words = vec![0u64; OWN_WORDS];
+        for &(c, n) in &now {
+            words[at(c)] = n;
+        }
+        if let Err(e) = write(dir, 0, &words) {
+            crate::diag::detail("cache", format!("counters not set to zero: {e}"));
+        }
+    }
+    now.into_iter()
+        .map(|(c, n)| {
+            let since = base.as_ref().map_or(0, |b| b[at(c)]);
+            (c, n.saturating_sub(since))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two hosts of one directory: two ledgers (each in its own memory), one directory.
+    fn two_hosts() -> (tempfile::TempDir, Ledger, Ledger) {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("cache");
+        std::fs::create_dir(&dir).unwrap();
+        let a = Ledger::open_at(&root.path().join("a.ledger")).unwrap();
+        let b = Ledger::open_at(&root.path().join("b.ledger")).unwrap();
+        assert_ne!(a.host_id(), b.host_id());
+        (root, a, b)
+    }
+
+    #[test]
+    fn each_host_counts_what_every_host_did() {
+        let (root, a, b) = two_hosts();
+        let dir = root.path().join("cache");
+        a.add(3, 1000, 1);
+        a.count(Counter::Compiles, 2);
+        b.add(3, 500, 1);
+        b.add(7, 200, 1);
+        b.count(Counter::Compiles, 5);
+        publish(&dir, &a, true);
+        publish(&dir, &b, true);
+        assert!(step(&dir, &a, Step::Now) && step(&dir, &b, Step::Now));
+        for l in [&a, &b] {
+            assert_eq!((l.entries(), l.bytes()), (3, 1700));
+            assert_eq!(l.shard_bytes(3), 1500);
+            assert_eq!(l.counter(Counter::Compiles), 7);
+            assert_eq!(l.other_hosts(), 1);
+        }
+        // Host b removes what host a wrote: its own words go below zero, the sum is right.
+        b.add(3, -1000, -1);
+        publish(&dir, &b, true);
+        step(&dir, &a, Step::Now);
+        assert_eq!((a.entries(), a.bytes()), (2, 700));
+        // A count set by listing a shard is what the other hosts do not account for.
+        a.set_shard(3, 500, 1);
+        assert_eq!(a.shard_bytes(3), 500);
+        publish(&dir, &a, true);
+        step(&dir, &b, Step::Now);
+        assert_eq!((b.entries(), b.bytes()), (2, 700));
+    }
+
+    #[test]
+    fn the_zero_is_every_hosts_counts() {
+        let (root, a, b) = two_hosts();
+        let dir = root.path().join("cache");
+        a.count(Counter::Requests, 4);
+        b.count(Counter::Requests, 6);
+        publish(&dir, &b, true);
+        step(&dir, &a, Step::Fresh);
+        let requests = |l: &Ledger, zero| {
+            counters(&dir, l, zero)
+                .into_iter()
+                .find(|(c, _)| *c == Counter::Requests)
+                .unwrap()
+                .1
+        };
+        assert_eq!(requests(&a, true), 10);
+        assert_eq!(requests(&a, false), 0);
+        b.count(Counter::Requests, 1);
+        publish(&dir, &b, true);
+        step(&dir, &a, Step::Fresh);
+        assert_eq!(requests(&a, false), 1);
+    }
+
+    #[test]
+    fn files_that_are_not_whole_are_not_read() {
+        let (root, a, b) = two_hosts();
+        let dir = root.path().join("cache");
+        b.count(Counter::Compiles, 5);
+        publish(&dir, &b, true);
+        let hosts = dir.join(DIR);
+        let good = hosts.join(file_name(b.host_id()));
+        let bytes = std::fs::read(&good).unwrap();
+        // Torn, flipped, too long, renamed onto another id, a link, a directory.
+        std::fs::write(hosts.join(file_name(11)), &bytes[..100]).unwrap();
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 1;
+        std::fs::write(hosts.join(file_name(12)), flipped).unwrap();
+        std::fs::write(hosts.join(file_name(13)), [&bytes[..], b"x"].concat()).unwrap();
+        std::fs::write(hosts.join(file_name(14)), &bytes).unwrap();
+        std::os::unix::fs::symlink(&good, hosts.join(file_name(15))).unwrap();
+        std::fs::create_dir(hosts.join(file_name(16))).unwrap();
+        assert!(step(&dir, &a, Step::Now));
+        assert_eq!(a.counter(Counter::Compiles), 5);
+        assert_eq!(a.other_hosts(), 1);
+    }
+
+    #[test]
+    fn a_pass_over_many_hosts_is_a_step_per_write() {
+        let (root, a, b) = two_hosts();
+        let dir = root.path().join("cache");
+        let mut words = b.own_words();
+        words[2 * super::super::ledger::SHARDS + Counter::Compiles as usize] = 1;
+        let hosts = STEP_HOSTS * 2 + 5;
+        for id in 1..=hosts as u64 {
+            write(&dir, id, &words).unwrap();
+        }
+        let mut steps = 1;
+        while !step(&dir, &a, Step::Now) {
+            steps += 1;
+        }
+        assert_eq!(steps, 3);
+        assert_eq!(a.counter(Counter::Compiles), hosts as u64);
+        assert_eq!(a.other_hosts(), hosts as u64);
+    }
+}
+
+#[cfg(test)]
+mod lost {
+    use super::*;
+
+    #[test]
+    fn a_host_that_lost_its_ledger_goes_on_from_its_file() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("cache");
+        std::fs::create_dir(&dir).unwrap();
+        let at = root.path().join("host.ledger");
+        let first = Ledger::open_at(&at).unwrap();
+        first.count(Counter::Compiles, 5);
+        first.add(9, 300, 1);
+        publish(&dir, &first, true);
+        let id = first.host_id();
+        drop(first);
+        std::fs::remove_file(&at).unwrap(); // /dev/shm purged
+        let again = Ledger::open_at(&at).unwrap();
+        assert_eq!(
+            again.host_id(),
+            id,
+            "the same memory of the same machine: the same host"
+        );
+        assert!(step(&dir, &again, Step::Now));
+        assert_eq!(again.counter(Counter::Compiles), 5);
+        assert_eq!((again.entries(), again.bytes()), (1, 300));
+        assert_eq!(again.other_hosts(), 0, "its own file is not another host's");
+    }
+}
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    #[test]
+    #[ignore = "a measurement: cargo test --release -- --ignored --nocapture cost"]
+    fn what_publishing_and_a_step_cost() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("cache");
+        std::fs::create_dir(&dir).unwrap();
+        let l = Ledger::open_at(&root.path().join("h.ledger")).unwrap();
+        let n = 2000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            publish(&dir, &l, true);
+        }
+        let publish_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            step(&dir, &l, Step::Now);
+        }
+        let step_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        println!("publish {publish_us:.1} us, step {step_us:.1} us");
+    }
+}

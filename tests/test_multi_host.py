@@ -1,0 +1,136 @@
+"""Many hosts, one cache directory. Three "hosts" (mount namespaces, each with its own
+tmpfs on /dev/shm, so that no ledger is shared between them, as between machines) of eight
+compiling processes each share one cache directory, bounded to force cleaning, compiling
+overlapping kernels at once. The directory is on a FUSE passthrough that refuses POSIX
+locks (``tests/fixtures/lockless_fs.py``: as Lustre without ``flock`` or NFS without a lock
+daemon: upkeep takes a lease) or on XFS in a loop device (POSIX locks, which the kernel
+holds across namespaces, as NFS's lock daemon does across clients). Both give the hosts
+one page cache (one kernel): what NFS adds, close-to-open caching, is met by publishing
+each host's accounts as a whole file renamed into place (``src/cache/hosts.rs``)."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_file_systems import _ledger_in_shm, lockless_mount, mounted
+
+import xpu_zebin
+
+HOST = Path(__file__).parent / "fixtures" / "multi_host.py"
+HOSTS, PER_HOST, KERNELS, EACH = 3, 8, 24, 3
+KERNEL = """__kernel void mh_{n:03d}(__global float* a, __global const float* b) {{
+    int i = get_global_id(0);
+    a[i] = b[i] * {n}.0f + a[i];
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def spirv_dir(system_ocloc, tmp_path_factory) -> Path:
+    """Twenty-four small kernels' SPIR-V, ``<n>.spv``, each its own cache key."""
+    out = tmp_path_factory.mktemp("multi-host-spirv")
+    for n in range(KERNELS):
+        spirv = xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc", ocloc=system_ocloc)
+        (out / f"{n}.spv").write_bytes(spirv)
+    return out
+
+
+def read_line(proc: subprocess.Popen, deadline: float) -> str:
+    """One line of ``proc``'s output, waiting until ``deadline`` at most."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            pytest.fail("a host said nothing before its deadline")
+    line = proc.stdout.readline()
+    assert line, f"a host ended early (exit {proc.wait(timeout=60)})"
+    return line
+
+
+def ask(hosts: list, command: str, deadline: float) -> list:
+    for h in hosts:
+        h.stdin.write(command + "\n")
+        h.stdin.flush()
+    return [json.loads(read_line(h, deadline)) for h in hosts]
+
+
+def on_disk(cache: Path) -> tuple:
+    """(entries, bytes) of the cache as listed."""
+    files = list((cache / "zebin-v3").glob("[0-9a-f][0-9a-f]/*.zeentry"))
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch) -> None:
+    """The hosts compile (each process three kernels; each kernel asked by three processes,
+    of two or three hosts) into ``cache``, bounded at six entries' bytes: no compile fails,
+    each answer is its own kernel's, every host's counters are what all did, the cache is
+    cleaned to its bound (give or take an entry a host), and, once listed (a listing races
+    with other hosts' writes, as with other processes'), every host's accounts are what is
+    on disk."""
+    probe = cache.parent / "probe"
+    (probe / "zebin-v3").mkdir(mode=0o700, parents=True)
+    ledger = _ledger_in_shm(probe / "zebin-v3")  # one a loop device's last run left
+    ledger.unlink(missing_ok=True)
+    one = xpu_zebin.compile((spirv_dir / "0.spv").read_bytes(), device="pvc", ocloc=ocloc,
+                            cache_dir=probe)  # fmt: skip
+    ledger.unlink(missing_ok=True)
+    size = on_disk(probe)[1]
+    assert not one.cached and size > 0
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_MAX_BYTES", str(6 * size))
+    deadline = time.monotonic() + 600
+    hosts = []
+    try:
+        for h in range(HOSTS):
+            plan = [[(h * PER_HOST + w + j) % KERNELS for j in range(EACH)]
+                    for w in range(PER_HOST)]  # fmt: skip
+            hosts.append(subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", sys.executable, str(HOST),
+                 "host", str(cache), str(spirv_dir), ocloc, json.dumps(plan)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))  # fmt: skip
+        done = [json.loads(read_line(h, deadline)) for h in hosts]
+        answers = [a for host in done for worker in host for a in worker]
+        assert len(answers) == HOSTS * PER_HOST * EACH
+        failed = [a for a in answers if "error" in a]
+        assert not failed, failed
+        wrong = [a for a in answers if a["names"] != [f"mh_{a['kernel']:03d}"]]
+        assert not wrong, f"an answer that was not its kernel's: {wrong}"
+        hits = sum(a["cached"] for a in answers)
+        for stats in ask(hosts, "stats", deadline):
+            c = stats["counters"]
+            assert stats["other_hosts"] == HOSTS - 1, stats
+            assert c["requests"] == len(answers), stats
+            assert (c["compiles"], c["hits_local"]) == (len(answers) - hits, hits), stats
+            assert c["evictions"] > 0, stats
+        # Within a slice: a write that finds another process at the upkeep leaves the
+        # cleaning to it, which may have judged the cache just before that write landed.
+        entries, held = on_disk(cache)
+        print(f"on disk: {entries} entries, {held} bytes; bound {6 * size}")
+        assert held <= (6 + HOSTS) * size, f"{entries} entries, {held} bytes: bound not held"
+        ask(hosts[:1], "recount", deadline)
+        for stats in ask(hosts, "stats", deadline):
+            assert (stats["entries"], stats["bytes"]) == (entries, held), stats
+        assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
+    finally:
+        for h in hosts:
+            if h.poll() is None:
+                h.stdin.close()
+                try:
+                    h.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    h.kill()
+                    h.wait(timeout=60)
+
+
+def test_three_hosts_share_a_lockless_mount(system_ocloc, spirv_dir, tmp_path, monkeypatch):
+    with lockless_mount(tmp_path / "under", tmp_path / "mnt") as mnt:
+        shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)
+
+
+def test_three_hosts_share_an_xfs_directory(system_ocloc, spirv_dir, tmp_path, monkeypatch):
+    with mounted("xfs", tmp_path) as mnt:
+        shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)
