@@ -5,8 +5,8 @@ overlapping kernels at once. The directory is on a FUSE passthrough that refuses
 locks (``tests/fixtures/lockless_fs.py``: as Lustre without ``flock`` or NFS without a lock
 daemon: upkeep takes a lease) or on XFS in a loop device (POSIX locks, which the kernel
 holds across namespaces, as NFS's lock daemon does across clients). Both give the hosts
-one page cache (one kernel): what NFS adds, close-to-open caching, is met by publishing
-each host's accounts as a whole file renamed into place (``src/cache/hosts.rs``)."""
+one page cache (one kernel): what NFS adds, close-to-open caching, is met by writing each
+host's accounts with a checksum and closing the file (``src/cache/hosts.rs``)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch)
         print(f"on disk: {entries} entries, {held} bytes; bound {6 * size}")
         assert held <= (6 + HOSTS) * size, f"{entries} entries, {held} bytes: bound not held"
         ask(hosts[:1], "recount", deadline)
-        for stats in ask(hosts, "stats", deadline):
+        for h in hosts:  # one after the other: a host whose ledger is new recounts first
+            (stats,) = ask([h], "stats", deadline)
             assert (stats["entries"], stats["bytes"]) == (entries, held), stats
         assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
     finally:

@@ -35,8 +35,11 @@ const MAX_HOSTS: usize = 65_536;
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// The counters' zero (`xpu-zebin stats --zero`): every host's counts when it was set.
 const ZERO: &str = "zero.counts";
-/// How long a reader that wants every host's latest words (`stats`) waits for its turn.
-const FRESH_WAIT: Duration = Duration::from_secs(2);
+/// How long a reader that wants every host's latest words (`stats`, the upkeep lock's
+/// holder) waits for its host's turn.
+const TURN_WAIT: Duration = Duration::from_secs(2);
+/// Steps in a row a host file may fail to be read before a pass goes on without it.
+const GIVE_UP_STEPS: u64 = 16;
 
 fn nanos(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -47,29 +50,61 @@ fn file_name(id: u64) -> String {
     format!("{id:016x}.counts")
 }
 
-/// The hosts' directory of `dir`, made (0700) when missing: Ok(None) when there is none
-/// and it cannot be made; an error when it is not this user's, private to others.
-fn hosts_dir(dir: &Path) -> Result<Option<PathBuf>, String> {
-    let hosts = dir.join(DIR);
-    if std::fs::symlink_metadata(&hosts).is_err() {
-        let made = std::fs::DirBuilder::new().mode(0o700).create(&hosts);
-        if made.is_err() && std::fs::symlink_metadata(&hosts).is_err() {
-            return Ok(None);
-        }
-    }
-    crate::private::check_dir(&hosts, 0o002).map(|_| Some(hosts))
+/// The hosts' directory of a cache directory, as a step finds it.
+enum Hosts {
+    Here(PathBuf),
+    /// None, and none can be made (a read-only directory): no other host published.
+    Absent,
+    /// Not this user's private directory (never read): said once, no other host counted.
+    Refused(String),
+    /// Could not be looked at now (NFS: ESTALE, EIO): the pass waits.
+    Unknown,
 }
 
-/// Publish this host's own words: now when `urgent` (a write), else when they were last
-/// published `PUBLISH_EVERY` ago (a hit). Done by this process, or by the one that has
-/// the turn, before it lets go; a failure is harmless (the next one tries again).
+/// The hosts' directory of `dir`, made (0700) when missing.
+fn hosts_dir(dir: &Path) -> Hosts {
+    let hosts = dir.join(DIR);
+    match std::fs::symlink_metadata(&hosts) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let made = std::fs::DirBuilder::new().mode(0o700).create(&hosts);
+            if made.is_err() && std::fs::symlink_metadata(&hosts).is_err() {
+                return Hosts::Absent;
+            }
+        }
+        Err(_) => return Hosts::Unknown,
+        Ok(_) => {}
+    }
+    match crate::private::check_dir(&hosts, 0o002) {
+        Ok(()) => Hosts::Here(hosts),
+        Err(why) => Hosts::Refused(why),
+    }
+}
+
+/// Publish this host's own words: now when `urgent` (a compile), else when they were
+/// last published `PUBLISH_EVERY` ago (a hit; otherwise the next turn's holder publishes
+/// them). Done by this process, or by the one that has the turn, before it lets go; a
+/// failure is harmless (the next one tries again).
 pub fn publish(dir: &Path, ledger: &Ledger, urgent: bool) {
-    let due = || ledger.publish_due(nanos(SystemTime::now()), PUBLISH_EVERY.as_nanos() as u64);
-    if ledger.host_id() == 0 || !(urgent || due()) {
+    if ledger.host_id() == 0 {
         return;
     }
     ledger.want_published();
-    with_turn(dir, ledger, |_| {});
+    let due = || ledger.publish_due(nanos(SystemTime::now()), PUBLISH_EVERY.as_nanos() as u64);
+    if urgent || due() {
+        with_turn(dir, ledger, |_| {});
+    }
+}
+
+/// Publish this host's words now, waiting up to `TURN_WAIT` for the turn: the upkeep
+/// lock's holder, before it lets go, so that the next holder (of any host) reads them.
+pub fn publish_now(dir: &Path, ledger: &Ledger) {
+    ledger.want_published();
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    while ledger.published_wanted() && std::time::Instant::now() < deadline {
+        if with_turn(dir, ledger, |_| {}).is_none() {
+            std::thread::sleep(Duration::from_millis(2)); // another process's turn: short
+        }
+    }
 }
 
 /// Run `work` with this host's turn, when no one else has it, then publish what was
@@ -77,20 +112,22 @@ pub fn publish(dir: &Path, ledger: &Ledger, urgent: bool) {
 /// more is asked for after (a process that found the turn taken left it to this one).
 fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> Option<T> {
     let turn = ledger.turn()?;
-    if turn.take_seed() {
-        seed(dir, ledger, &turn);
-    }
+    // A new ledger of a host that published before: nothing is published (over its file)
+    // until its words go on from that file.
+    let seeded = !turn.seed_pending() || seed(dir, ledger, &turn);
     let done = work(&turn);
     let mut turn = Some(turn);
     for _ in 0..8 {
         let Some(held) = turn.take() else { break };
-        while held.take_wanted() {
+        while seeded && held.take_wanted() {
             if let Err(e) = write(dir, ledger.host_id(), &ledger.own_words()) {
+                ledger.want_published(); // the next turn tries again
                 crate::diag::detail("cache", format!("this host's accounts not published: {e}"));
+                break;
             }
         }
         drop(held);
-        if !ledger.published_wanted() {
+        if !seeded || !ledger.published_wanted() {
             break;
         }
         turn = ledger.turn(); // asked for again as this one let go, by one that found it taken
@@ -99,21 +136,31 @@ fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> O
 }
 
 /// A new ledger of a host that published before (its ledger was lost): its words go on
-/// from its file, so what it did is counted once.
-fn seed(dir: &Path, ledger: &Ledger, turn: &Turn) {
-    if let Ok(Some(hosts)) = hosts_dir(dir) {
-        if let Ok(Some(words)) = read(&hosts, &file_name(ledger.host_id()), ledger.host_id()) {
-            turn.seed(&words);
+/// from its file, so what it did is counted once. Whether that is settled (its file read,
+/// or there is none).
+fn seed(dir: &Path, ledger: &Ledger, turn: &Turn) -> bool {
+    let Hosts::Here(hosts) = hosts_dir(dir) else {
+        turn.seeded(); // nothing this host published can be read here
+        return true;
+    };
+    match read(&hosts, &file_name(ledger.host_id()), ledger.host_id()) {
+        Ok(words) => {
+            if let Some(words) = words {
+                turn.seed(&words);
+            }
+            turn.seeded();
+            true
         }
+        Err(_) => false, // read again by the next turn
     }
 }
 
 /// Write file `id` (a host's, or 0: the zero) of `dir`'s hosts in place: its size is
 /// fixed, so a reader sees the whole of one version, or a mix its checksum refuses.
 fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
-    let hosts = hosts_dir(dir)
-        .map_err(std::io::Error::other)?
-        .ok_or_else(|| std::io::Error::other("no hosts directory"))?;
+    let Hosts::Here(hosts) = hosts_dir(dir) else {
+        return Err(std::io::Error::other("no private hosts directory"));
+    };
     let mut bytes = Vec::with_capacity(FILE_BYTES);
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&id.to_le_bytes());
@@ -146,14 +193,21 @@ fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
 }
 
 /// The words of file `name` of host `id` (0: the zero): Ok(None) when it is not one (not
-/// this user's regular file of its size, or never whole in three reads); an error when it
-/// could not be read (it may be a host's whole file: the pass does not go past it).
+/// this user's readable regular file of its size, magic and id); an error when it could
+/// not be read whole (it may be a host's file: the pass does not go past it yet).
 fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> {
     let file = match crate::private::open_file(&hosts.join(name), false, false) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        // A link, or not a regular file: not a host's file.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        // A link, not a regular file, not readable: not a host's file.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::EACCES | libc::EPERM)
+            ) =>
+        {
+            return Ok(None)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::Other => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -178,7 +232,7 @@ fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> 
         }
         std::io::Seek::rewind(&mut &file)?; // a version half written: read again
     }
-    Ok(None)
+    Err(std::io::Error::other("never whole in three reads")) // the next step reads again
 }
 
 /// The ids of the hosts that published in `hosts`, sorted (at most `MAX_HOSTS`); an
@@ -209,7 +263,8 @@ fn ids(hosts: &Path) -> std::io::Result<Vec<u64>> {
 pub enum Step {
     /// A write: at most one step every `STEP_EVERY` on this host.
     Write,
-    /// The upkeep lock's holder, about to set accounts from what the others' words say.
+    /// A step now, whenever the last was (tests).
+    #[cfg(test)]
     Now,
     /// A reader that wants every host's latest words (`stats`): a pass begun now and taken
     /// to its end, waiting up to `FRESH_WAIT` for the turn.
@@ -223,7 +278,7 @@ pub fn step(dir: &Path, ledger: &Ledger, who: Step) -> bool {
     if who == Step::Write && !due() {
         return false;
     }
-    let deadline = std::time::Instant::now() + FRESH_WAIT;
+    let deadline = std::time::Instant::now() + TURN_WAIT;
     loop {
         if let Some(ended) = with_turn(dir, ledger, |turn| step_with(dir, ledger, turn, fresh)) {
             return ended;
@@ -231,22 +286,20 @@ pub fn step(dir: &Path, ledger: &Ledger, who: Step) -> bool {
         if !fresh || std::time::Instant::now() > deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(5)); // another process's step: short
+        std::thread::sleep(Duration::from_millis(2)); // another process's turn: short
     }
 }
 
 fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
     let hosts = match hosts_dir(dir) {
-        Ok(Some(hosts)) => hosts,
-        found => {
-            // No hosts' directory, and none can be made (no other host published), or one
-            // that is not this user's private directory (never read): this host's words
-            // are the accounts.
-            if let Err(why) = found {
+        Hosts::Here(hosts) => hosts,
+        Hosts::Unknown => return false,
+        Hosts::Absent | Hosts::Refused(_) => {
+            if let Hosts::Refused(why) = hosts_dir(dir) {
                 crate::diag::warn_once(&why, format!("{why}: other hosts' counts not read"));
             }
             turn.restart();
-            turn.end();
+            turn.end(); // this host's words are the accounts
             return true;
         }
     };
@@ -266,6 +319,8 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
         let Some(&&id) = left.peek() else { break };
         match read(&hosts, &file_name(id), id) {
             Ok(words) => turn.read(id, words.as_deref()),
+            // A file that cannot be read for many steps in a row is not waited for.
+            Err(_) if turn.failed(id) >= GIVE_UP_STEPS => turn.read(id, None),
             Err(_) => return false, // read again by the next step
         }
         left.next();
@@ -280,10 +335,10 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
 /// The counters as every host counted them, less the zero last set; `zero`: set the zero
 /// to them now (nothing counted meanwhile is lost).
 pub fn counters(dir: &Path, ledger: &Ledger, zero: bool) -> Vec<(Counter, u64)> {
-    let base = hosts_dir(dir)
-        .ok()
-        .flatten()
-        .and_then(|h| read(&h, ZERO, 0).ok().flatten());
+    let base = match hosts_dir(dir) {
+        Hosts::Here(h) => read(&h, ZERO, 0).ok().flatten(),
+        _ => None,
+    };
     let at = |c: Counter| 2 * super::ledger::SHARDS + c as usize;
     let now: Vec<(Counter, u64)> = Counter::ALL
         .iter()

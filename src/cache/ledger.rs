@@ -85,6 +85,9 @@ const W_PASS_DIRTY: usize = 18;
 const W_SEED: usize = 19;
 /// When the last step of a pass was taken (nanoseconds since 1970).
 const W_STEPPED: usize = 20;
+/// A host file the pass could not read (its id), and how many steps in a row.
+const W_FAILED_ID: usize = 21;
+const W_FAILED_STEPS: usize = 22;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`
@@ -180,10 +183,10 @@ pub struct Ledger {
     words: *const AtomicU64,
     /// The file mapped: (device, inode).
     file: (u64, u64),
-    /// The file, open: its `flock` (and this process's mutex) lets one process of this
-    /// host at a time read the other hosts' files.
-    open: File,
-    pass: std::sync::Mutex<()>,
+    /// The file, open for the host's turn (`turn.rs`), a POSIX record lock on it: never
+    /// closed while the process runs, since closing any descriptor of the file lets go of
+    /// the process's lock.
+    open: std::mem::ManuallyDrop<File>,
 }
 
 // SAFETY: the mapping is shared memory used only through atomics, unmapped only when the
@@ -245,8 +248,7 @@ impl Ledger {
         let ledger = Ledger {
             words: ptr as *const AtomicU64,
             file: (meta.dev(), meta.ino()),
-            open: file,
-            pass: std::sync::Mutex::new(()),
+            open: std::mem::ManuallyDrop::new(file),
         };
         if ledger.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
             for i in 1..WORDS {
@@ -264,9 +266,12 @@ impl Ledger {
 
     /// Whether this is the ledger file of `dir` now (not one removed or replaced since).
     pub fn is_at(&self, dir: &Path) -> bool {
-        location(dir)
-            .and_then(std::fs::symlink_metadata)
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.file)
+        // Only a file gone or another in its place is another ledger (not a failed stat
+        // on NFS: a second mapping of one file would take the host's turn twice).
+        match location(dir).and_then(std::fs::symlink_metadata) {
+            Ok(m) => (m.dev(), m.ino()) == self.file,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        }
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
@@ -451,6 +456,7 @@ impl Ledger {
 /// The ledger's name: `ledger2` since it holds other hosts' words (a release before, still
 /// running, keeps its `ledger`, and neither replaces the other's).
 const NAME: &str = "ledger2";
+const LAST_NAME: &str = "ledger";
 
 /// Where the ledger of `dir` is: beside its entries on a file system that never needs new
 /// space to write a page already written (ext4, tmpfs); elsewhere (btrfs, ZFS, XFS with
@@ -483,7 +489,13 @@ fn location(dir: &Path) -> std::io::Result<std::path::PathBuf> {
 /// Remove the ledger of `dir` (a layout no longer used), wherever it lives.
 pub fn remove(dir: &Path) {
     if let Ok(path) = location(dir) {
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(&path);
+        // The last releases' ledger, named `ledger` (a directory they used goes whole).
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let _ = std::fs::remove_file(path.with_file_name(name.replace(NAME, LAST_NAME)));
     }
 }
 

@@ -137,13 +137,16 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
-                hosts::step(&self.dir, &l, hosts::Step::Fresh);
-                if l.unknown_generation() != 0 && l.passes() > 0 {
+                if l.unknown_generation() != 0 {
                     if let Some(_held) = keeper::try_lock(&self.dir) {
-                        upkeep::recount_all(&self.dir, &l);
-                        hosts::publish(&self.dir, &l, true); // before the lock goes
+                        // As `recount`: the others' words read under the lock first.
+                        if hosts::step(&self.dir, &l, hosts::Step::Fresh) {
+                            upkeep::recount_all(&self.dir, &l);
+                            hosts::publish_now(&self.dir, &l); // before the lock goes
+                        }
                     }
                 }
+                hosts::step(&self.dir, &l, hosts::Step::Fresh);
                 hosts::publish(&self.dir, &l, true);
                 (l.entries(), l.bytes())
             }
@@ -163,11 +166,11 @@ impl Cache {
         self.move_old(&in_use, usize::MAX);
         // What the other hosts account for, now: a shard's count takes the rest.
         let ledger = &in_use.ledger;
-        if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) && ledger.passes() == 0 {
+        if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) {
             return false;
         }
         upkeep::recount_all(&self.dir, ledger);
-        hosts::publish(&self.dir, ledger, true); // before the lock goes
+        hosts::publish_now(&self.dir, ledger); // before the lock goes
         true
     }
 
@@ -279,14 +282,14 @@ impl Cache {
         let Some(_held) = keeper::try_lock(&self.dir) else {
             return None; // the process that holds the lock does it, or the next writer
         };
-        // The others' words as they are now: accounts set from a listing take the rest, and
-        // this host's are published before the lock goes, for the next holder to read.
-        hosts::step(&self.dir, ledger, hosts::Step::Now);
-        if ledger.passes() == 0 {
-            return None; // the others' words are not known yet (a pass of many hosts)
+        // Every other host's words as they are now (a pass begun under the lock): accounts
+        // set from a listing take the rest, and this host's are published before the lock
+        // goes, for the next holder, of any host, to read. Without them, nothing is set.
+        if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) {
+            return None;
         }
         let note = self.upkeep_held(in_use, recount);
-        hosts::publish(&self.dir, ledger, true);
+        hosts::publish_now(&self.dir, ledger);
         note
     }
 

@@ -2,6 +2,7 @@
 //! publishes its words and reads the other hosts'; and the host's id, which names its file.
 
 use super::*;
+use crate::sync::Renewable;
 
 /// The host id of the ledger at `path`, never 0: the same when the ledger is lost and made
 /// again (`/dev/shm` purged by a job's epilog, a reboot that mounts it alike), so that the
@@ -33,12 +34,23 @@ pub(super) fn host_id_for(path: &Path) -> u64 {
 /// (the process's own: a forked child does not keep it, and it goes with the process).
 pub struct Turn<'a> {
     ledger: &'a Ledger,
-    _mutex: std::sync::MutexGuard<'a, ()>,
+}
+
+/// Ledger files whose turn a thread of this process has, by device and inode: one thread
+/// at a time (the record lock is the process's), however many mappings of one file it has.
+static TURNS: Renewable<std::sync::Mutex<Vec<(u64, u64)>>> = Renewable::new(
+    || std::sync::Mutex::new(Vec::new()),
+    forget_turns_after_fork,
+);
+
+fn forget_turns_after_fork() {
+    TURNS.renew();
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let _ = self.ledger.record_lock(libc::F_UNLCK);
+        crate::sync::lock(TURNS.get()).retain(|f| *f != self.ledger.file);
     }
 }
 
@@ -58,25 +70,24 @@ impl Ledger {
         lock.l_type = kind as libc::c_short;
         lock.l_whence = libc::SEEK_SET as libc::c_short;
         lock.l_len = 1;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.open);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.open);
         // SAFETY: fcntl on the ledger's own open file, never waiting.
         unsafe { libc::fcntl(fd, libc::F_SETLK, &lock) == 0 }
     }
 
     /// This process's turn (and this host's) at its hosts' files, when no one else has it.
     pub fn turn(&self) -> Option<Turn<'_>> {
-        let mutex = match self.pass.try_lock() {
-            Ok(m) => m,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        if !self.record_lock(libc::F_WRLCK) {
-            return None;
+        {
+            let mut turns = crate::sync::lock(TURNS.get());
+            if turns.contains(&self.file) {
+                return None;
+            }
+            turns.push(self.file);
         }
-        let turn = Turn {
-            ledger: self,
-            _mutex: mutex,
-        };
+        let turn = Turn { ledger: self };
+        if !self.record_lock(libc::F_WRLCK) {
+            return None; // dropped: the (not taken) lock let go, the entry removed
+        }
         if self.word(W_PASS_DIRTY).load(Ordering::Acquire) != 0 {
             turn.restart(); // a turn's holder was killed while changing the pass
         }
@@ -90,10 +101,23 @@ impl Turn<'_> {
         self.ledger.word(W_WANT).swap(0, Ordering::AcqRel) != 0
     }
 
-    /// Whether this is a new ledger whose words are to go on from its host's file; asked
-    /// once.
-    pub fn take_seed(&self) -> bool {
-        self.ledger.word(W_SEED).swap(0, Ordering::AcqRel) != 0
+    /// Whether this is a new ledger whose words are to go on from its host's file (until
+    /// `seeded`: nothing is published before).
+    pub fn seed_pending(&self) -> bool {
+        self.ledger.word(W_SEED).load(Ordering::Acquire) != 0
+    }
+
+    pub fn seeded(&self) {
+        self.ledger.word(W_SEED).store(0, Ordering::Release);
+    }
+
+    /// Host file `id` could not be read again: the steps in a row it failed so far.
+    pub fn failed(&self, id: u64) -> u64 {
+        let l = self.ledger;
+        if l.word(W_FAILED_ID).swap(id, Ordering::Relaxed) != id {
+            l.word(W_FAILED_STEPS).store(0, Ordering::Relaxed);
+        }
+        l.word(W_FAILED_STEPS).fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Words this host published before its ledger was lost, taken as its own again.
