@@ -100,10 +100,9 @@ pub fn publish(dir: &Path, ledger: &Ledger, urgent: bool) {
 pub fn publish_now(dir: &Path, ledger: &Ledger) {
     ledger.want_published();
     let deadline = std::time::Instant::now() + TURN_WAIT;
-    while ledger.published_wanted() && std::time::Instant::now() < deadline {
-        if with_turn(dir, ledger, |_| {}).is_none() {
-            std::thread::sleep(Duration::from_millis(2)); // another process's turn: short
-        }
+    // Once this process had the turn it tried (a read-only directory fails every time).
+    while with_turn(dir, ledger, |_| {}).is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2)); // another process's turn: short
     }
 }
 
@@ -116,18 +115,18 @@ fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> O
     // until its words go on from that file.
     let seeded = !turn.seed_pending() || seed(dir, ledger, &turn);
     let done = work(&turn);
-    let mut turn = Some(turn);
+    let (mut turn, mut failed) = (Some(turn), false);
     for _ in 0..8 {
         let Some(held) = turn.take() else { break };
-        while seeded && held.take_wanted() {
+        while seeded && !failed && held.take_wanted() {
             if let Err(e) = write(dir, ledger.host_id(), &ledger.own_words()) {
                 ledger.want_published(); // the next turn tries again
                 crate::diag::detail("cache", format!("this host's accounts not published: {e}"));
-                break;
+                failed = true;
             }
         }
         drop(held);
-        if !seeded || !ledger.published_wanted() {
+        if failed || !seeded || !ledger.published_wanted() {
             break;
         }
         turn = ledger.turn(); // asked for again as this one let go, by one that found it taken
@@ -317,7 +316,7 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
     let budget = if fresh { MAX_HOSTS } else { STEP_HOSTS };
     for _ in 0..budget {
         let Some(&&id) = left.peek() else { break };
-        match read(&hosts, &file_name(id), id) {
+        match read_whole(&hosts, id, fresh) {
             Ok(words) => turn.read(id, words.as_deref()),
             // A file that cannot be read for many steps in a row is not waited for.
             Err(_) if turn.failed(id) >= GIVE_UP_STEPS => turn.read(id, None),
@@ -330,6 +329,19 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
         turn.end();
     }
     ended
+}
+
+/// Host `id`'s file read by a step; `fresh`: a pass that must end now (the upkeep lock's
+/// holder) reads a file another host is writing again, a moment later, for up to 100 ms.
+fn read_whole(hosts: &Path, id: u64, fresh: bool) -> std::io::Result<Option<Vec<u64>>> {
+    let mut tries = if fresh { 50 } else { 1 };
+    loop {
+        match read(hosts, &file_name(id), id) {
+            Err(_) if tries > 1 => tries -= 1,
+            done => return done,
+        }
+        std::thread::sleep(Duration::from_millis(2)); // its writer is mid-write: short
+    }
 }
 
 /// The counters as every host counted them, less the zero last set; `zero`: set the zero
