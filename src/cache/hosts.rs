@@ -293,8 +293,8 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
     let hosts = match hosts_dir(dir) {
         Hosts::Here(hosts) => hosts,
         Hosts::Unknown => return false,
-        Hosts::Absent | Hosts::Refused(_) => {
-            if let Hosts::Refused(why) = hosts_dir(dir) {
+        found @ (Hosts::Absent | Hosts::Refused(_)) => {
+            if let Hosts::Refused(why) = found {
                 crate::diag::warn_once(&why, format!("{why}: other hosts' counts not read"));
             }
             turn.restart();

@@ -137,16 +137,20 @@ impl Cache {
     pub fn usage(&self) -> (u64, u64) {
         match self.ledger() {
             Some(l) => {
+                let mut read = false;
                 if l.unknown_generation() != 0 {
                     if let Some(_held) = keeper::try_lock(&self.dir) {
                         // As `recount`: the others' words read under the lock first.
-                        if hosts::step(&self.dir, &l, hosts::Step::Fresh) {
+                        read = hosts::step(&self.dir, &l, hosts::Step::Fresh);
+                        if read {
                             upkeep::recount_all(&self.dir, &l);
                             hosts::publish_now(&self.dir, &l); // before the lock goes
                         }
                     }
                 }
-                hosts::step(&self.dir, &l, hosts::Step::Fresh);
+                if !read {
+                    hosts::step(&self.dir, &l, hosts::Step::Fresh); // every host's words now
+                }
                 hosts::publish(&self.dir, &l, true);
                 (l.entries(), l.bytes())
             }
