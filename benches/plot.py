@@ -120,6 +120,10 @@ def _scale(r: dict) -> Tuple[bytes, str]:
         stalls = ", ".join(f"{int(s):,}: {x['ms'][s]['evict_stall']} ms" for s in sizes)
         table += [f"| the most one write paid for a cleaning ({stalls}) | "
                   f"`evict_stall_ratio` {x['evict_stall_ratio']} |"]  # fmt: skip
+    if "lost_ledger_ratio" in x:
+        table += [f"| the slowest compile while a lost ledger is rebuilt, over the slowest with "
+                  f"it (pairs' median: {x['lost_ledger_pair_ratio']}) | "
+                  f"`lost_ledger_ratio` {x['lost_ledger_ratio']} |"]  # fmt: skip
     table += [f"| size against its bound | {x['size_bytes']:,} of {x['bound_bytes']:,} bytes "
               f"(held: {x['held']}) |"]  # fmt: skip
     if "lru_kept" in x:
@@ -179,6 +183,7 @@ FIGURES: Dict[str, Tuple[str, Callable[[dict], Tuple[bytes, str]]]] = {
     "cold_start": ("Cold start on a new node: `benches/cold_start.py`", _cold_start),
     "autotune": ("Autotuning at full width: `benches/autotune.py`", _autotune),
     "scale": ("The cache at a million entries: `benches/scale.py`", _scale),
+    "scale_xfs": ("The same on XFS: `benches/scale.py --xfs`", _scale),
     "bundle_scale": ("A bundle of 100,000 entries: `benches/bundle_scale.py`", _bundle_scale),
 }
 

@@ -16,25 +16,35 @@ size alike), after one warm-up write:
   entry removed; ``evict_stall``, the most one write paid for it. The entries this node
   adopted last must still be there afterwards (``lru_kept``): the least recently used go
   first;
-- ``rebuild`` (the last round, before ``evict``): the ledger removed (a fresh boot, a
-  restored directory), then 50 writes; ``rebuild_stall``, the most one of them paid while
-  the accounts were rebuilt a slice per write.
+- ``lost`` and ``kept`` (the last round, first): compiles while a lost ledger is rebuilt
+  (a fresh boot, a restored directory: the ledger put aside, so the next write makes a
+  new one and begins the walk that rebuilds it, a slice per write) against compiles with
+  the ledger, in interleaved pairs (the kept ledger swapped back in for its side, the
+  order alternated): each side's median and slowest, and the first write after the loss;
+- ``rebuild`` (the last round, before ``evict``): the ledger removed again, then 50
+  adoptions; ``rebuild_stall``, the most one of them paid (less an adoption's own cost)
+  while the accounts were rebuilt a slice per write.
 
 Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
 ``adopt_ratio``, the cost at the largest size over that at 0 (each the median over rounds
 of a node's median), and ``evict_ratio``, the cost per evicted entry at the largest size
 over that at the smallest size that evicts a thousand or more (at most 1.25 is flat), and
 ``evict_stall_ratio``, the most one write paid at the largest size over the same, and
-``rebuild_stall_ratio`` the same for a lost ledger's rebuild; the
-costs at every size, each node's peak memory, and the cache's size against its bound
-after each cleaning (``held``).
+``rebuild_stall_ratio`` the same for a lost ledger's rebuild; ``lost_ledger_ratio``, at
+the largest size, the slowest compile while the lost ledger was rebuilt over the slowest
+of as many with it (the compiler's own spread falls on both sides; the goal is at most
+1.25), and ``lost_ledger_pair_ratio``, the median of the pairs' ratios; the costs at every
+size, each node's peak memory, the cache's size against its bound after each cleaning
+(``held``), and the file system the caches were on (``--xfs``: a new XFS in a loop
+device, made and mounted here, which needs root).
 
-    python benches/scale.py --ocloc <ocloc> [--sizes 0,10000,100000,1000000] [--json]
+    python benches/scale.py --ocloc <ocloc> [--sizes 0,10000,100000,1000000] [--xfs] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,7 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 HERE = Path(__file__).resolve().parent
 import record  # noqa: E402  (benches/, beside this file)
@@ -113,14 +123,17 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int,
         times["adopt"].append(time.perf_counter() - t)
     medians: Dict[str, Any] = {k: statistics.median(v) for k, v in times.items()}
     if evicts:
+        lost = sorted(Path(spirv_dir).glob(f"l{tag}-*.spv"))
+        medians.update(lost_ledger(cache, compile_, lost, spirvs[0]))
         # Its own entry: the cleaning after it must find the cache grown by a new one.
         medians.update(rebuild(cache, options, donor, donors[adopts + 1], medians["adopt"]))
         medians.update(evict(cache, options, donor, donors[adopts], medians["adopt"]))
         # The oldest go first: the entries this node adopted last are all still there,
-        # when older entries than its own were enough to clean (mtimes of the last few ms
-        # tie).
+        # when older entries than its own (a warm-up, n writes, 2n while the ledger was
+        # lost, the adoptions and the rebuild's) were enough to clean (mtimes of the last
+        # few ms tie).
         medians["lru_kept"] = None
-        if medians["evicted"] <= medians["entries_before"] - (n + adopts + 2):
+        if medians["evicted"] <= medians["entries_before"] - (3 * n + adopts + 2):
             medians["lru_kept"] = all(
                 xpu_zebin._core.cache_slot(d.read_bytes(), "pvc", options).local() is not None
                 for d in donors[: adopts + 1]
@@ -131,19 +144,66 @@ def child(cache: str, ocloc: str, spirv_dir: str, tag: str, n: int, adopts: int,
     print(json.dumps({**medians, "rss_mib": round(rss, 1), "stats": xpu_zebin.stats(cache)}))
 
 
+def ledger_file(cache: str) -> Path:
+    """Where the cache's ledger is: beside the entries on ext4 and tmpfs, else in /dev/shm
+    (ledger.rs)."""
+    layout = Path(cache) / "zebin-v3"
+    st = layout.stat()
+    beside = layout / "ledger2"
+    shm = Path(f"/dev/shm/xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger2")
+    return shm if shm.exists() and not beside.exists() else beside
+
+
+def lose_ledger(cache: str) -> None:
+    """What a fresh boot or a restored directory does: the cache's ledger is gone."""
+    ledger_file(cache).unlink(missing_ok=True)
+
+
+def lost_ledger(cache: str, compile_: Any, spirvs: List[Path], warm: Path) -> Dict[str, Any]:
+    """What a compile pays while a lost ledger is rebuilt, against one with its ledger,
+    in interleaved pairs (the order alternated, so that the compiler's and the host's
+    drift falls on both sides): the ledger is put aside (lost: the next write makes a new
+    one and begins the walk that rebuilds it, a slice per write), then each pair compiles
+    one new kernel with the walking ledger and one with the kept ledger swapped back in
+    (a hit first maps it again, untimed). The median and the slowest of each side, the
+    first write after the loss, and the median of the pairs' ratios."""
+    path = ledger_file(cache)
+    kept = path.with_name(path.name + ".kept")
+    walking = path.with_name(path.name + ".walking")
+    os.rename(path, kept)  # lost, for the cache; the first walking write makes a new one
+    now = "walking"
+
+    def swap(to: str) -> None:
+        nonlocal now
+        if now != to:
+            os.rename(path, walking if now == "walking" else kept)
+            os.rename(walking if to == "walking" else kept, path)
+            now = to
+            assert compile_(warm).cached  # maps it, untimed
+
+    took: Dict[str, List[float]] = {"walking": [], "kept": []}
+    for i, (a, b) in enumerate(zip(spirvs[::2], spirvs[1::2])):
+        for side, s in (("walking", a), ("kept", b))[:: 1 if i % 2 == 0 else -1]:
+            swap(side)
+            t = time.perf_counter()
+            assert not compile_(s).cached
+            took[side].append(time.perf_counter() - t)
+    swap("walking")
+    kept.unlink()
+    ratios = [w / k for w, k in zip(took["walking"], took["kept"])]
+    return {"kept": statistics.median(took["kept"]), "kept_slowest": max(took["kept"]),
+            "lost": statistics.median(took["walking"]),
+            "lost_slowest": max(took["walking"]), "lost_first": took["walking"][0],
+            "lost_pair_ratio": statistics.median(ratios)}  # fmt: skip
+
+
 def rebuild(cache: str, options: Any, donor: Any, spirv: Path, adopt: float) -> Dict[str, Any]:
-    """The ledger lost (a fresh boot, a restored directory), then ``REBUILD_WRITES`` writes
-    (the same entry adopted again), each timed less an adoption's own cost: the accounts
-    are rebuilt a slice per write, so the most one write pays is a slice's, at any size."""
+    """The ledger lost again, then ``REBUILD_WRITES`` writes (the same entry adopted
+    again), each timed less an adoption's own cost: the accounts are rebuilt a slice per
+    write, so the most one write pays is a slice's, at any size."""
     import xpu_zebin
 
-    layout = Path(cache) / "zebin-v3"
-    st = layout.stat()  # beside the entries on ext4 and tmpfs, else in /dev/shm (ledger.rs)
-    for ledger in (
-        layout / "ledger2",
-        Path(f"/dev/shm/xpu-zebin-{os.getuid()}-{st.st_dev}-{st.st_ino}.ledger2"),
-    ):
-        ledger.unlink(missing_ok=True)  # fmt: skip
+    lose_ledger(cache)
     entry = xpu_zebin._core.cache_slot(spirv.read_bytes(), "pvc", donor).local()
     slot = xpu_zebin._core.cache_slot(spirv.read_bytes(), "pvc", options)
     took: List[float] = []
@@ -199,6 +259,8 @@ def prepare(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int, adopt
             at = 1000 * (level + 1) + 100 * r
             _spirvs(spirv_dir, ocloc, f"w{level}r{r}", n + 1, at)
             _spirvs(spirv_dir, ocloc, f"dw{level}r{r}", adopts + 2, 100 * at + 50_000)
+        at = 1000 * (level + 1) + 100 * (rounds - 1) + 50  # the last round's lost ledger
+        _spirvs(spirv_dir, ocloc, f"lw{level}r{rounds - 1}", 2 * n, 1000 * at + 7_000_000)
     for d in sorted(spirv_dir.glob("dw*-*.spv")):  # another node's cache, to adopt from
         xpu_zebin.compile(d.read_bytes(), device="pvc", ocloc=ocloc,
                           cache_dir=spirv_dir / "donor-cache")  # fmt: skip
@@ -208,6 +270,38 @@ def prepare(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int, adopt
         print(f"{size} entries synthesized in {time.perf_counter() - started:.1f} s",
               file=sys.stderr)  # fmt: skip
     os.sync()  # the fill's writeback is setup: it would slow the nodes' own writes
+
+
+def fs_type(path: Path) -> str:
+    """The type of the file system ``path`` is on, as /proc/self/mounts says."""
+    best, kind = "", "unknown"
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        at = fields[1]
+        if len(at) > len(best) and (path == Path(at) or Path(at) in path.parents):
+            best, kind = at, fields[2]
+    return kind
+
+
+@contextlib.contextmanager
+def place(xfs: bool, sizes: List[int]) -> Iterator[Path]:
+    """Where the caches go: a new directory in TMPDIR, or on a fresh XFS in a loop device
+    (a sparse image in TMPDIR, room for the largest sizes' entries at a block each)."""
+    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-scale-"))
+    mnt = work / "xfs"
+    try:
+        if xfs:
+            image = work / "xfs.img"
+            with open(image, "wb") as f:
+                f.truncate((sum(sizes) * 8192 + (4 << 30)) // 4096 * 4096)
+            mnt.mkdir()
+            for cmd in (["mkfs.xfs", "-q", "-f", image], ["mount", "-o", "loop", image, mnt]):
+                subprocess.run([str(c) for c in cmd], check=True, timeout=600)
+        yield mnt if xfs else work
+    finally:
+        if xfs:
+            subprocess.run(["umount", str(mnt)], check=False, timeout=600)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 def node(work: Path, ocloc: str, level: int, r: int, n: int, adopts: int, evicts: bool) -> Dict:
@@ -245,6 +339,10 @@ def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
                            "evict_stall": round(last["evict_stall"] * 1e3, 1),
                            "rebuild": round(last["rebuild"] * 1e3, 4),
                            "rebuild_stall": round(last["rebuild_stall"] * 1e3, 1),
+                           **{f"{k}_write": round(last[k] * 1e3, 1)
+                              for k in ("kept", "kept_slowest", "lost", "lost_slowest",
+                                        "lost_first")},
+                           "lost_pair_ratio": round(last["lost_pair_ratio"], 3),
                            "lru_kept": last["lru_kept"], "held": last["evict_held"],
                            "rss_mib": max(g["rss_mib"] for g in got[level]),
                            "entries": last["stats"]["entries"],
@@ -261,6 +359,8 @@ def main() -> int:
     p.add_argument("--adopts", type=int, default=100, help="timed hits and adoptions per node")
     p.add_argument("--rounds", type=int, default=3, help="nodes per size, alternated")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--xfs", action="store_true",
+                   help="the caches on a new XFS in a loop device (root), not TMPDIR")  # fmt: skip
     p.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     record.add_output_argument(p)
     args = p.parse_args()
@@ -272,10 +372,10 @@ def main() -> int:
 
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-scale-"))
     n, adopts, rounds = max(1, args.ops), max(1, args.adopts), max(1, args.rounds)
-    prepare(work, ocloc, sizes, rounds, n, adopts)
-    rows = measure(work, ocloc, sizes, rounds, n, adopts)
+    with place(args.xfs, sizes) as work:
+        prepare(work, ocloc, sizes, rounds, n, adopts)
+        rows = measure(work, ocloc, sizes, rounds, n, adopts)
     first, last = rows[str(sizes[0])], rows[str(sizes[-1])]
     # Evictions per entry against the first size that evicts enough to time per entry.
     base = next((v for v in rows.values() if v["evicted"] >= 1000), last)
@@ -290,6 +390,10 @@ def main() -> int:
         "evict_stall_ratio": round(last["evict_stall"] / base["evict_stall"], 2)
         if base["evict_stall"]
         else None,
+        # The slowest compile while a lost ledger was rebuilt, at the largest size, over
+        # the slowest of as many with the ledger, interleaved (at most 1.25 is the goal).
+        "lost_ledger_ratio": round(last["lost_slowest_write"] / last["kept_slowest_write"], 2),
+        "lost_ledger_pair_ratio": last["lost_pair_ratio"],
         # The most one write paid while a lost ledger was rebuilt, the same way.
         "rebuild_stall_ratio": round(last["rebuild_stall"] / base["rebuild_stall"], 2)
         if base["rebuild_stall"]
@@ -300,8 +404,8 @@ def main() -> int:
         "bound_bytes": last["max_bytes"],
         "held": all(v["held"] and v["bytes"] <= v["max_bytes"] for v in rows.values()),
     }
-    record.write(args.output, "scale", r, ocloc)
-    subprocess.run(["rm", "-rf", str(work)], check=False)
+    r["file_system"] = "xfs" if args.xfs else fs_type(Path(tempfile.gettempdir()))
+    record.write(args.output, "scale_xfs" if args.xfs else "scale", r, ocloc)
     if args.json:
         print(json.dumps(r))
     return 0

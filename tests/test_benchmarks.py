@@ -124,8 +124,9 @@ def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for key in ("write_ratio", "hit_ratio", "adopt_ratio", "evict_ratio", "evict_stall_ratio",
-                "peak_rss_mib"):  # fmt: skip
+                "lost_ledger_ratio", "lost_ledger_pair_ratio", "peak_rss_mib"):  # fmt: skip
         assert report[key] > 0, key
+    assert report["file_system"] != "unknown"
     # Each node's cleaning held the bound, and removed older entries than its own.
     assert report["held"] and report["lru_kept"] and report["ms"]["300"]["evicted"] > 0
     node = report["ms"]["300"]

@@ -21,8 +21,6 @@ use std::time::{Duration, SystemTime};
 /// The hosts' files, in the cache directory.
 pub const DIR: &str = "hosts";
 const MAGIC: &[u8; 8] = b"XZHOSTS1";
-/// A file: magic, host id, the host's own words, blake3 of all before it.
-const FILE_BYTES: usize = 8 + 8 + OWN_WORDS * 8 + 32;
 /// Other hosts' files read per step: what one write pays, besides listing the hosts'
 /// names (a pass over a thousand hosts takes 16 steps).
 pub const STEP_HOSTS: usize = 64;
@@ -114,12 +112,15 @@ fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> O
     // A new ledger of a host that published before: nothing is published (over its file)
     // until its words go on from that file.
     let seeded = !turn.seed_pending() || seed(dir, ledger, &turn);
+    if seeded {
+        folded_away(dir, ledger, &turn); // before a pass reads the fold
+    }
     let done = work(&turn);
     let (mut turn, mut failed) = (Some(turn), false);
     for _ in 0..8 {
         let Some(held) = turn.take() else { break };
         while seeded && !failed && held.take_wanted() {
-            if let Err(e) = write(dir, ledger.host_id(), &ledger.own_words()) {
+            if let Err(e) = publish_own(dir, ledger, &held) {
                 ledger.want_published(); // the next turn tries again
                 crate::diag::detail("cache", format!("this host's accounts not published: {e}"));
                 failed = true;
@@ -134,6 +135,63 @@ fn with_turn<T>(dir: &Path, ledger: &Ledger, work: impl FnOnce(&Turn) -> T) -> O
     Some(done)
 }
 
+/// A host that wrote its file and finds it gone was folded while it was away (`fold.rs`),
+/// or the file was removed: what it said is in the fold, or gone with it, so it is taken
+/// out of this host's own words (before a pass can read the fold, or a recount take it in).
+fn folded_away(dir: &Path, ledger: &Ledger, turn: &Turn) {
+    if !turn.has_published() {
+        return;
+    }
+    let own = dir.join(DIR).join(file_name(ledger.host_id()));
+    if std::fs::symlink_metadata(own).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        turn.forget_own();
+        let why = "this host's file was folded while it was away: what it said is in the fold";
+        crate::diag::detail("cache", why);
+    }
+}
+
+/// Write this host's file (the caller has the turn); gone since the turn began, it was
+/// folded (`folded_away`).
+fn publish_own(dir: &Path, ledger: &Ledger, turn: &Turn) -> std::io::Result<()> {
+    let Hosts::Here(hosts) = hosts_dir(dir) else {
+        return Err(std::io::Error::other("no private hosts directory"));
+    };
+    let (id, name) = (ledger.host_id(), file_name(ledger.host_id()));
+    if turn.has_published() {
+        let words = ledger.own_words();
+        match write_in(&hosts, &name, id, &words, false) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => folded_away(dir, ledger, turn),
+            Ok(()) => {
+                turn.published(&words);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let words = ledger.own_words();
+    write_in(&hosts, &name, id, &words, true)?;
+    turn.published(&words);
+    Ok(())
+}
+
+/// Fold the files of hosts that are gone (`fold.rs`); the caller holds the upkeep lock.
+pub fn fold_gone(dir: &Path, ledger: &Ledger) {
+    let Hosts::Here(hosts) = hosts_dir(dir) else {
+        return;
+    };
+    match fold::fold(&hosts, ledger.host_id()) {
+        Ok(0) => {}
+        Ok(n) => {
+            let why = format!(
+                "{n} files of hosts gone for a day folded into {}",
+                fold::FOLDED
+            );
+            crate::diag::detail("cache", why);
+        }
+        Err(e) => crate::diag::detail("cache", format!("gone hosts' files not folded: {e}")),
+    }
+}
+
 /// A new ledger of a host that published before (its ledger was lost): its words go on
 /// from its file, so what it did is counted once. Whether that is settled (its file read,
 /// or there is none).
@@ -146,11 +204,43 @@ fn seed(dir: &Path, ledger: &Ledger, turn: &Turn) -> bool {
         Ok(words) => {
             if let Some(words) = words {
                 turn.seed(&words);
+                turn.published(&words); // its file gone from now on: folded
             }
             turn.seeded();
             true
         }
         Err(_) => false, // read again by the next turn
+    }
+}
+
+/// A kind of file of words: its magic and its words (a host's file; `fold.rs`'s).
+pub(super) struct Kind {
+    pub magic: &'static [u8; 8],
+    pub words: usize,
+}
+
+const HOST: Kind = Kind {
+    magic: MAGIC,
+    words: OWN_WORDS,
+};
+
+impl Kind {
+    /// Its size: magic, id, the words, blake3 of all before it.
+    pub fn bytes(&self) -> usize {
+        8 + 8 + self.words * 8 + 32
+    }
+
+    /// A file of this kind for `id`, of `words` (zeros past their end).
+    pub fn encode(&self, id: u64, words: &[u64]) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.bytes());
+        bytes.extend_from_slice(self.magic);
+        bytes.extend_from_slice(&id.to_le_bytes());
+        for i in 0..self.words {
+            bytes.extend_from_slice(&words.get(i).copied().unwrap_or(0).to_le_bytes());
+        }
+        let sum = blake3::hash(&bytes);
+        bytes.extend_from_slice(sum.as_bytes());
+        bytes
     }
 }
 
@@ -160,22 +250,21 @@ fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
     let Hosts::Here(hosts) = hosts_dir(dir) else {
         return Err(std::io::Error::other("no private hosts directory"));
     };
-    let mut bytes = Vec::with_capacity(FILE_BYTES);
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&id.to_le_bytes());
-    for w in words.iter().take(OWN_WORDS) {
-        bytes.extend_from_slice(&w.to_le_bytes());
-    }
-    let sum = blake3::hash(&bytes);
-    bytes.extend_from_slice(sum.as_bytes());
     let name = if id == 0 {
         ZERO.to_string()
     } else {
         file_name(id)
     };
+    write_in(&hosts, &name, id, words, true)
+}
+
+/// `write`, in the hosts' directory `hosts`; `create`: made when missing (else missing
+/// is `NotFound`).
+fn write_in(hosts: &Path, name: &str, id: u64, words: &[u64], create: bool) -> std::io::Result<()> {
+    let bytes = HOST.encode(id, &words[..words.len().min(OWN_WORDS)]);
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
+        .create(create)
         .truncate(false)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -185,8 +274,8 @@ fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
         return Err(std::io::Error::other("not this user's regular file"));
     }
     file.write_all_at(&bytes, 0)?;
-    if meta.len() > FILE_BYTES as u64 {
-        file.set_len(FILE_BYTES as u64)?;
+    if meta.len() > HOST.bytes() as u64 {
+        file.set_len(HOST.bytes() as u64)?;
     }
     Ok(()) // closed here: on NFS, sent to the server
 }
@@ -195,6 +284,17 @@ fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
 /// this user's readable regular file of its size, magic and id); an error when it could
 /// not be read whole (it may be a host's file: the pass does not go past it yet).
 fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> {
+    read_kind(hosts, name, id, &HOST)
+}
+
+/// `read`, of a file of `kind`.
+pub(super) fn read_kind(
+    hosts: &Path,
+    name: &str,
+    id: u64,
+    kind: &Kind,
+) -> std::io::Result<Option<Vec<u64>>> {
+    let file_bytes = kind.bytes();
     let file = match crate::private::open_file(&hosts.join(name), false, false) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -211,14 +311,14 @@ fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> 
         Err(e) => return Err(e),
     };
     let meta = file.metadata()?;
-    if meta.uid() != crate::private::uid() || meta.len() != FILE_BYTES as u64 {
+    if meta.uid() != crate::private::uid() || meta.len() != file_bytes as u64 {
         return Ok(None);
     }
-    let mut bytes = vec![0u8; FILE_BYTES];
+    let mut bytes = vec![0u8; file_bytes];
     for _ in 0..3 {
-        (&file).take(FILE_BYTES as u64).read_exact(&mut bytes)?;
-        let (body, sum) = bytes.split_at(FILE_BYTES - 32);
-        if &body[..8] != MAGIC || body[8..16] != id.to_le_bytes() {
+        (&file).take(file_bytes as u64).read_exact(&mut bytes)?;
+        let (body, sum) = bytes.split_at(file_bytes - 32);
+        if &body[..8] != kind.magic || body[8..16] != id.to_le_bytes() {
             return Ok(None);
         }
         if blake3::hash(body) == *sum {
@@ -231,7 +331,11 @@ fn read(hosts: &Path, name: &str, id: u64) -> std::io::Result<Option<Vec<u64>>> 
         }
         std::io::Seek::rewind(&mut &file)?; // a version half written: read again
     }
-    Err(std::io::Error::other("never whole in three reads")) // the next step reads again
+    // The next step reads again (`InvalidData`: a fold takes it as no host's file).
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "never whole in three reads",
+    ))
 }
 
 /// The ids of the hosts that published in `hosts`, sorted (at most `MAX_HOSTS`); an
@@ -245,7 +349,7 @@ fn ids(hosts: &Path) -> std::io::Result<Vec<u64>> {
             .and_then(|n| n.strip_suffix(".counts"))
             .filter(|hex| hex.len() == 16)
             .and_then(|hex| u64::from_str_radix(hex, 16).ok());
-        if let Some(id) = id.filter(|id| *id != 0) {
+        if let Some(id) = id.filter(|id| *id > FOLD_CURSOR) {
             ids.push(id);
             if ids.len() >= MAX_HOSTS {
                 break;
@@ -308,6 +412,17 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
     let Ok(ids) = ids(&hosts) else {
         return false; // not listed whole: the pass waits
     };
+    if turn.after() == 0 {
+        // The pass begins with the fold: the words of hosts that are gone.
+        match fold::read_fold(&hosts) {
+            Ok((words, _)) => {
+                turn.read_ok(FOLD_CURSOR);
+                turn.read_fold(&words);
+            }
+            Err(_) if turn.failed(fold::FOLD_CURSOR) >= GIVE_UP_STEPS => turn.read_fold(&[]),
+            Err(_) => return false, // read again by the next step
+        }
+    }
     let own = ledger.host_id();
     let mut left = ids
         .iter()
@@ -317,7 +432,10 @@ fn step_with(dir: &Path, ledger: &Ledger, turn: &Turn, fresh: bool) -> bool {
     for _ in 0..budget {
         let Some(&&id) = left.peek() else { break };
         match read_whole(&hosts, id, fresh) {
-            Ok(words) => turn.read(id, words.as_deref()),
+            Ok(words) => {
+                turn.read_ok(id);
+                turn.read(id, words.as_deref());
+            }
             // A file that cannot be read for many steps in a row is not waited for.
             Err(_) if turn.failed(id) >= GIVE_UP_STEPS => turn.read(id, None),
             Err(_) => return false, // read again by the next step
@@ -373,170 +491,7 @@ pub fn counters(dir: &Path, ledger: &Ledger, zero: bool) -> Vec<(Counter, u64)> 
         .collect()
 }
 
+mod fold;
+pub use fold::FOLD_CURSOR;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two hosts of one directory: two ledgers (each in its own memory), one directory.
-    fn two_hosts() -> (tempfile::TempDir, Ledger, Ledger) {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("cache");
-        std::fs::create_dir(&dir).unwrap();
-        let a = Ledger::open_at(&root.path().join("a.ledger")).unwrap();
-        let b = Ledger::open_at(&root.path().join("b.ledger")).unwrap();
-        assert_ne!(a.host_id(), b.host_id());
-        (root, a, b)
-    }
-
-    #[test]
-    fn each_host_counts_what_every_host_did() {
-        let (root, a, b) = two_hosts();
-        let dir = root.path().join("cache");
-        a.add(3, 1000, 1);
-        a.count(Counter::Compiles, 2);
-        b.add(3, 500, 1);
-        b.add(7, 200, 1);
-        b.count(Counter::Compiles, 5);
-        publish(&dir, &a, true);
-        publish(&dir, &b, true);
-        assert!(step(&dir, &a, Step::Now) && step(&dir, &b, Step::Now));
-        for l in [&a, &b] {
-            assert_eq!((l.entries(), l.bytes()), (3, 1700));
-            assert_eq!(l.shard_bytes(3), 1500);
-            assert_eq!(l.counter(Counter::Compiles), 7);
-            assert_eq!(l.other_hosts(), 1);
-        }
-        // Host b removes what host a wrote: its own words go below zero, the sum is right.
-        b.add(3, -1000, -1);
-        publish(&dir, &b, true);
-        step(&dir, &a, Step::Now);
-        assert_eq!((a.entries(), a.bytes()), (2, 700));
-        // A count set by listing a shard is what the other hosts do not account for.
-        a.set_shard(3, 500, 1);
-        assert_eq!(a.shard_bytes(3), 500);
-        publish(&dir, &a, true);
-        step(&dir, &b, Step::Now);
-        assert_eq!((b.entries(), b.bytes()), (2, 700));
-    }
-
-    #[test]
-    fn the_zero_is_every_hosts_counts() {
-        let (root, a, b) = two_hosts();
-        let dir = root.path().join("cache");
-        a.count(Counter::Requests, 4);
-        b.count(Counter::Requests, 6);
-        publish(&dir, &b, true);
-        step(&dir, &a, Step::Fresh);
-        let requests = |l: &Ledger, zero| {
-            counters(&dir, l, zero)
-                .into_iter()
-                .find(|(c, _)| *c == Counter::Requests)
-                .unwrap()
-                .1
-        };
-        assert_eq!(requests(&a, true), 10);
-        assert_eq!(requests(&a, false), 0);
-        b.count(Counter::Requests, 1);
-        publish(&dir, &b, true);
-        step(&dir, &a, Step::Fresh);
-        assert_eq!(requests(&a, false), 1);
-    }
-
-    #[test]
-    fn files_that_are_not_whole_are_not_read() {
-        let (root, a, b) = two_hosts();
-        let dir = root.path().join("cache");
-        b.count(Counter::Compiles, 5);
-        publish(&dir, &b, true);
-        let hosts = dir.join(DIR);
-        let good = hosts.join(file_name(b.host_id()));
-        let bytes = std::fs::read(&good).unwrap();
-        // Torn, flipped, too long, renamed onto another id, a link, a directory.
-        std::fs::write(hosts.join(file_name(11)), &bytes[..100]).unwrap();
-        let mut flipped = bytes.clone();
-        flipped[40] ^= 1;
-        std::fs::write(hosts.join(file_name(12)), flipped).unwrap();
-        std::fs::write(hosts.join(file_name(13)), [&bytes[..], b"x"].concat()).unwrap();
-        std::fs::write(hosts.join(file_name(14)), &bytes).unwrap();
-        std::os::unix::fs::symlink(&good, hosts.join(file_name(15))).unwrap();
-        std::fs::create_dir(hosts.join(file_name(16))).unwrap();
-        assert!(step(&dir, &a, Step::Now));
-        assert_eq!(a.counter(Counter::Compiles), 5);
-        assert_eq!(a.other_hosts(), 1);
-    }
-
-    #[test]
-    fn a_pass_over_many_hosts_is_a_step_per_write() {
-        let (root, a, b) = two_hosts();
-        let dir = root.path().join("cache");
-        let mut words = b.own_words();
-        words[2 * super::super::ledger::SHARDS + Counter::Compiles as usize] = 1;
-        let hosts = STEP_HOSTS * 2 + 5;
-        for id in 1..=hosts as u64 {
-            write(&dir, id, &words).unwrap();
-        }
-        let mut steps = 1;
-        while !step(&dir, &a, Step::Now) {
-            steps += 1;
-        }
-        assert_eq!(steps, 3);
-        assert_eq!(a.counter(Counter::Compiles), hosts as u64);
-        assert_eq!(a.other_hosts(), hosts as u64);
-    }
-}
-
-#[cfg(test)]
-mod lost {
-    use super::*;
-
-    #[test]
-    fn a_host_that_lost_its_ledger_goes_on_from_its_file() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("cache");
-        std::fs::create_dir(&dir).unwrap();
-        let at = root.path().join("host.ledger");
-        let first = Ledger::open_at(&at).unwrap();
-        first.count(Counter::Compiles, 5);
-        first.add(9, 300, 1);
-        publish(&dir, &first, true);
-        let id = first.host_id();
-        drop(first);
-        std::fs::remove_file(&at).unwrap(); // /dev/shm purged
-        let again = Ledger::open_at(&at).unwrap();
-        assert_eq!(
-            again.host_id(),
-            id,
-            "the same memory of the same machine: the same host"
-        );
-        assert!(step(&dir, &again, Step::Now));
-        assert_eq!(again.counter(Counter::Compiles), 5);
-        assert_eq!((again.entries(), again.bytes()), (1, 300));
-        assert_eq!(again.other_hosts(), 0, "its own file is not another host's");
-    }
-}
-
-#[cfg(test)]
-mod cost {
-    use super::*;
-
-    #[test]
-    #[ignore = "a measurement: cargo test --release -- --ignored --nocapture cost"]
-    fn what_publishing_and_a_step_cost() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("cache");
-        std::fs::create_dir(&dir).unwrap();
-        let l = Ledger::open_at(&root.path().join("h.ledger")).unwrap();
-        let n = 2000;
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            publish(&dir, &l, true);
-        }
-        let publish_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            step(&dir, &l, Step::Now);
-        }
-        let step_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-        println!("publish {publish_us:.1} us, step {step_us:.1} us");
-    }
-}
+mod tests;

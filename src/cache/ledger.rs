@@ -30,7 +30,7 @@ pub const SHARDS: usize = 256;
 /// digit), and so the parts of a round.
 pub const PARTS: usize = 16;
 pub const ROUND_PARTS: usize = SHARDS * PARTS;
-const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR5");
+const MAGIC: u64 = u64::from_le_bytes(*b"XZLEDGR6");
 /// Words: a header; this host's own words (bytes and entries of each shard, counters),
 /// what it publishes; the sum of the other hosts' own words, as last read.
 const HEADER: usize = 24;
@@ -39,9 +39,11 @@ pub const OWN_WORDS: usize = 2 * SHARDS + COUNTERS;
 const OTHERS: usize = HEADER + OWN_WORDS;
 /// Other hosts' words summed while a pass over their files is under way.
 const PARTIAL: usize = OTHERS + OWN_WORDS;
-const WORDS: usize = PARTIAL + OWN_WORDS;
+/// This host's own words as it last published them (what a fold of its file took).
+const LAST: usize = PARTIAL + OWN_WORDS;
+const WORDS: usize = LAST + OWN_WORDS;
 /// The file's size: whole pages.
-pub const FILE_BYTES: usize = 16384;
+pub const FILE_BYTES: usize = 20480;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
 /// One shard is recounted every this many writes (round robin: each shard every 262,144
 /// writes; a write pays a 1024th of a shard's listing).
@@ -88,6 +90,8 @@ const W_STEPPED: usize = 20;
 /// A host file the pass could not read (its id), and how many steps in a row.
 const W_FAILED_ID: usize = 21;
 const W_FAILED_STEPS: usize = 22;
+/// Nonzero: this ledger wrote its host's file, or went on from it.
+const W_WRITTEN: usize = 23;
 
 /// A cleaning in progress, done a slice at a time by whichever process keeps the
 /// directory up: entries last used before `cut` (nanoseconds since 1970) go, and `tied`

@@ -286,6 +286,11 @@ impl Cache {
         let Some(_held) = keeper::try_lock(&self.dir) else {
             return None; // the process that holds the lock does it, or the next writer
         };
+        if recount.is_some() {
+            // Now and then, as a shard is recounted: before the pass, which then reads
+            // the fold with what it took.
+            hosts::fold_gone(&self.dir, ledger);
+        }
         // Every other host's words as they are now (a pass begun under the lock): accounts
         // set from a listing take the rest, and this host's are published before the lock
         // goes, for the next holder, of any host, to read. Without them, nothing is set.

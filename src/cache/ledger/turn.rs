@@ -4,7 +4,7 @@
 use super::*;
 use crate::sync::Renewable;
 
-/// The host id of the ledger at `path`, never 0: the same when the ledger is lost and made
+/// The host id of the ledger at `path`, never 0 or 1 (the zero's, the fold's): the same when the ledger is lost and made
 /// again (`/dev/shm` purged by a job's epilog, a reboot that mounts it alike), so that the
 /// host's file goes on from where it was; another for each machine (its id and name) and
 /// each memory that holds a ledger (the device of its directory: a container's or a mount
@@ -12,7 +12,7 @@ use crate::sync::Renewable;
 pub(super) fn host_id_for(path: &Path) -> u64 {
     let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
     if machine.trim().is_empty() {
-        return u64::from_le_bytes(crate::cache::lease::random_bytes("ledger")).max(1);
+        return u64::from_le_bytes(crate::cache::lease::random_bytes("ledger")).max(2);
     }
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most the buffer's length into it.
@@ -26,7 +26,7 @@ pub(super) fn host_id_for(path: &Path) -> u64 {
     hash.update(path.as_os_str().as_encoded_bytes());
     let mut id = [0u8; 8];
     id.copy_from_slice(&hash.finalize().as_bytes()[..8]);
-    u64::from_le_bytes(id).max(1)
+    u64::from_le_bytes(id).max(2)
 }
 
 /// The turn of one process of this host at its hosts' files (publishing its words,
@@ -120,6 +120,14 @@ impl Turn<'_> {
         l.word(W_FAILED_STEPS).fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Host file `id` (or the fold) was read: a failure before does not count any more.
+    pub fn read_ok(&self, id: u64) {
+        let l = self.ledger;
+        if l.word(W_FAILED_ID).load(Ordering::Relaxed) == id {
+            l.word(W_FAILED_STEPS).store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Words this host published before its ledger was lost, taken as its own again.
     pub fn seed(&self, words: &[u64]) {
         for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
@@ -127,6 +135,46 @@ impl Turn<'_> {
                 .word(HEADER + i)
                 .fetch_add(*w, Ordering::Relaxed);
         }
+    }
+
+    /// Whether this ledger wrote its host's file (or went on from it): a file gone since
+    /// was folded.
+    pub fn has_published(&self) -> bool {
+        self.ledger.load(W_WRITTEN) != 0
+    }
+
+    /// `words` are what this host's file says now.
+    pub fn published(&self, words: &[u64]) {
+        for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
+            self.ledger.word(LAST + i).store(*w, Ordering::Relaxed);
+        }
+        self.ledger.word(W_WRITTEN).store(1, Ordering::Release);
+    }
+
+    /// This host's file was folded: what it said is in the fold, so this host's own words
+    /// go on without it (what was counted since stays).
+    pub fn forget_own(&self) {
+        for i in 0..OWN_WORDS {
+            let last = self.ledger.word(LAST + i).swap(0, Ordering::Relaxed);
+            self.ledger
+                .word(HEADER + i)
+                .fetch_sub(last, Ordering::Relaxed);
+        }
+    }
+
+    /// The fold's words (`hosts/fold.rs`) read: added to the pass's sum, not a host.
+    pub fn read_fold(&self, words: &[u64]) {
+        self.dirty(true);
+        for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
+            self.ledger
+                .word(PARTIAL + i)
+                .fetch_add(*w, Ordering::Relaxed);
+        }
+        let cursor = crate::cache::hosts::FOLD_CURSOR;
+        self.ledger
+            .word(W_PASS_AFTER)
+            .store(cursor, Ordering::Relaxed);
+        self.dirty(false);
     }
 
     /// The last host id the pass read (0: the pass begins).
