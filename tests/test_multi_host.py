@@ -11,6 +11,7 @@ host's accounts with a checksum and closing the file (``src/cache/hosts.rs``).""
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import subprocess
 import sys
@@ -63,6 +64,26 @@ def on_disk(cache: Path) -> tuple:
     """(entries, bytes) of the cache as listed."""
     files = list((cache / "zebin-v3").glob("[0-9a-f][0-9a-f]/*.zeentry"))
     return len(files), sum(f.stat().st_size for f in files)
+
+
+def gone_for_a_day(cache: Path, hosts: list, answered: int, deadline: float) -> None:
+    """Every host's file made a day old, then one host's recount folds the others' into
+    one (its own is never folded); each host, back, compiles again: every host still counts
+    what all did, and its accounts are what is on disk."""
+    files = cache / "zebin-v3" / "hosts"
+    old = time.time() - 2 * 86400
+    for f in files.glob("*.counts"):
+        os.utime(f, (old, old))
+    ask(hosts[:1], "recount", deadline)
+    assert (files / "folded.counts").exists()
+    left = [f.name for f in files.glob("*.counts") if f.name != "folded.counts"]
+    assert len(left) == 1, f"not folded: {left}"  # the recounting host's own
+    for n, h in enumerate(hosts):
+        ask([h], f"compile {n}", deadline)
+    for h in hosts:
+        (stats,) = ask([h], "stats", deadline)
+        assert stats["counters"]["requests"] == answered + 2 * HOSTS, stats
+        assert (stats["entries"], stats["bytes"]) == on_disk(cache), stats
 
 
 def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch) -> None:
@@ -120,6 +141,7 @@ def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch)
         for h in hosts:  # one after the other: a host whose ledger is new recounts first
             (stats,) = ask([h], "stats", deadline)
             assert (stats["entries"], stats["bytes"]) == (entries, held), stats
+        gone_for_a_day(cache, hosts, len(answers), deadline)
         assert not (cache / "zebin-v3" / "upkeep.lease").exists(), "a lease was kept"
     finally:
         for h in hosts:

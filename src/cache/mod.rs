@@ -168,8 +168,9 @@ impl Cache {
             return false;
         };
         self.move_old(&in_use, usize::MAX);
-        // What the other hosts account for, now: a shard's count takes the rest.
         let ledger = &in_use.ledger;
+        hosts::fold_gone(&self.dir, ledger); // as a write's recount does, before the pass
+                                             // What the other hosts account for, now: a shard's count takes the rest.
         if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) {
             return false;
         }

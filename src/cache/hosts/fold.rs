@@ -131,11 +131,14 @@ fn take(hosts: &Path, own: u64) -> std::io::Result<Vec<u64>> {
         .modified()?;
     let uid = crate::private::uid();
     let mut taken = Vec::new();
-    for entry in std::fs::read_dir(hosts)? {
+    // Listed whole first: a name renamed now may be listed again, under its new name.
+    let listed = std::fs::read_dir(hosts)?
+        .take(super::MAX_HOSTS)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    for entry in listed {
         if taken.len() >= FOLD_STEP {
             break;
         }
-        let entry = entry?;
         let name = entry.file_name();
         let Ok(meta) = entry.metadata() else { continue }; // not followed
         if !meta.file_type().is_file() || meta.uid() != uid {

@@ -154,6 +154,37 @@ fn what_publishing_and_a_step_cost() {
     }
     let step_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     println!("publish {publish_us:.1} us, step {step_us:.1} us");
+    // With a thousand other hosts' files: a write's step, a fresh pass (the upkeep lock's
+    // holder), and a fold of 64 of them gone for a day.
+    let words = l.own_words();
+    for id in 2..1002u64 {
+        write(&dir, id, &words).unwrap();
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..100 {
+        step(&dir, &l, Step::Now);
+    }
+    let step_ms = t.elapsed().as_secs_f64() * 1e3 / 100.0;
+    let t = std::time::Instant::now();
+    for _ in 0..20 {
+        step(&dir, &l, Step::Fresh);
+    }
+    let fresh_ms = t.elapsed().as_secs_f64() * 1e3 / 20.0;
+    let hosts = dir.join(DIR);
+    for id in 2..66u64 {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(hosts.join(file_name(id)));
+        f.unwrap()
+            .set_modified(SystemTime::now() - fold::FOLD_AFTER * 2)
+            .unwrap();
+    }
+    let t = std::time::Instant::now();
+    assert_eq!(fold::fold(&hosts, l.host_id()).unwrap(), 64);
+    let fold_ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "1000 hosts: step {step_ms:.2} ms, fresh pass {fresh_ms:.1} ms, fold of 64 {fold_ms:.1} ms"
+    );
 }
 
 /// Host `l`'s file, last written `ago`.
@@ -307,4 +338,30 @@ fn a_torn_file_does_not_stop_a_fold() {
         (2, 500, 5, 0),
         "c folded, b's words never read"
     );
+}
+
+/// A fold takes at most 64 files, each once (a file renamed as the directory is read is
+/// not taken again under its new name), and the next fold the rest.
+#[test]
+fn a_fold_takes_64_files_at_most_each_once() {
+    let (root, a, b) = two_hosts();
+    let dir = root.path().join("cache");
+    let mut words = b.own_words();
+    words[2 * crate::cache::ledger::SHARDS + Counter::Compiles as usize] = 1;
+    let hosts = dir.join(DIR);
+    for id in 2..102u64 {
+        write(&dir, id, &words).unwrap();
+        let f = std::fs::File::options()
+            .write(true)
+            .open(hosts.join(file_name(id)));
+        f.unwrap()
+            .set_modified(SystemTime::now() - fold::FOLD_AFTER * 2)
+            .unwrap();
+    }
+    assert_eq!(fold::fold(&hosts, a.host_id()).unwrap(), 64);
+    assert!(step(&dir, &a, Step::Fresh));
+    assert_eq!((a.counter(Counter::Compiles), a.other_hosts()), (100, 36));
+    assert_eq!(fold::fold(&hosts, a.host_id()).unwrap(), 36);
+    assert!(step(&dir, &a, Step::Fresh));
+    assert_eq!((a.counter(Counter::Compiles), a.other_hosts()), (100, 0));
 }
