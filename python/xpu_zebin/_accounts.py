@@ -19,9 +19,10 @@ def stats(
     retries by trigger, entries refused (untrusted, checksum, driver), evictions, compiler
     microseconds spent and saved by hits. Hosts sharing the directory (NFS, Lustre) each
     publish their counts in it: these are every host's, and ``other_hosts`` says how many
-    others there were. ``zero`` sets the counters back to zero, for every host, after
-    they are read; ``recount`` counts every entry on disk again first (a writer killed
-    mid-write leaves the accounts off by its entry until its shard is recounted).
+    others' files there were (hosts gone for a day are folded into one, still counted).
+    ``zero`` sets the counters back to zero, for every host, after they are read;
+    ``recount`` counts every entry on disk again first (a writer killed mid-write leaves
+    the accounts off by its entry until its shard is recounted), folding gone hosts' files.
     ``cleaning`` is the cleaning in progress (``next_shard`` of ``shards``: over its bound,
     the cache is cleaned a slice per write), or None. As ``xpu-zebin stats``."""
     return _core.cache_stats(None if cache_dir is None else os.fspath(cache_dir), zero, recount)

@@ -261,7 +261,7 @@ fn write(dir: &Path, id: u64, words: &[u64]) -> std::io::Result<()> {
 /// `write`, in the hosts' directory `hosts`; `create`: made when missing (else missing
 /// is `NotFound`).
 fn write_in(hosts: &Path, name: &str, id: u64, words: &[u64], create: bool) -> std::io::Result<()> {
-    let bytes = HOST.encode(id, &words[..words.len().min(OWN_WORDS)]);
+    let bytes = HOST.encode(id, words);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(create)
@@ -343,13 +343,7 @@ pub(super) fn read_kind(
 fn ids(hosts: &Path) -> std::io::Result<Vec<u64>> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(hosts)? {
-        let name = entry?.file_name();
-        let id = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".counts"))
-            .filter(|hex| hex.len() == 16)
-            .and_then(|hex| u64::from_str_radix(hex, 16).ok());
-        if let Some(id) = id.filter(|id| *id > FOLD_CURSOR) {
+        if let Some(id) = fold::id_of(&entry?.file_name(), ".counts") {
             ids.push(id);
             if ids.len() >= MAX_HOSTS {
                 break;

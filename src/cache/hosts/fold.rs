@@ -54,7 +54,7 @@ pub fn read_fold(hosts: &Path) -> std::io::Result<(Vec<u64>, Vec<u64>)> {
 
 /// The host id a name in the hosts' directory is of, with its suffix (`.counts`,
 /// `.folding`); not the zero's, nor a name of another form.
-fn id_of(name: &std::ffi::OsStr, suffix: &str) -> Option<u64> {
+pub(super) fn id_of(name: &std::ffi::OsStr, suffix: &str) -> Option<u64> {
     let hex = name.to_str()?.strip_suffix(suffix)?;
     let id = (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok())??;
     (id > FOLD_CURSOR).then_some(id)
@@ -83,7 +83,7 @@ pub fn fold(hosts: &Path, own: u64) -> std::io::Result<usize> {
     let mut added = Vec::new();
     for id in taken {
         // Not a host's file (never whole, not of its size): nothing to add, removed all
-        // the same; one that cannot be read now stays renamed, for the next fold.
+        // the same; one that cannot be read now is put back, for the next fold.
         match read_kind(hosts, &folding_name(id), id, &HOST) {
             Ok(Some(theirs)) => {
                 for (w, t) in words.iter_mut().zip(theirs) {

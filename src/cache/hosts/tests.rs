@@ -91,16 +91,21 @@ fn files_that_are_not_whole_are_not_read() {
     assert_eq!(a.other_hosts(), 1);
 }
 
+/// Files of hosts `ids`, each a host that compiled once (shaped as `model`'s).
+fn one_compile_each(dir: &Path, model: &Ledger, ids: std::ops::Range<u64>) {
+    let mut words = model.own_words();
+    words[2 * crate::cache::ledger::SHARDS + Counter::Compiles as usize] = 1;
+    for id in ids {
+        write(dir, id, &words).unwrap();
+    }
+}
+
 #[test]
 fn a_pass_over_many_hosts_is_a_step_per_write() {
     let (root, a, b) = two_hosts();
     let dir = root.path().join("cache");
-    let mut words = b.own_words();
-    words[2 * crate::cache::ledger::SHARDS + Counter::Compiles as usize] = 1;
     let hosts = STEP_HOSTS * 2 + 5;
-    for id in 2..=hosts as u64 + 1 {
-        write(&dir, id, &words).unwrap();
-    }
+    one_compile_each(&dir, &b, 2..hosts as u64 + 2);
     let mut steps = 1;
     while !step(&dir, &a, Step::Now) {
         steps += 1;
@@ -171,13 +176,8 @@ fn what_publishing_and_a_step_cost() {
     }
     let fresh_ms = t.elapsed().as_secs_f64() * 1e3 / 20.0;
     let hosts = dir.join(DIR);
-    for id in 2..66u64 {
-        let f = std::fs::File::options()
-            .write(true)
-            .open(hosts.join(file_name(id)));
-        f.unwrap()
-            .set_modified(SystemTime::now() - fold::FOLD_AFTER * 2)
-            .unwrap();
+    for id in 2..66 {
+        age_id(&dir, id, fold::FOLD_AFTER * 2);
     }
     let t = std::time::Instant::now();
     assert_eq!(fold::fold(&hosts, l.host_id()).unwrap(), 64);
@@ -189,7 +189,12 @@ fn what_publishing_and_a_step_cost() {
 
 /// Host `l`'s file, last written `ago`.
 fn age(dir: &Path, l: &Ledger, ago: Duration) {
-    let path = dir.join(DIR).join(file_name(l.host_id()));
+    age_id(dir, l.host_id(), ago);
+}
+
+/// Host `id`'s file, last written `ago`.
+fn age_id(dir: &Path, id: u64, ago: Duration) {
+    let path = dir.join(DIR).join(file_name(id));
     let file = std::fs::File::options().write(true).open(path).unwrap();
     file.set_modified(SystemTime::now() - ago).unwrap();
 }
@@ -346,17 +351,10 @@ fn a_torn_file_does_not_stop_a_fold() {
 fn a_fold_takes_64_files_at_most_each_once() {
     let (root, a, b) = two_hosts();
     let dir = root.path().join("cache");
-    let mut words = b.own_words();
-    words[2 * crate::cache::ledger::SHARDS + Counter::Compiles as usize] = 1;
     let hosts = dir.join(DIR);
-    for id in 2..102u64 {
-        write(&dir, id, &words).unwrap();
-        let f = std::fs::File::options()
-            .write(true)
-            .open(hosts.join(file_name(id)));
-        f.unwrap()
-            .set_modified(SystemTime::now() - fold::FOLD_AFTER * 2)
-            .unwrap();
+    one_compile_each(&dir, &b, 2..102);
+    for id in 2..102 {
+        age_id(&dir, id, fold::FOLD_AFTER * 2);
     }
     assert_eq!(fold::fold(&hosts, a.host_id()).unwrap(), 64);
     assert!(step(&dir, &a, Step::Fresh));
