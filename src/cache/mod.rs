@@ -169,8 +169,9 @@ impl Cache {
         };
         self.move_old(&in_use, usize::MAX);
         let ledger = &in_use.ledger;
-        hosts::fold_gone(&self.dir, ledger); // as a write's recount does, before the pass
-                                             // What the other hosts account for, now: a shard's count takes the rest.
+        // Gone hosts' files folded, as a write's recount does, before the pass. What the
+        // other hosts account for, now: a shard's count takes the rest.
+        hosts::fold_gone(&self.dir, ledger);
         if !hosts::step(&self.dir, ledger, hosts::Step::Fresh) {
             return false;
         }

@@ -4,11 +4,12 @@
 use super::*;
 use crate::sync::Renewable;
 
-/// The host id of the ledger at `path`, never 0 or 1 (the zero's, the fold's): the same when the ledger is lost and made
-/// again (`/dev/shm` purged by a job's epilog, a reboot that mounts it alike), so that the
-/// host's file goes on from where it was; another for each machine (its id and name) and
-/// each memory that holds a ledger (the device of its directory: a container's or a mount
-/// namespace's own `/dev/shm`). Random where the machine has no id.
+/// The host id of the ledger at `path`, never 0 or 1 (the zero's, the fold's): the same
+/// when the ledger is lost and made again (`/dev/shm` purged by a job's epilog, a reboot
+/// that mounts it alike), so that the host's file goes on from where it was; another for
+/// each machine (its id and name) and each memory that holds a ledger (the device of its
+/// directory: a container's or a mount namespace's own `/dev/shm`). Random where the
+/// machine has no id.
 pub(super) fn host_id_for(path: &Path) -> u64 {
     let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
     if machine.trim().is_empty() {
@@ -165,16 +166,21 @@ impl Turn<'_> {
     /// The fold's words (`hosts/fold.rs`) read: added to the pass's sum, not a host.
     pub fn read_fold(&self, words: &[u64]) {
         self.dirty(true);
-        for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
-            self.ledger
-                .word(PARTIAL + i)
-                .fetch_add(*w, Ordering::Relaxed);
-        }
+        self.add_to_pass(words);
         let cursor = crate::cache::hosts::FOLD_CURSOR;
         self.ledger
             .word(W_PASS_AFTER)
             .store(cursor, Ordering::Relaxed);
         self.dirty(false);
+    }
+
+    /// `words` added to the pass's sum.
+    fn add_to_pass(&self, words: &[u64]) {
+        for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
+            self.ledger
+                .word(PARTIAL + i)
+                .fetch_add(*w, Ordering::Relaxed);
+        }
     }
 
     /// The last host id the pass read (0: the pass begins).
@@ -192,11 +198,7 @@ impl Turn<'_> {
     pub fn read(&self, id: u64, words: Option<&[u64]>) {
         self.dirty(true);
         if let Some(words) = words {
-            for (i, w) in words.iter().enumerate().take(OWN_WORDS) {
-                self.ledger
-                    .word(PARTIAL + i)
-                    .fetch_add(*w, Ordering::Relaxed);
-            }
+            self.add_to_pass(words);
             self.ledger
                 .word(W_PASS_READ)
                 .fetch_add(1, Ordering::Relaxed);
