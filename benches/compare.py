@@ -339,9 +339,7 @@ class Bench:
 
 def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
     """ocloc: the PTSS fallback, a batch, small kernels, the warm cache."""
-    ptss = xpu_zebin.opencl_to_spirv(
-        samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES), ocloc=ocloc
-    )
+    ptss = xpu_zebin.opencl_to_spirv(samples.ptss_overflow_kernel(), ocloc=ocloc)
     small = [kernels[f"add{b}"] for b in (256, 512, 1024, 2048)] * 5  # 20 small kernels
     small = small[:1] if bench.smallest else small
 

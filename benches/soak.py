@@ -71,9 +71,7 @@ def inputs(ocloc: str) -> dict:
     spill = xpu_zebin.opencl_to_spirv(
         samples.register_pressure_kernel(300, name="spill"), device="pvc", ocloc=ocloc
     )
-    big = xpu_zebin.opencl_to_spirv(
-        samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES), device="pvc", ocloc=ocloc
-    )
+    big = xpu_zebin.opencl_to_spirv(samples.ptss_overflow_kernel(), device="pvc", ocloc=ocloc)
     crashy = [blob for _, blob in mutants(add, 8, seed=1)]
     garbage = [random.Random(i).randbytes(64 + 4 * i) for i in range(8)]
     cut = add[: len(add) // 2 // 4 * 4]

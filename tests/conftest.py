@@ -96,7 +96,7 @@ def spill_spirv(system_ocloc) -> bytes:
 @pytest.fixture(scope="session")
 def ptss_spirv(system_ocloc) -> bytes:
     """Overflows PTSS at default GRF on IGC 2.x (the test proves it still does)."""
-    source = samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES)
+    source = samples.ptss_overflow_kernel()
     return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=system_ocloc)
 
 

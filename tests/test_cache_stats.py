@@ -88,7 +88,7 @@ def test_a_ptss_retry_is_counted_by_its_trigger(modern_ocloc, tmp_path):
     """The kernel that needs large GRF (the real PTSS error of the modern compiler): one
     compile, one large-GRF retry triggered by PTSS; the same request again is a hit that
     saved both attempts' time."""
-    source = samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES)
+    source = samples.ptss_overflow_kernel()
     spirv = xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=modern_ocloc)
     cache = tmp_path / "cache"
     first = xpu_zebin.compile(spirv, device="pvc", ocloc=modern_ocloc, cache_dir=cache)

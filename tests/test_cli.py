@@ -42,3 +42,19 @@ def test_a_timeout_in_range_is_taken(value, seconds):
 
 def test_no_timeout_is_the_default():
     assert cli.build_parser().parse_args(["batch", "k.spv", "--device", "pvc"]).timeout is None
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--vectors", "7"], "--vectors must be 8 to 1024"),
+        (["--vectors", "100000000"], "--vectors must be 8 to 1024"),
+        (["--values", "1"], "--values must be 2 to 16384"),
+        (["--values", "-5"], "--values must be 2 to 16384"),
+    ],
+)
+def test_the_demo_sample_is_bounded(capsys, option, message):
+    """The demo makes its source from a number on the command line: one out of range is a
+    usage error before any compiler is looked for (no ocloc named, none needed)."""
+    assert cli.main(["demo", "--ocloc", "/nonexistent/ocloc", *option]) == 2
+    assert capsys.readouterr().err.strip() == f"xpu-zebin: error: {message}"

@@ -40,7 +40,7 @@ def kernels(system_ocloc) -> dict:
         "add": samples.ADD_KERNEL,
         "small": samples.register_pressure_kernel(40, name="small"),
         "spill": samples.register_pressure_kernel(300, name="spill"),
-        "pressure": samples.register_pressure_kernel(samples.PTSS_OVERFLOW_VALUES),
+        "pressure": samples.ptss_overflow_kernel(),
         "simd8": SIMD8,
     }
     return {

@@ -1,15 +1,26 @@
 """OpenCL C sample kernels, compiled to SPIR-V with ``ocloc -spv_only``.
 
-``register_pressure_kernel(k)`` keeps ``k`` float values live across a loop, so register
-demand grows with ``k`` (~128 bytes of spill per value at SIMD32). Around
-:data:`PTSS_OVERFLOW_VALUES` it overflows the per-thread scratch limit in default GRF mode
-on IGC 2.x yet builds in large GRF mode: the case this package exists for. The test suite
-checks that this number still sits in that window on the compiler it runs.
+``ptss_overflow_kernel()`` is the case this package exists for: it overflows the
+per-thread scratch limit (PTSS) in default GRF mode on IGC 2.x yet builds in large GRF
+mode. It keeps :data:`PTSS_OVERFLOW_VECTORS` ``double16`` values live across a loop
+(4 KiB each per SIMD32 hardware thread), so IGC spills about 264 KB at 128 GRF and about
+8 KB less at 256 GRF, either side of the 262,144-byte limit. The test suite checks that
+it still sits in that window on the compiler it runs.
+
+``register_pressure_kernel(k)`` keeps ``k`` float values live instead (~128 bytes of
+spill per value at SIMD32): small ``k`` make the spill cases. Its
+:data:`PTSS_OVERFLOW_VALUES` made the same window with 16 times as many variables, so
+IGC took about three times as long over it (31 s against 11 s here for both attempts).
 """
 
 from __future__ import annotations
 
-#: Live values that overflow PTSS at 128 GRF and build at 256 GRF (IGC 2.x, pvc, SIMD32).
+#: ``double16`` values that overflow PTSS at 128 GRF and build at 256 GRF (IGC 2.x, pvc,
+#: SIMD32): one more fails at 256 GRF too, one fewer builds at 128.
+PTSS_OVERFLOW_VECTORS = 66
+
+#: Float values that overflowed PTSS at 128 GRF and built at 256 GRF (IGC 2.x, pvc,
+#: SIMD32, measured 2026-11); ``ptss_overflow_kernel()`` is the sample now.
 PTSS_OVERFLOW_VALUES = 2150
 
 ADD_KERNEL = """\
@@ -18,6 +29,29 @@ __kernel void add(__global const float* a, __global const float* b, __global flo
   c[i] = a[i] + b[i];
 }
 """
+
+
+def ptss_overflow_kernel(vectors: int = PTSS_OVERFLOW_VECTORS, name: str = "pressure") -> str:
+    """OpenCL C for a SIMD32 kernel that keeps ``vectors`` ``double16`` values live across
+    a loop (pvc has fp64). Few, wide variables: IGC spends its time on the spill, not on
+    thousands of names."""
+    if vectors < 8:
+        raise ValueError("vectors must be at least 8")
+    lines = [
+        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable",
+        "__attribute__((intel_reqd_sub_group_size(32)))",
+        f"__kernel void {name}(__global const double16* in, __global double16* out, int n) {{",
+        "  int gid = get_global_id(0);",
+    ]
+    lines += [f"  double16 v{j} = in[gid + {j}];" for j in range(vectors)]
+    lines.append("  for (int it = 0; it < n; ++it) {")
+    lines += [
+        f"    v{j} = fma(v{j}, v{(j + 1) % vectors}, v{(j + 7) % vectors});" for j in range(vectors)
+    ]
+    lines += ["  }", "  double16 s = (double16)(0.0);"]
+    lines += [f"  s += v{j};" for j in range(vectors)]
+    lines += ["  out[gid] = s;", "}"]
+    return "\n".join(lines) + "\n"
 
 
 def register_pressure_kernel(values: int, name: str = "pressure") -> str:

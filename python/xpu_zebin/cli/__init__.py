@@ -77,10 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="build a sample that needs the large-GRF fallback")
     d.add_argument("--device", default="pvc")
     d.add_argument(
+        "--vectors",
+        type=int,
+        default=samples.PTSS_OVERFLOW_VECTORS,
+        help="live double16 values in the sample kernel (register pressure)",
+    )
+    d.add_argument(
         "--values",
         type=int,
-        default=samples.PTSS_OVERFLOW_VALUES,
-        help="live values in the sample kernel (register pressure)",
+        default=None,
+        help="build the float sample with this many live values instead",
     )
     d.add_argument("--ocloc", default=None)
     d.set_defaults(func=cmd_demo)

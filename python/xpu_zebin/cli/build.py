@@ -25,6 +25,9 @@ from .common import (
     timeout,
 )
 
+#: The demo's largest sample: 16 times the one that overflows PTSS.
+DEMO_MAX_VECTORS = 1024
+
 
 def _attempt_json(a: Any) -> dict:
     return dict(
@@ -205,12 +208,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _demo_sample(args: argparse.Namespace) -> tuple[str, str]:
+    """What the demo's sample keeps live, and its source: bounded, as it is made from a
+    number on the command line."""
+    if args.values is None:
+        if not 8 <= args.vectors <= DEMO_MAX_VECTORS:
+            raise UsageError(f"--vectors must be 8 to {DEMO_MAX_VECTORS}")
+        return f"{args.vectors} double16 values", samples.ptss_overflow_kernel(args.vectors)
+    if not 2 <= args.values <= 16 * DEMO_MAX_VECTORS:
+        raise UsageError(f"--values must be 2 to {16 * DEMO_MAX_VECTORS}")
+    return f"{args.values} floats", samples.register_pressure_kernel(args.values)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build the register-pressure sample and show the GRF fallback at work."""
+    kept, source = _demo_sample(args)
     ocloc = xpu_zebin.find_ocloc(args.ocloc)
     print(f"ocloc: {ocloc}")
-    print(f"sample: OpenCL C kernel keeping {args.values} floats live across a loop (SIMD32)")
-    source = samples.register_pressure_kernel(args.values)
+    print(f"sample: OpenCL C kernel keeping {kept} live across a loop (SIMD32)")
     spirv = xpu_zebin.opencl_to_spirv(source, device=args.device, ocloc=ocloc)
     print(f"SPIR-V: {len(spirv)} bytes, kernels {xpu_zebin.validate_spirv(spirv)}")
     started = time.perf_counter()
