@@ -11,7 +11,7 @@ instead of running them; the benchmarker is a deterministic stand-in (a config's
 hash of what it launches), so both runs must choose the same config. Triton compiles for
 real (triton-xpu 3.3 on the CPU).
 
-    python benches/autotune.py [--ocloc OCLOC] [--quick] [--no-dask] [--json]
+    python benches/autotune.py [--ocloc OCLOC] [--quick | --smallest] [--no-dask] [--json]
 
 JSON keys: ``autotune_speedup`` (none / environment), ``same_choice`` (the chosen config and
 Triton's cache contents equal to Triton's own sequential run's), ``configs``,
@@ -56,10 +56,14 @@ if _xpu_zebin_hook.parse_setting(os.environ.get("XPU_ZEBIN_TRITON")):
     # What the hook does to every XPUUtils object Triton's XPU driver makes.
     import xpu_zebin.triton
     xpu_zebin.triton.install(cpu.utils, backend=False)
-quick = sys.argv[3] == "quick"
-blocks_m, blocks_n = ((16, 32), (16, 32)) if quick else ((16, 32), (16, 32, 64))
+size = sys.argv[3]
+blocks_m, blocks_n, warps, stages = {
+    "smallest": ((16,), (16, 32), (4,), (3,)),
+    "quick": ((16, 32), (16, 32), (2, 4), (3,)),
+    "full": ((16, 32), (16, 32, 64), (2, 4), (2, 3)),
+}[size]
 configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-           for m in blocks_m for n in blocks_n for w in (2, 4) for s in ((3,) if quick else (2, 3))]
+           for m in blocks_m for n in blocks_n for w in warps for s in stages]
 
 
 @triton.autotune(configs=configs, key=["N_CTX"], do_bench=deterministic_bench(cpu))
@@ -108,7 +112,7 @@ def _cache_digest(cache: Path) -> str:
     return h.hexdigest()
 
 
-def run(name: str, env: dict, quick: bool, work: Path) -> dict:
+def run(name: str, env: dict, size: str, work: Path) -> dict:
     """One autotuner's first call in a fresh process with empty caches."""
     here = work / name
     here.mkdir()
@@ -129,7 +133,7 @@ def run(name: str, env: dict, quick: bool, work: Path) -> dict:
     script.write_text(CHILD)
     out = subprocess.run(
         [sys.executable, str(script), str(TESTS), str(here / "triton-cache"),
-         "quick" if quick else "full"],
+         size],
         capture_output=True, text=True, env=child_env, timeout=3600,
     )  # fmt: skip
     if out.returncode != 0:
@@ -148,21 +152,27 @@ def run(name: str, env: dict, quick: bool, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ocloc", default=None, help="the drop-in's ocloc (else PATH)")
-    parser.add_argument("--quick", action="store_true", help="8 configs (the tests' run)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="8 configs")
+    sizes.add_argument(
+        "--smallest", action="store_true",
+        help="2 configs (the tests' run): checks the script, not the figures",
+    )  # fmt: skip
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask row")
     parser.add_argument("--json", action="store_true", help="one line of JSON last")
     record.add_output_argument(parser)
     args = parser.parse_args()
+    size = "smallest" if args.smallest else "quick" if args.quick else "full"
     on = {"XPU_ZEBIN_TRITON": "1"}
     if args.ocloc:
         on["XPU_ZEBIN_OCLOC"] = args.ocloc
     work = Path(tempfile.mkdtemp(prefix="xpu-zebin-autotune-"))
     cluster = None
     try:
-        none = run("none", {}, args.quick, work)
-        env = run("environment", on, args.quick, work)
+        none = run("none", {}, size, work)
+        env = run("environment", on, size, work)
         sequential = run("environment, jobs=1", {**on, "XPU_ZEBIN_AUTOTUNE_JOBS": "1"},
-                         args.quick, work)  # fmt: skip
+                         size, work)  # fmt: skip
         report = {
             "configs": none["configs"],
             "none_seconds": none["seconds"],
@@ -183,7 +193,7 @@ def main() -> None:
                                    dashboard_address=None)  # fmt: skip
             dask = run("environment, 2 Dask workers",
                        {**on, "XPU_ZEBIN_AUTOTUNE_SCHEDULER": cluster.scheduler_address},
-                       args.quick, work)  # fmt: skip
+                       size, work)  # fmt: skip
             report.update(dask_seconds=dask["seconds"],
                           dask_speedup=none["seconds"] / dask["seconds"],
                           dask_same_choice=dask["best"] == none["best"]
