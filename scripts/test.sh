@@ -45,8 +45,9 @@ phase "prerequisites"
 source scripts/prereqs.sh
 
 # Both paths run pytest two tests at a time (pytest-xdist; each test keeps its own cache,
-# temp dir and servers, tests/conftest.py).
-PYTEST_PARALLEL=(-n 2 --dist worksteal)
+# temp dir and servers, tests/conftest.py), handed out one at a time, the slow ones first
+# (tests/conftest.py orders them): longest first, so the run ends on short tests.
+PYTEST_PARALLEL=(-n 2 --dist load --maxschedchunk 1)
 
 if [ "$QUICK" = 1 ]; then
   phase "rust checks (fmt, clippy)"

@@ -131,3 +131,10 @@ def marker(monkeypatch):
     monkeypatch.setenv(mark.name, mark.value)
     yield mark
     _core.shutdown_workers()
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Slow tests first (scripts/test.sh hands out one test at a time): the two workers
+    start on the long ones and end on short ones, so neither waits at the end for the
+    other's long test. A stable sort: the order within each kind is pytest's."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

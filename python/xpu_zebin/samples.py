@@ -3,8 +3,8 @@
 ``ptss_overflow_kernel()`` is the case this package exists for: it overflows the
 per-thread scratch limit (PTSS) in default GRF mode on IGC 2.x yet builds in large GRF
 mode. It keeps :data:`PTSS_OVERFLOW_VECTORS` ``double16`` values live across a loop
-(4 KiB each per SIMD32 hardware thread), so IGC spills about 264 KB at 128 GRF and about
-8 KB less at 256 GRF, either side of the 262,144-byte limit. The test suite checks that
+(4 KiB each per SIMD32 hardware thread), so IGC needs 264,832 bytes of scratch at 128 GRF
+and 258,304 at 256 GRF, either side of the 262,144-byte limit. The test suite checks that
 it still sits in that window on the compiler it runs.
 
 ``register_pressure_kernel(k)`` keeps ``k`` float values live instead (~128 bytes of

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--vectors",
         type=int,
         default=samples.PTSS_OVERFLOW_VECTORS,
-        help="live double16 values in the sample kernel (register pressure)",
+        help="live double16 values in the sample kernel (register pressure; fp64: for a "
+        "device without it, use --values)",
     )
     d.add_argument(
         "--values",
