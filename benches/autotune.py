@@ -18,7 +18,8 @@ Triton's cache contents equal to Triton's own sequential run's), ``configs``,
 ``sequential_dropin_speedup`` (none / the drop-in with ``XPU_ZEBIN_AUTOTUNE_JOBS=1``: one
 config at a time, each with both GRF modes at once on an idle core; triton-xpu 3.3's
 loader switch makes Triton's own later compiles native there, so its cache differs),
-``dask_speedup`` (none / configs built on a 2-worker local Dask cluster), and each run's
+``dask_speedup`` (none / configs built on a 2-worker local Dask cluster), ``precompiled``
+(native builds the environment's run compiled before benchmarking), and each run's
 seconds.
 """
 
@@ -52,10 +53,22 @@ from triton_helpers import CpuDriver, HostBuffer, deterministic_bench, triton_on
 
 cpu = CpuDriver()
 driver.set_active(cpu)
+precompiled = []
 if _xpu_zebin_hook.parse_setting(os.environ.get("XPU_ZEBIN_TRITON")):
     # What the hook does to every XPUUtils object Triton's XPU driver makes.
     import xpu_zebin.triton
+    import xpu_zebin.triton.autotune as ahead
     xpu_zebin.triton.install(cpu.utils, backend=False)
+    # Count the native builds compiled before the benchmark, so a run where none were
+    # (the concurrent path not taken) cannot pass for one that compared it.
+    compile_ahead = ahead.precompile
+
+    def counted(*args):
+        keys = compile_ahead(*args)
+        precompiled.extend(keys)
+        return keys
+
+    ahead.precompile = counted
 size = sys.argv[3]
 blocks_m, blocks_n, warps, stages = {
     "smallest": ((16,), (16, 32), (4,), (3,)),
@@ -98,7 +111,7 @@ with triton_on_cpu(sys.argv[2]):
     attn_fwd[(1,)](q, k, v, o, 0.125, 64, 64, 64, 64, 1024, HEAD_DIM=64)
     seconds = time.perf_counter() - started
 print(json.dumps({"seconds": seconds, "best": str(attn_fwd.best_config),
-                  "configs": len(configs)}))
+                  "configs": len(configs), "precompiled": len(precompiled)}))
 """
 
 
@@ -183,6 +196,9 @@ def main() -> None:
             # Against Triton's own sequential run: the choice and Triton's cache contents.
             "same_choice": none["best"] == env["best"]
             and none["triton_cache"] == env["triton_cache"],
+            # Native builds the environment's run compiled before benchmarking (one per
+            # config whose kernel differs); Triton's own run compiles none ahead.
+            "precompiled": env["precompiled"],
             "sequential_dropin_same_choice": sequential["best"] == none["best"],
             "cores": os.cpu_count(),
         }

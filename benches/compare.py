@@ -12,6 +12,9 @@ Prints a table and, with ``--json``, one JSON object as its last line (``bounds`
 ``made_of`` beside the ratios).
 
     python benches/compare.py --ocloc ~/.cache/xpu-zebin/toolchain/modern/bin/ocloc --json
+
+``--rows offline,dask,level-zero,sweep,memory`` runs those groups of rows only (default:
+all but dask, which ``--dask`` adds).
 """
 
 from __future__ import annotations
@@ -337,7 +340,7 @@ class Bench:
         )  # fmt: skip
 
 
-def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bool) -> None:
+def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list) -> None:
     """ocloc: the PTSS fallback, a batch, small kernels, the warm cache."""
     ptss = xpu_zebin.opencl_to_spirv(samples.ptss_overflow_kernel(), ocloc=ocloc)
     small = [kernels[f"add{b}"] for b in (256, 512, 1024, 2048)] * 5  # 20 small kernels
@@ -361,8 +364,6 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list, dask: bo
         ),
         "compile work on 1 core against 2, plus an ocloc process start per attempt",
     )  # fmt: skip
-    if dask:
-        dask_batch(ocloc, batch, bench)
     bench.compare(
         "small_kernel_speedup", f"{len(small)} small Triton kernels, one after another",
         lambda: [baseline_compile(ocloc, s) for s in small],
@@ -458,16 +459,33 @@ def print_report(bench: Bench, ocloc: str, machine: str) -> None:
     print("\nWhat each ratio is made of:")
     for metric, made_of in results["made_of"].items():
         print(f"  {metric}: {made_of}")
-    rss = results["peak_rss_mb"]
-    print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
-          f"package worker {rss['package_workers']} MiB")  # fmt: skip
+    if "peak_rss_mb" in results:
+        rss = results["peak_rss_mb"]
+        print(f"\npeak RSS: baseline ocloc {rss['baseline_ocloc']} MiB, "
+              f"package worker {rss['package_workers']} MiB")  # fmt: skip
     if "dask_overhead_percent" in results:
         print(f"Dask: {results['dask_overhead_percent']}% over the local compile_many, same batch")
-    split = results["sweep_baseline_split_s"]
-    print(f"autotune sweep, sequential baseline: Triton front-end {split['front_end_s']} s, "
-          f"ocloc/IGC {split['igc_s']} s")  # fmt: skip
-    print("Level Zero isolation overhead on a small kernel (warm worker): "
-          f"{results['ze_isolation_overhead_percent']}%")  # fmt: skip
+    if "sweep_baseline_split_s" in results:
+        split = results["sweep_baseline_split_s"]
+        print(f"autotune sweep, sequential baseline: Triton front-end {split['front_end_s']} s, "
+              f"ocloc/IGC {split['igc_s']} s")  # fmt: skip
+    if "ze_isolation_overhead_percent" in results:
+        print("Level Zero isolation overhead on a small kernel (warm worker): "
+              f"{results['ze_isolation_overhead_percent']}%")  # fmt: skip
+
+
+#: The rows by group (``--rows``): ocloc's rows, the batch on Dask (only when asked: by
+#: name or ``--dask``), Level Zero's, the autotune sweep, and the compilers' peak memory.
+ROW_GROUPS = ("offline", "dask", "level-zero", "sweep", "memory")
+
+
+def row_groups(text: str) -> tuple:
+    """``--rows``: a comma-separated subset of :data:`ROW_GROUPS`, run in their order."""
+    asked = {g.strip() for g in text.split(",") if g.strip()}
+    unknown = asked - set(ROW_GROUPS)
+    if not asked or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(ROW_GROUPS)}, not {text!r}")
+    return tuple(g for g in ROW_GROUPS if g in asked)
 
 
 def main() -> int:
@@ -482,13 +500,20 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument(
-        "--dask", action="store_true", help="also run the batch on a 2-worker Dask LocalCluster"
+        "--dask",
+        action="store_true",
+        help="also run the batch on a 2-worker Dask LocalCluster (the dask rows)",
     )
     parser.add_argument(
         "--smallest", action="store_true",
         help="every row on its smallest input, once: checks the script, not the figures",
     )  # fmt: skip
     record.add_output_argument(parser)
+    parser.add_argument(
+        "--rows", type=row_groups, default=None,
+        help=f"which groups of rows, comma-separated, of {','.join(ROW_GROUPS)} (default: "
+        "all but dask)",
+    )  # fmt: skip
     parser.add_argument("--rss-probe", choices=["baseline", "package"], help=argparse.SUPPRESS)
     parser.add_argument("spirv", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -501,21 +526,30 @@ def main() -> int:
     batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
     batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
     batch = [kernels["add256"], kernels["matmul64"]] if args.smallest else batch
-    offline_cases(bench, ocloc, kernels, batch, args.dask)
-    level_zero_cases(bench, kernels, batch)
-    sweep(ocloc, bench)
-    spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
-    spv_path.write_bytes(kernels["matmul128"])
-    bench.results["peak_rss_mb"] = {
-        "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),
-        "package_workers": round(peak_rss_mb("package", ocloc, spv_path), 1),
-    }
+    asked = set(args.rows or [g for g in ROW_GROUPS if g != "dask"]) | (
+        {"dask"} if args.dask else set()
+    )
+    rows = [g for g in ROW_GROUPS if g in asked]
+    if "offline" in rows:
+        offline_cases(bench, ocloc, kernels, batch)
+    if "dask" in rows:
+        dask_batch(ocloc, batch, bench)
+    if "level-zero" in rows:
+        level_zero_cases(bench, kernels, batch)
+    if "sweep" in rows:
+        sweep(ocloc, bench)
+    if "memory" in rows:
+        spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
+        spv_path.write_bytes(kernels["matmul128"])
+        bench.results["peak_rss_mb"] = {
+            "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),
+            "package_workers": round(peak_rss_mb("package", ocloc, spv_path), 1),
+        }
     _core.shutdown_workers()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print_report(bench, ocloc, machine)
-    bench.results.update(
-        compiler=ocloc, machine=machine, repeat=bench.repeat, smallest=bench.smallest
-    )
+    bench.results.update(compiler=ocloc, machine=machine, repeat=bench.repeat,
+                         smallest=bench.smallest, row_groups=rows)  # fmt: skip
     record.write(args.output, "compare", {**bench.results, "rows": bench.times}, ocloc)
     if args.json:
         print(json.dumps(bench.results))

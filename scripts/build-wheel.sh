@@ -16,7 +16,7 @@ PREREQS_NO_TOOLCHAIN=1 source scripts/prereqs.sh
 "$BUILD_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 # zig is maturin's cross linker for an older glibc; auditwheel checks the result; uv makes
 # scripts/test.sh's virtualenv.
-"$BUILD_VENV/bin/python" -m pip install -q "maturin>=1.7,<2" ziglang auditwheel uv >/dev/null
+"$BUILD_VENV/bin/python" -m pip install -q "maturin>=1.7,<2" ziglang auditwheel "uv>=0.13,<0.14" >/dev/null
 
 # maturin finds zig through the Python on PATH (the ziglang package).
 export PATH="$BUILD_VENV/bin:$PATH"

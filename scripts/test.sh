@@ -45,9 +45,11 @@ phase "prerequisites"
 source scripts/prereqs.sh
 
 # Both paths run pytest two tests at a time (pytest-xdist; each test keeps its own cache,
-# temp dir and servers, tests/conftest.py), handed out one at a time, the slow ones first
-# (tests/conftest.py orders them): longest first, so the run ends on short tests.
-PYTEST_PARALLEL=(-n 2 --dist load --maxschedchunk 1)
+# temp dir and servers, tests/conftest.py), handed out a few at a time in the order
+# tests/conftest.py gives (tests marked slow first, so neither worker ends on a long test
+# while the other idles). A module whose fixtures cost seconds (a Dask cluster, mounted
+# file systems) runs whole on one worker, so they are made once (tests/conftest.py).
+PYTEST_PARALLEL=(-n 2 --dist load)
 
 if [ "$QUICK" = 1 ]; then
   phase "rust checks (fmt, clippy)"
@@ -74,8 +76,15 @@ cargo fmt --check
 # setting of flags, so cargo test reuses clippy's build scripts and proc macros; no debug
 # info and no incremental state for a build made once (a contributor's own builds keep
 # theirs).
+# Cargo takes CARGO_ENCODED_RUSTFLAGS over RUSTFLAGS, so the flag joins whichever is set;
+# either one replaces a cargo config's build.rustflags (cargo's rule; docs/contributing.md).
 (
-  export RUSTFLAGS="${RUSTFLAGS:-} -D warnings" CARGO_INCREMENTAL=0
+  if [ -n "${CARGO_ENCODED_RUSTFLAGS+set}" ]; then
+    export CARGO_ENCODED_RUSTFLAGS="${CARGO_ENCODED_RUSTFLAGS:+$CARGO_ENCODED_RUSTFLAGS$'\x1f'}-D"$'\x1f'"warnings"
+  else
+    export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
+  fi
+  export CARGO_INCREMENTAL=0
   export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
   cargo clippy --quiet --all-targets --features python -- -D warnings
   cargo test --quiet
@@ -86,12 +95,28 @@ wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
 
 phase "virtualenv with the wheel"
 # uv (installed beside maturin by build-wheel.sh) makes the fresh virtualenv and installs
-# the wheel with its test and docs extras: the same packages pip would, in seconds.
+# the wheel with its test and docs extras: the same packages pip would, in seconds. uv
+# reads no pip.conf: pip's index variables are passed on to it, and where uv still fails
+# (an index only pip.conf names, a proxy's certificate), pip does the same job, slower.
 UV="$ROOT/.build-venv/bin/uv"
 VENV="$ROOT/.test-venv"
+uv_from_pip() { # uv_from_pip UV_NAME PIP_NAME: pip's setting for uv, unless uv has its own
+  [ -z "${!1:-}" ] && [ -n "${!2:-}" ] && export "$1=${!2}"
+  return 0
+}
+uv_from_pip UV_INDEX_URL PIP_INDEX_URL
+uv_from_pip UV_EXTRA_INDEX_URL PIP_EXTRA_INDEX_URL
+uv_from_pip SSL_CERT_FILE PIP_CERT
+[ -n "${UV_FIND_LINKS:-}" ] || [ -z "${PIP_FIND_LINKS:-}" ] ||
+  export UV_FIND_LINKS="${PIP_FIND_LINKS// /,}" # pip separates by spaces, uv by commas
 rm -rf "$VENV"
-"$UV" venv --quiet --python "$(command -v python3)" "$VENV"
-"$UV" pip install --quiet --python "$VENV/bin/python" "${wheel}[test,docs]"
+if ! { "$UV" venv --quiet --python "$(command -v python3)" "$VENV" &&
+  "$UV" pip install --quiet --python "$VENV/bin/python" "${wheel}[test,docs]"; }; then
+  echo "test: uv could not make the virtualenv (above); pip makes it instead" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q "${wheel}[test,docs]"
+fi
 NO_RUST_PATH="$VENV/bin:$(tr ':' '\n' <<<"$PATH" | grep -v -e '\.cargo' -e 'rustup' | paste -sd: -)"
 if PATH="$NO_RUST_PATH" command -v cargo >/dev/null 2>&1; then
   echo "test: cargo is still on PATH for the installed-wheel tests" >&2

@@ -4,14 +4,16 @@
 use crate::error::{BuildError, ErrorKind};
 use regex::Regex;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 /// How a compiler process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Code(i32),
     Signal(i32),
+    /// Killed at its deadline, `limit` after it started.
     TimedOut {
-        seconds: u64,
+        limit: Duration,
     },
     Cancelled,
     /// Killed by a crash watch: it sat in its crash handler after a fault
@@ -96,9 +98,12 @@ fn headline(log: &str) -> Option<&str> {
 /// A compiler that did not exit by itself: killed at its deadline, cancelled, crashed.
 fn ended_early(exit: Exit) -> BuildError {
     match exit {
-        Exit::TimedOut { seconds } => BuildError::new(
+        Exit::TimedOut { limit } => BuildError::new(
             ErrorKind::Timeout,
-            format!("the compiler did not finish within {seconds} s and was killed"),
+            format!(
+                "the compiler did not finish within {} s and was killed",
+                limit.as_secs_f64()
+            ),
         ),
         Exit::Cancelled => {
             BuildError::new(ErrorKind::Cancelled, "cancelled; the compiler was killed")
@@ -253,9 +258,23 @@ mod tests {
             ErrorKind::CompilerCrash
         );
         assert_eq!(
-            classify_failure(Exit::TimedOut { seconds: 3 }, "").kind,
+            classify_failure(
+                Exit::TimedOut {
+                    limit: Duration::from_secs(3)
+                },
+                ""
+            )
+            .kind,
             ErrorKind::Timeout
         );
+        // A limit under a second is said as given, not rounded to 0.
+        let short = classify_failure(
+            Exit::TimedOut {
+                limit: Duration::from_millis(10),
+            },
+            "",
+        );
+        assert!(short.message.contains("within 0.01 s"), "{}", short.message);
         assert_eq!(
             classify_failure(
                 Exit::Code(223),

@@ -133,8 +133,44 @@ def marker(monkeypatch):
     _core.shutdown_workers()
 
 
+#: Modules that one pytest worker runs whole (scripts/test.sh runs two): their module
+#: fixtures cost seconds, and split across workers they would be made on both.
+ONE_WORKER_MODULES = frozenset(
+    f"tests/test_{name}.py"
+    for name in (
+        "dask",  # a local Dask cluster, a Triton kernel
+        "upstream_rules",  # band kernels found by compiling
+        "multi_host",  # file systems made and mounted
+        "file_systems",  # an XFS image and its mounts
+        "bundle_trust",  # a Triton bundle
+        "conformance",  # compiled kernels
+    )
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load`` (scripts/test.sh), with :data:`ONE_WORKER_MODULES` each sent whole
+    to one worker, and tests handed out in the order pytest_collection_modifyitems gives.
+    xdist's own ``xdist_group`` cannot do this on pytest 9.2: it renames items through
+    ``item._nodeid``, which pytest no longer reads."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesKeptWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    config.option.loadscopereorder = False  # our order, not the largest group first
+    return ModulesKeptWhole(config, log)
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Slow tests first (scripts/test.sh hands out one test at a time): the two workers
-    start on the long ones and end on short ones, so neither waits at the end for the
-    other's long test. A stable sort: the order within each kind is pytest's."""
+    """Tests marked slow first (scripts/test.sh hands tests out a few at a time, in this
+    order): the two workers start on the long ones and end on short ones, so neither
+    waits at the end for the other's long test. A module of ONE_WORKER_MODULES goes out
+    whole, where its first test stands. A stable sort: the order within each kind is
+    pytest's."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

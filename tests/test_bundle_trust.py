@@ -28,15 +28,28 @@ def pvc() -> targets.TargetProfile:
     return targets.local()
 
 
-@pytest.fixture
-def model(pvc, system_ocloc, tmp_path):
-    """A Triton kernel's bundle for this device's driver and for any driver, two configs."""
-    out = tmp_path / "model"
-    with triton_on_cpu(str(tmp_path / "farm-cache")):
-        manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG, [pvc, pvc.any_driver()],
-                                            out, CONFIGS, ocloc=system_ocloc)  # fmt: skip
+@pytest.fixture(scope="module")
+def built_model(system_ocloc, tmp_path_factory):
+    """A Triton kernel's bundle for this device's driver and for any driver, two configs:
+    built once for the module, with its own caches (the tests' are per test)."""
+    root = tmp_path_factory.mktemp("bundle-trust")
+    pvc = targets.local()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XPU_ZEBIN_CACHE_DIR", str(root / "cache"))
+        (root / "tmp").mkdir()
+        env.setenv("TMPDIR", str(root / "tmp"))
+        with triton_on_cpu(str(root / "farm-cache")):
+            manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG,
+                                            [pvc, pvc.any_driver()], root / "model", CONFIGS,
+                                            ocloc=system_ocloc)  # fmt: skip
     assert manifest["run_failures"] == []
-    return out
+    return root / "model"
+
+
+@pytest.fixture
+def model(built_model, tmp_path):
+    """This test's own copy of the bundle: tests forge its files."""
+    return shutil.copytree(built_model, tmp_path / "model")
 
 
 def _rewrite(out, data, entry, name, new: bytes) -> None:

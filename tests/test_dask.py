@@ -110,6 +110,7 @@ def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern
         assert r.recovered and r.build_flags == GRF256
 
 
+@pytest.mark.slow
 def test_a_shared_cache_directory_across_workers(client, add_spirv, matmul_spirv, tmp_path):
     shared = str(tmp_path / "shared-cache")
     requests = [
@@ -124,6 +125,7 @@ def test_a_shared_cache_directory_across_workers(client, add_spirv, matmul_spirv
         assert a.binary == b.binary
 
 
+@pytest.mark.slow
 def test_the_executor_interface_gives_the_same_results(
     client, add_spirv, matmul_spirv, modern_ocloc
 ):
@@ -159,6 +161,7 @@ def _batch_json(args: list, env: dict) -> list:
     return reports
 
 
+@pytest.mark.slow
 def test_cli_on_a_local_cluster_gives_the_same_json(tmp_path, add_spirv, spill_spirv, system_ocloc):
     files = []
     for name, data in (("add", add_spirv), ("bad", b"garbage!"), ("spill", spill_spirv)):

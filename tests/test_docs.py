@@ -66,6 +66,7 @@ def _copy_of_the_sources(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_a_variable_the_code_reads_without_a_description_fails_the_build(tmp_path):
     copy = _copy_of_the_sources(tmp_path)
     (copy / "python" / "xpu_zebin" / "shiny.py").write_text(

@@ -335,6 +335,7 @@ def test_precompile_refuses_a_compiler_the_targets_driver_refuses(
     assert targets.check_compiler([probed], system_ocloc) == []
 
 
+@pytest.mark.slow
 def test_cli_target_records_and_precompile_refuses(refused_ocloc, system_ocloc, tmp_path):
     import json
 

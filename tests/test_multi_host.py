@@ -154,11 +154,13 @@ def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch)
                     h.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_three_hosts_share_a_lockless_mount(system_ocloc, spirv_dir, tmp_path, monkeypatch):
     with lockless_mount(tmp_path / "under", tmp_path / "mnt") as mnt:
         shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)
 
 
+@pytest.mark.slow
 def test_three_hosts_share_an_xfs_directory(system_ocloc, spirv_dir, tmp_path, monkeypatch):
     with mounted("xfs", tmp_path) as mnt:
         shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)

@@ -203,6 +203,7 @@ def _node(tmp_path: Path, spirvs: list, ocloc: str, store: str = "") -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "stderr": out.stderr}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("behaviour", sorted(HOSTILE))
 def test_a_hostile_store_costs_seconds_once_and_bounded_memory(behaviour, add_spirv, spill_spirv,
                                                                system_ocloc, tmp_path):  # fmt: skip

@@ -66,7 +66,7 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
             if timeout.is_some_and(|t| t.is_zero()) {
                 return Ok(RawRun {
                     exit: Exit::TimedOut {
-                        seconds: spec.timeout.unwrap_or_default().as_secs(),
+                        limit: spec.timeout.unwrap_or_default(),
                     },
                     log: String::new(),
                     output: None,
@@ -82,8 +82,8 @@ pub fn run(ocloc: &Path, spec: &JobSpec) -> Result<RawRun> {
             };
             let _busy = pool::BusyGuard::new();
             run_process(ocloc, &rest).map(|mut run| {
-                if let Exit::TimedOut { seconds } = &mut run.exit {
-                    *seconds = spec.timeout.unwrap_or_default().as_secs(); // the whole limit
+                if let Exit::TimedOut { limit } = &mut run.exit {
+                    *limit = spec.timeout.unwrap_or_default(); // the whole limit
                 }
                 run
             })
@@ -141,7 +141,7 @@ fn from_reply(reply: pool::Reply, timeout: Option<Duration>, seconds: f64) -> Op
         pool::Reply::Died { .. } | pool::Reply::Garbled { .. } => None,
         pool::Reply::TimedOut { chatter, .. } => Some(RawRun {
             exit: Exit::TimedOut {
-                seconds: timeout.unwrap_or_default().as_secs(),
+                limit: timeout.unwrap_or_default(),
             },
             log: chatter,
             output: None,

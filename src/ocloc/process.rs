@@ -74,7 +74,7 @@ pub(super) fn wait_for(
             child.wait()?;
             return Ok(if timed_out {
                 Exit::TimedOut {
-                    seconds: timeout.unwrap_or_default().as_secs(),
+                    limit: timeout.unwrap_or_default(),
                 }
             } else if stuck {
                 Exit::StuckInCrashHandler
@@ -230,11 +230,6 @@ mod tests {
         let child = spawn_in_own_group(Command::new("sleep").arg("600")).unwrap();
         let limit = crash_watch::STUCK * 2;
         let exit = wait_for(child, Instant::now(), Some(limit), &[]).unwrap();
-        assert_eq!(
-            exit,
-            Exit::TimedOut {
-                seconds: limit.as_secs()
-            }
-        );
+        assert_eq!(exit, Exit::TimedOut { limit });
     }
 }

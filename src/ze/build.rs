@@ -320,7 +320,7 @@ pub fn isolated(
         pool::Reply::TimedOut { seconds, chatter } => Err(BuildError::new(
             ErrorKind::Timeout,
             format!(
-                "the Level Zero {} did not finish within {seconds:.0} s; its worker was killed",
+                "the Level Zero {} did not finish within {seconds} s; its worker was killed",
                 if is_spv { "build" } else { "native load" }
             ),
         )

@@ -30,7 +30,15 @@ from .build import (
     cmd_kinds,
     result_json,
 )
-from .common import EXIT_BUILD_ERROR, EXIT_OK, EXIT_USAGE, MAX_TIMEOUT, UsageError, jobs
+from .common import (
+    EXIT_BUILD_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    MAX_TIMEOUT,
+    UsageError,
+    jobs,
+    timeout,
+)
 
 __all__ = ["EXIT_BUILD_ERROR", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "result_json"]
 
@@ -74,23 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
 
-    d = sub.add_parser("demo", help="build a sample that needs the large-GRF fallback")
-    d.add_argument("--device", default="pvc")
-    d.add_argument(
-        "--vectors",
-        type=int,
-        default=samples.PTSS_OVERFLOW_VECTORS,
-        help="live double16 values in the sample kernel (register pressure; fp64: for a "
-        "device without it, use --values)",
-    )
-    d.add_argument(
-        "--values",
-        type=int,
-        default=None,
-        help="build the float sample with this many live values instead",
-    )
-    d.add_argument("--ocloc", default=None)
-    d.set_defaults(func=cmd_demo)
+    _add_demo(sub)
 
     v = sub.add_parser("devices", help="list Level Zero devices")
     v.add_argument("--json", action="store_true")
@@ -111,6 +103,35 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_commands(sub)
     fleet.add_commands(sub)
     return p
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``demo``: one sample, sized by a bounded number, each compiler run bounded in time."""
+    d = sub.add_parser("demo", help="build a sample that needs the large-GRF fallback")
+    d.add_argument("--device", default="pvc")
+    sample = d.add_mutually_exclusive_group()
+    sample.add_argument(
+        "--vectors",
+        type=int,
+        default=None,
+        help=f"live double16 values in the sample kernel (default "
+        f"{samples.PTSS_OVERFLOW_VECTORS}: register pressure; fp64: for a device without "
+        "it, use --values)",
+    )
+    sample.add_argument(
+        "--values",
+        type=int,
+        default=None,
+        help="build the float sample with this many live values instead",
+    )
+    d.add_argument("--ocloc", default=None)
+    d.add_argument(
+        "--timeout",
+        type=timeout,
+        default=None,
+        help="seconds per compiler run (default $XPU_ZEBIN_TIMEOUT, else 900; 0: no limit)",
+    )
+    d.set_defaults(func=cmd_demo)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
