@@ -91,16 +91,20 @@ SOFTMAX_SIG = {"out_ptr": "*fp32", "in_ptr": "*fp32", "stride": "i32", "n_cols":
 
 @triton.jit
 def live_kernel(x_ptr, y_ptr, z_ptr, out_ptr, BLOCK: tl.constexpr):
-    """Register-heavy by design: three fp64 tiles stay live across a reduction. At one warp
-    of 32 (BLOCK 16384) a hardware thread holds 384 KiB, past the 256 KiB per-thread scratch
-    limit in every GRF mode; with more warps each thread holds less and it builds, spilling.
+    """Register-heavy by design: two fp64 tiles and a quarter of one stay live across a
+    reduction. At one warp of 32 (BLOCK 16384) a hardware thread holds 288 KiB: IGC 2.x
+    needs 289,664 bytes of scratch at 128 GRF and 281,344 at 256, past the 262,144-byte
+    limit in every GRF mode; with more warps each thread holds less and it builds,
+    spilling. (Three whole tiles, 384 KiB, overflowed too, at 2.5 times IGC's time.)
     """
     offs = tl.arange(0, BLOCK)
+    part = tl.arange(0, BLOCK // 4)
     x = tl.load(x_ptr + offs)
     y = tl.load(y_ptr + offs)
-    z = tl.load(z_ptr + offs)
-    s = tl.sum(x * y + z, axis=0)
-    tl.store(out_ptr + offs, x * s + y * s + z)
+    z = tl.load(z_ptr + part)
+    s = tl.sum(x * y, axis=0) + tl.sum(z, axis=0)
+    tl.store(out_ptr + offs, x * s + y)
+    tl.store(z_ptr + part, z * s)
 
 
 LIVE_SIG = {name: "*fp64" for name in ("x_ptr", "y_ptr", "z_ptr", "out_ptr")}
