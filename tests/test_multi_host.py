@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,9 +35,35 @@ KERNEL = """__kernel void mh_{n:03d}(__global float* a, __global const float* b)
 
 
 @pytest.fixture(scope="module")
-def spirv_dir(system_ocloc, tmp_path_factory) -> Path:
+def base(tmp_path_factory):
+    """Where this module's files live: each simulated host mounts a tmpfs of its own on
+    /dev/shm, which hides pytest's temporary directory when it is there (scripts/test.sh
+    puts TMPDIR on /dev/shm): then a directory on disk."""
+    temp = tmp_path_factory.getbasetemp().resolve()
+    if Path("/dev/shm") not in temp.parents:
+        yield tmp_path_factory.mktemp("multi-host")
+        return
+    on_disk = Path(tempfile.mkdtemp(prefix="xpu-zebin-multi-host-", dir="/var/tmp"))
+    try:
+        yield on_disk
+    finally:
+        shutil.rmtree(on_disk, ignore_errors=True)
+
+
+@pytest.fixture
+def work(base, request, monkeypatch) -> Path:
+    """This test's directory under ``base``, its hosts' TMPDIR in it too."""
+    here = base / request.node.name
+    (here / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(here / "tmp"))
+    return here
+
+
+@pytest.fixture(scope="module")
+def spirv_dir(system_ocloc, base) -> Path:
     """Twenty-seven small kernels' SPIR-V, ``<n>.spv``, each its own cache key."""
-    out = tmp_path_factory.mktemp("multi-host-spirv")
+    out = base / "spirv"
+    out.mkdir()
     for n in range(KERNELS + HOSTS):  # one more for each host, compiled after the rest
         spirv = xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc", ocloc=system_ocloc)
         (out / f"{n}.spv").write_bytes(spirv)
@@ -155,12 +183,12 @@ def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch)
 
 
 @pytest.mark.slow
-def test_three_hosts_share_a_lockless_mount(system_ocloc, spirv_dir, tmp_path, monkeypatch):
-    with lockless_mount(tmp_path / "under", tmp_path / "mnt") as mnt:
+def test_three_hosts_share_a_lockless_mount(system_ocloc, spirv_dir, work, monkeypatch):
+    with lockless_mount(work / "under", work / "mnt") as mnt:
         shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)
 
 
 @pytest.mark.slow
-def test_three_hosts_share_an_xfs_directory(system_ocloc, spirv_dir, tmp_path, monkeypatch):
-    with mounted("xfs", tmp_path) as mnt:
+def test_three_hosts_share_an_xfs_directory(system_ocloc, spirv_dir, work, monkeypatch):
+    with mounted("xfs", work) as mnt:
         shared_by_three_hosts(mnt / "cache", spirv_dir, system_ocloc, monkeypatch)
