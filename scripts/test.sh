@@ -31,7 +31,9 @@ phase() { # phase NAME: ends the phase before, starts NAME
 }
 report() {
   local status=$?
-  [ -z "${SCRATCH:-}" ] || rm -rf "$SCRATCH"
+  if [ -n "${SCRATCH:-}" ]; then # never ends the report: a mount left there fails rm
+    rm -rf --one-file-system -- "$SCRATCH" 2>/dev/null || echo "test: $SCRATCH left behind" >&2
+  fi
   [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME $((SECONDS - PHASE_START))")
   echo "== where the time went (exit status $status)" >&2
   local line
@@ -62,8 +64,8 @@ in_scratch() { # in_scratch CMD...: CMD with TMPDIR in the scratch directory, if
 # Both paths run pytest two tests at a time (pytest-xdist; each test keeps its own cache,
 # temp dir and servers, tests/conftest.py), handed out a few at a time in the order
 # tests/conftest.py gives (tests marked slow first, so neither worker ends on a long test
-# while the other idles). A module whose fixtures cost seconds (a Dask cluster, mounted
-# file systems) runs whole on one worker, so they are made once (tests/conftest.py).
+# while the other idles). A module whose fixtures cost seconds (a Dask cluster, kernels
+# found by compiling) runs whole on one worker, so they are made once (tests/conftest.py).
 PYTEST_PARALLEL=(-n 2 --dist load)
 
 if [ "$QUICK" = 1 ]; then
@@ -115,18 +117,26 @@ phase "virtualenv with the wheel"
 # (an index only pip.conf names, a proxy's certificate), pip does the same job, slower.
 UV="$ROOT/.build-venv/bin/uv"
 VENV="$ROOT/.test-venv"
-uv_from_pip() { # uv_from_pip UV_NAME PIP_NAME: pip's setting for uv, unless uv has its own
-  [ -z "${!1:-}" ] && [ -n "${!2:-}" ] && export "$1=${!2}"
-  return 0
+# The settings go to the two uv commands only, never to the tests.
+UV_ENV=()
+uv_from_pip() { # uv_from_pip PIP_NAME UV_NAME...: pip's setting for uv, unless uv has its own
+  local pip="$1" name
+  shift
+  for name in "$@"; do [ -z "${!name:-}" ] || return 0; done
+  [ -z "${!pip:-}" ] || UV_ENV+=("$1=${!pip}")
 }
-uv_from_pip UV_INDEX_URL PIP_INDEX_URL
-uv_from_pip UV_EXTRA_INDEX_URL PIP_EXTRA_INDEX_URL
-uv_from_pip SSL_CERT_FILE PIP_CERT
-[ -n "${UV_FIND_LINKS:-}" ] || [ -z "${PIP_FIND_LINKS:-}" ] ||
-  export UV_FIND_LINKS="${PIP_FIND_LINKS// /,}" # pip separates by spaces, uv by commas
+uv_from_pip PIP_INDEX_URL UV_DEFAULT_INDEX UV_INDEX_URL
+uv_from_pip PIP_EXTRA_INDEX_URL UV_INDEX UV_EXTRA_INDEX_URL
+uv_from_pip PIP_NO_INDEX UV_NO_INDEX
+uv_from_pip PIP_CERT SSL_CERT_FILE
+if [ -z "${UV_FIND_LINKS:-}" ] && [ -n "${PIP_FIND_LINKS:-}" ]; then
+  UV_ENV+=("UV_FIND_LINKS=${PIP_FIND_LINKS// /,}") # pip separates by spaces, uv by commas
+fi
+# pip takes the best version across its indexes; uv the first index's unless told.
+[ -z "${PIP_EXTRA_INDEX_URL:-}" ] || UV_ENV+=("UV_INDEX_STRATEGY=${UV_INDEX_STRATEGY:-unsafe-best-match}")
 rm -rf "$VENV"
-if ! { "$UV" venv --quiet --python "$(command -v python3)" "$VENV" &&
-  "$UV" pip install --quiet --python "$VENV/bin/python" "${wheel}[test,docs]"; }; then
+if ! { env "${UV_ENV[@]}" "$UV" venv --quiet --python "$(command -v python3)" "$VENV" &&
+  env "${UV_ENV[@]}" "$UV" pip install --quiet --python "$VENV/bin/python" "${wheel}[test,docs]"; }; then
   echo "test: uv could not make the virtualenv (above); pip makes it instead" >&2
   rm -rf "$VENV"
   python3 -m venv "$VENV"

@@ -140,15 +140,15 @@ ONE_WORKER_MODULES = frozenset(
     for name in (
         "dask",  # a local Dask cluster, a Triton kernel
         "upstream_rules",  # band kernels found by compiling
-        "multi_host",  # file systems made and mounted
-        "file_systems",  # an XFS image and its mounts
+        "multi_host",  # kernels compiled for the hosts
+        "file_systems",  # kernels compiled for the mounts
         "bundle_trust",  # a Triton bundle
         "conformance",  # compiled kernels
     )
 )
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a hook of xdist: none without it
 def pytest_xdist_make_scheduler(config, log):
     """``--dist load`` (scripts/test.sh), with :data:`ONE_WORKER_MODULES` each sent whole
     to one worker, and tests handed out in the order pytest_collection_modifyitems gives.

@@ -33,15 +33,16 @@ def built_model(system_ocloc, tmp_path_factory):
     """A Triton kernel's bundle for this device's driver and for any driver, two configs:
     built once for the module, with its own caches (the tests' are per test)."""
     root = tmp_path_factory.mktemp("bundle-trust")
-    pvc = targets.local()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("XPU_ZEBIN_CACHE_DIR", str(root / "cache"))
         (root / "tmp").mkdir()
         env.setenv("TMPDIR", str(root / "tmp"))
+        pvc = targets.local()
         with triton_on_cpu(str(root / "farm-cache")):
             manifest = xt.precompile_kernel(softmax_kernel, SOFTMAX_SIG,
                                             [pvc, pvc.any_driver()], root / "model", CONFIGS,
                                             ocloc=system_ocloc)  # fmt: skip
+        xpu_zebin._core.shutdown_workers()  # started with this TMPDIR: not the tests'
     assert manifest["run_failures"] == []
     return root / "model"
 

@@ -65,6 +65,8 @@ def _live_across_loop(
 ) -> str:
     """The samples' one shape: ``values`` variables of type ``kind`` live across a loop
     (each feeds two others), ``extra`` more live around it, all summed after."""
+    if extra and kind != "float":
+        raise ValueError("extra values are floats: only the float samples take them")
     lines = [pragma] if pragma else []
     lines += [
         "__attribute__((intel_reqd_sub_group_size(32)))",

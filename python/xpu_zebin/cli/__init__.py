@@ -129,7 +129,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--timeout",
         type=timeout,
         default=None,
-        help="seconds per compiler run (default $XPU_ZEBIN_TIMEOUT, else 900; 0: no limit)",
+        help="seconds per native build attempt (default $XPU_ZEBIN_TIMEOUT, else 900; 0: no limit)",
     )
     d.set_defaults(func=cmd_demo)
 

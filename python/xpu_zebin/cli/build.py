@@ -26,7 +26,7 @@ from .common import (
 )
 
 #: The demo's largest samples: about four times the live state of the one that overflows
-#: PTSS (a build of minutes, not hours; each compiler run is bounded by ``--timeout`` too).
+#: PTSS (a build of minutes, not hours; each native build is bounded by ``--timeout`` too).
 DEMO_MAX_VECTORS = 256
 DEMO_MAX_VALUES = 8192
 
