@@ -19,8 +19,8 @@ Triton's cache contents equal to Triton's own sequential run's), ``configs``,
 config at a time, each with both GRF modes at once on an idle core; triton-xpu 3.3's
 loader switch makes Triton's own later compiles native there, so its cache differs),
 ``dask_speedup`` (none / configs built on a 2-worker local Dask cluster), ``precompiled``
-(native builds the environment's run compiled before benchmarking), and each run's
-seconds.
+(native builds compiled ahead that the environment's run benchmarked; it builds as many
+at once as cores, two on one core), and each run's seconds.
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Dict, List
 
+import pairs
 import record
 
 HERE = Path(__file__).resolve().parent
@@ -59,16 +62,18 @@ if _xpu_zebin_hook.parse_setting(os.environ.get("XPU_ZEBIN_TRITON")):
     import xpu_zebin.triton
     import xpu_zebin.triton.autotune as ahead
     xpu_zebin.triton.install(cpu.utils, backend=False)
-    # Count the native builds compiled before the benchmark, so a run where none were
-    # (the concurrent path not taken) cannot pass for one that compared it.
-    compile_ahead = ahead.precompile
+    # Count the native builds compiled ahead that the benchmark took (a failed build is
+    # not counted), so a run where none were (the concurrent path not taken) cannot pass
+    # for one that compared it.
+    taken = ahead.take
 
-    def counted(*args):
-        keys = compile_ahead(*args)
-        precompiled.extend(keys)
-        return keys
+    def counted(key):
+        built = taken(key)
+        if built is not None and built.error is None:
+            precompiled.append(key)
+        return built
 
-    ahead.precompile = counted
+    ahead.take = counted
 size = sys.argv[3]
 blocks_m, blocks_n, warps, stages = {
     "smallest": ((16,), (16, 32), (4,), (3,)),
@@ -162,6 +167,12 @@ def run(name: str, env: dict, size: str, work: Path) -> dict:
     return result
 
 
+def same_runs(runs: List[dict], against: List[dict], cache_too: bool = True) -> bool:
+    """Every run chose as every run of ``against`` did (and left the same Triton cache)."""
+    keys = ("best", "triton_cache") if cache_too else ("best",)
+    return all(r[k] == a[k] for r in runs for a in against for k in keys)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ocloc", default=None, help="the drop-in's ocloc (else PATH)")
@@ -169,61 +180,95 @@ def main() -> None:
     sizes.add_argument("--quick", action="store_true", help="8 configs")
     sizes.add_argument(
         "--smallest", action="store_true",
-        help="2 configs (the tests' run): checks the script, not the figures",
+        help="2 configs, one round (the tests' run): checks the script, not the figures",
     )  # fmt: skip
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask row")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, at least")
+    parser.add_argument(
+        "--budget", type=pairs.seconds, default=600.0,
+        help="seconds the rounds may go on for until every ratio is settled (default 600)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one line of JSON last")
     record.add_output_argument(parser)
     args = parser.parse_args()
     size = "smallest" if args.smallest else "quick" if args.quick else "full"
-    on = {"XPU_ZEBIN_TRITON": "1"}
+    # As many builds at once as cores, and two on one core: the run compares the
+    # concurrent path.
+    width = max(2, len(os.sched_getaffinity(0)))
+    on = {"XPU_ZEBIN_TRITON": "1", "XPU_ZEBIN_AUTOTUNE_JOBS": str(width)}
     if args.ocloc:
         on["XPU_ZEBIN_OCLOC"] = args.ocloc
     work = Path(tempfile.mkdtemp(prefix="xpu-zebin-autotune-"))
     cluster = None
+    runs: Dict[str, List[dict]] = {}
+
+    def side(name: str, env: dict) -> Callable[[], pairs.Took]:
+        def one() -> pairs.Took:
+            kept = runs.setdefault(name, [])
+            kept.append(run(f"{name} {len(kept)}", env, size, work))
+            return pairs.Took(kept[-1]["seconds"])  # the child's own clock: Triton's call
+
+        return one
+
     try:
-        none = run("none", {}, size, work)
-        env = run("environment", on, size, work)
-        sequential = run("environment, jobs=1", {**on, "XPU_ZEBIN_AUTOTUNE_JOBS": "1"},
-                         size, work)  # fmt: skip
-        report = {
-            "configs": none["configs"],
-            "none_seconds": none["seconds"],
-            "environment_seconds": env["seconds"],
-            "sequential_dropin_seconds": sequential["seconds"],
-            "autotune_speedup": none["seconds"] / env["seconds"],
-            "sequential_dropin_speedup": none["seconds"] / sequential["seconds"],
-            # Against Triton's own sequential run: the choice and Triton's cache contents.
-            "same_choice": none["best"] == env["best"]
-            and none["triton_cache"] == env["triton_cache"],
-            # Native builds the environment's run compiled before benchmarking (one per
-            # config whose kernel differs); Triton's own run compiles none ahead.
-            "precompiled": env["precompiled"],
-            "sequential_dropin_same_choice": sequential["best"] == none["best"],
-            "cores": os.cpu_count(),
-        }
+        one_by_one = {**on, "XPU_ZEBIN_AUTOTUNE_JOBS": "1"}
+        packages = {"environment": side("environment", on),
+                    "environment, jobs=1": side("environment, jobs=1", one_by_one)}  # fmt: skip
         if not args.no_dask:
             from distributed import LocalCluster
 
             cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                    dashboard_address=None)  # fmt: skip
-            dask = run("environment, 2 Dask workers",
-                       {**on, "XPU_ZEBIN_AUTOTUNE_SCHEDULER": cluster.scheduler_address},
-                       size, work)  # fmt: skip
-            report.update(dask_seconds=dask["seconds"],
-                          dask_speedup=none["seconds"] / dask["seconds"],
-                          dask_same_choice=dask["best"] == none["best"]
-                          and dask["triton_cache"] == none["triton_cache"])  # fmt: skip
+            packages["environment, 2 Dask workers"] = side(
+                "environment, 2 Dask workers",
+                {**on, "XPU_ZEBIN_AUTOTUNE_SCHEDULER": cluster.scheduler_address},
+            )  # fmt: skip
+        floor, budget = (1, 0.0) if args.smallest else (max(1, args.repeat), args.budget)
+        ratios = pairs.rounds(side("none", {}), packages, floor=floor, budget_s=budget)
     finally:
         if cluster is not None:
             cluster.close()
         if not os.environ.get("XPU_ZEBIN_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
+    report = summary(runs, ratios)
     for key, value in report.items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+        if key != "bounds":
+            print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    for key, ratio in ratios.items():
+        print(f"{key}: {ratio.said()}")
     record.write(args.output, "autotune", report, args.ocloc)
     if args.json:
         print(json.dumps(report))
+
+
+def summary(runs: Dict[str, List[dict]], ratios: Dict[str, pairs.Ratio]) -> dict:
+    """The report: each ratio (none / that run, the median of the rounds') with its
+    interval under ``bounds``, whether every run chose alike, and each side's seconds."""
+    none, env = runs["none"], runs["environment"]
+    sequential = runs["environment, jobs=1"]
+    keys = {"environment": "autotune_speedup", "environment, jobs=1": "sequential_dropin_speedup",
+            "environment, 2 Dask workers": "dask_speedup"}  # fmt: skip
+    report = {
+        "configs": none[0]["configs"],
+        "rounds": len(none),
+        "none_seconds": statistics.median(r["seconds"] for r in none),
+        "environment_seconds": statistics.median(r["seconds"] for r in env),
+        "sequential_dropin_seconds": statistics.median(r["seconds"] for r in sequential),
+        **{keys[name]: round(r.median, 3) for name, r in ratios.items()},
+        "bounds": {keys[name]: r.bounds() for name, r in ratios.items()},
+        # Against Triton's own sequential runs: the choice and Triton's cache contents.
+        "same_choice": same_runs(env, none),
+        # Native builds compiled ahead that the environment's runs benchmarked (one per
+        # config whose kernel differs, the fewest of any run); Triton's own compiles none.
+        "precompiled": min(r["precompiled"] for r in env),
+        "sequential_dropin_same_choice": same_runs(sequential, none, cache_too=False),
+        "cores": os.cpu_count(),
+    }
+    if "environment, 2 Dask workers" in runs:
+        dask = runs["environment, 2 Dask workers"]
+        report.update(dask_seconds=statistics.median(r["seconds"] for r in dask),
+                      dask_same_choice=same_runs(dask, none))  # fmt: skip
+    return report
 
 
 if __name__ == "__main__":

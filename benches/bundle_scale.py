@@ -18,13 +18,16 @@ Fresh processes, with the signer's key trusted (``XPU_ZEBIN_TRUSTED_KEYS``), mea
   its bytes read and checked), the median.
 
 Every cost per entry is what the bundle's size adds: above the same measure with a
-bundle of ten entries, divided by the entries past ten. Reported, each a ratio measured
-in this run (largest size over ``reference``, the smallest of 10^4 entries or more, else
-the smallest; at most 1.25 is flat): ``import_ratio``,
+bundle of ten entries in the same round, divided by the entries past ten. Each bundle is
+made once and imported ``--rounds`` times, the sizes in a rotated order each round.
+Reported, each a ratio measured in this run (largest size over ``reference``, the
+smallest of 10^4 entries or more, else the smallest; at most 1.25 is flat), one per round
+and their median, with its 95% interval under ``bounds`` (``pairs.py``): ``import_ratio``,
 ``import_memory_ratio``, ``index_ratio``, ``index_memory_ratio`` and ``lookup_ratio``,
-with the values at every size.
+with the values at every size (medians of the rounds).
 
-    python benches/bundle_scale.py --ocloc <ocloc> [--sizes 1000,10000,100000] [--json]
+    python benches/bundle_scale.py --ocloc <ocloc> [--sizes 1000,10000,100000] [--rounds 3]
+        [--json]
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
-import record  # noqa: E402  (benches/, beside this file)
+import pairs  # noqa: E402  (benches/, beside this file)
+import record  # noqa: E402
 
 KERNELS = 4
 KERNEL = """__kernel void bundled{n}(__global float* a, __global const float* b) {{
@@ -171,25 +175,32 @@ def _run(env: dict, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(work: Path, size: int, natives: List[bytes], target: Any, env: dict,
-            lookups: int) -> Tuple[Dict[str, float], Dict[str, Any]]:  # fmt: skip
-    """A signed bundle of ``size`` entries imported and looked up in fresh processes: the
-    totals (ms, KiB) and what is per lookup."""
+def prepare(work: Path, size: int, natives: List[bytes], target: Any) -> Path:
+    """A signed bundle of ``size`` entries (and its keys beside it), made once for every
+    round."""
     from xpu_zebin import _core
 
-    src, into = work / f"src-{size}", work / f"into-{size}"
+    src = work / f"src-{size}"
     keys = synthesize(src, size, natives, target, Files(work))
     os.environ["XPU_ZEBIN_SIGNING_KEY"] = str(work / "farm.key")
     _core.bundle_sign(str(src))
     del os.environ["XPU_ZEBIN_SIGNING_KEY"]
-    (work / "keys.json").write_text(json.dumps(keys))
-    triton_cache = work / f"triton-cache-{size}"
-    os.sync()  # the synthesized files' writeback is setup, not the import's
+    (work / f"keys-{size}.json").write_text(json.dumps(keys))
+    return src
+
+
+def measure(work: Path, size: int, r: int, target: Any, env: dict,
+            lookups: int) -> Tuple[Dict[str, float], Dict[str, Any]]:  # fmt: skip
+    """Round ``r``'s import of the bundle of ``size`` entries and its lookups, in fresh
+    processes: the totals (ms, KiB) and what is per lookup."""
+    src, into = work / f"src-{size}", work / f"into-{size}-{r}"
+    triton_cache = work / f"triton-cache-{size}-{r}"
+    os.sync()  # the earlier writes' writeback is not this import's
     imported = _run({**env, "TRITON_CACHE_DIR": str(triton_cache)}, "--child", "import",
                     str(src), str(into))  # fmt: skip
     os.sync()  # the import's writeback is its own, not the lookups'
-    looked = _run(env, "--child", "lookup", str(into / src.name), str(work / "keys.json"),
-                  target.id, str(lookups))  # fmt: skip
+    looked = _run(env, "--child", "lookup", str(into / src.name),
+                  str(work / f"keys-{size}.json"), target.id, str(lookups))  # fmt: skip
     if imported["triton_put"] not in (None, size):
         raise SystemExit(f"{size} entries: {imported['triton_put']} put into Triton's cache")
     got = {
@@ -197,10 +208,31 @@ def measure(work: Path, size: int, natives: List[bytes], target: Any, env: dict,
         "import_kib": imported["mib"] * 1024,
         "index_ms": looked["index_s"] * 1e3,
         "index_kib": looked["index_mib"] * 1024,
+        "lookup_ms": looked["lookup"] * 1e3,
     }
-    extra = {"lookup_ms": round(looked["lookup"] * 1e3, 4), "import_s": round(imported["s"], 2),
-             "triton": imported["triton_put"] is not None}  # fmt: skip
+    extra = {"import_s": round(imported["s"], 2), "triton": imported["triton_put"] is not None}
     return got, extra
+
+
+def per_entry(got: Dict[str, float], base: Dict[str, float], size: int) -> Dict[str, float]:
+    """What the bundle's size adds, per entry: above the same with a bundle of BASE (the
+    lookup, a median per lookup, as it is)."""
+    added = {k: (v - base[k]) / (size - BASE) for k, v in got.items() if k != "lookup_ms"}
+    return {**added, "lookup_ms": got["lookup_ms"]}
+
+
+COSTS = ("import_ms", "import_kib", "index_ms", "index_kib", "lookup_ms")
+
+
+def ratios(rounds: List[Dict[int, Dict[str, float]]], reference: int, largest: int) -> dict:
+    """Each cost per entry at the largest size over the same at ``reference``, a ratio per
+    round (the sizes of a round ran in turn, in a rotated order), as ``pairs.py`` gives
+    it; a round whose reference cost is not above 0 (within the noise) gives none."""
+    got: Dict[str, Optional[pairs.Ratio]] = {}
+    for k in COSTS:
+        kept = [(r[largest][k], r[reference][k]) for r in rounds if r[reference][k] > 0]
+        got[k] = pairs.summarize(*map(list, zip(*kept))) if kept else None
+    return got
 
 
 def main() -> int:
@@ -208,6 +240,7 @@ def main() -> int:
     p.add_argument("--ocloc", default=None)
     p.add_argument("--sizes", default="1000,10000,100000")
     p.add_argument("--lookups", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3, help="imports per size, alternated")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     record.add_output_argument(p)
@@ -220,7 +253,6 @@ def main() -> int:
         return 0
 
     import xpu_zebin
-    from xpu_zebin import _core
 
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
     natives = [
@@ -229,44 +261,46 @@ def main() -> int:
                           device="pvc", ocloc=ocloc, cache=False).binary
         for k in range(KERNELS)
     ]  # fmt: skip
-    from xpu_zebin import targets
+    from xpu_zebin import _core, targets
 
     target = targets.local()
-    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-bundle-scale-"))
-    public = _core.key_generate(str(work / "farm.key"), "farm")
-    env = {**os.environ, "XPU_ZEBIN_TRUSTED_KEYS": public}
-    rows: Dict[str, Any] = {}
-    base: Dict[str, float] = {}
     sizes = sorted({int(s) for s in args.sizes.split(",")} - {BASE})
     if not sizes or sizes[0] < BASE:
         raise SystemExit(f"--sizes: each more than {BASE} (what is measured is above {BASE})")
-    for size in [BASE, *sizes]:
-        got, extra = measure(work, size, natives, target, env, args.lookups)
-        if size == BASE:
-            base = got
-            continue
-        # What the bundle's size adds, per entry: above the same with a bundle of BASE.
-        rows[str(size)] = {k: round((v - base[k]) / (size - BASE), 5) for k, v in got.items()}
-        rows[str(size)].update(extra)
-        print(f"{size} entries: {rows[str(size)]}", file=sys.stderr)
-    sizes = sorted(int(s) for s in rows)
+    work = Path(tempfile.mkdtemp(prefix="xpu-zebin-bundle-scale-"))
+    public = _core.key_generate(str(work / "farm.key"), "farm")
+    env = {**os.environ, "XPU_ZEBIN_TRUSTED_KEYS": public}
+    every = [BASE, *sizes]
+    for size in every:
+        prepare(work, size, natives, target)
+    rounds: List[Dict[int, Dict[str, float]]] = []
+    extra: Dict[int, Dict[str, Any]] = {}
+    for r in range(max(1, args.rounds)):
+        order = every[r % len(every) :] + every[: r % len(every)]
+        got = {}
+        for size in order:
+            got[size], extra[size] = measure(work, size, r, target, env, args.lookups)
+        rounds.append({z: per_entry(got[z], got[BASE], z) for z in sizes})
+        print(f"round {r}: {rounds[-1]}", file=sys.stderr)
+    rows: Dict[str, Any] = {
+        str(z): {**{k: round(statistics.median(r[z][k] for r in rounds), 5) for k in COSTS},
+                 **extra[z]}
+        for z in sizes
+    }  # fmt: skip
     # Against the smallest size of 10^4 or more when there is one: at 10^3, a cost per entry
     # is within the noise of the fixed costs subtracted (1.2 to 6.4 ms an import, four runs).
     reference = min((z for z in sizes if z >= REFERENCE), default=sizes[0])
-    first, last = rows[str(reference)], rows[str(sizes[-1])]
-
-    def ratio(k: str) -> Optional[float]:
-        return round(last[k] / first[k], 2) if first[k] > 0 else None
-
+    got_ratios = ratios(rounds, reference, sizes[-1])
+    names = {"import_ms": "import_ratio", "import_kib": "import_memory_ratio",
+             "index_ms": "index_ratio", "index_kib": "index_memory_ratio",
+             "lookup_ms": "lookup_ratio"}  # fmt: skip
     r: Dict[str, Any] = {
         "sizes": sizes,
         "reference": reference,
+        "rounds": len(rounds),
         "per_entry": rows,
-        "import_ratio": ratio("import_ms"),
-        "import_memory_ratio": ratio("import_kib"),
-        "index_ratio": ratio("index_ms"),
-        "index_memory_ratio": ratio("index_kib"),
-        "lookup_ratio": ratio("lookup_ms"),
+        **{names[k]: round(v.median, 2) if v else None for k, v in got_ratios.items()},
+        "bounds": {names[k]: v.bounds() for k, v in got_ratios.items() if v},
     }
     record.write(args.output, "bundle_scale", r, ocloc)
     # Removed at the end: a large removal's discards would slow the next size's writes.

@@ -488,6 +488,13 @@ def row_groups(text: str) -> tuple:
     return tuple(g for g in ROW_GROUPS if g in asked)
 
 
+def selected_rows(rows: Any, dask: bool) -> List[str]:
+    """The groups a run makes, in :data:`ROW_GROUPS`' order: ``--rows``' (default: all but
+    dask), and dask with ``--dask``."""
+    asked = set(rows or [g for g in ROW_GROUPS if g != "dask"]) | ({"dask"} if dask else set())
+    return [g for g in ROW_GROUPS if g in asked]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -526,10 +533,7 @@ def main() -> int:
     batch = [kernels[k] for k in ("add256", "add512", "add1024", "add2048")]
     batch += [kernels["matmul64"], kernels["matmul128"], kernels["matmul64"], kernels["matmul128"]]
     batch = [kernels["add256"], kernels["matmul64"]] if args.smallest else batch
-    asked = set(args.rows or [g for g in ROW_GROUPS if g != "dask"]) | (
-        {"dask"} if args.dask else set()
-    )
-    rows = [g for g in ROW_GROUPS if g in asked]
+    rows = selected_rows(args.rows, args.dask)
     if "offline" in rows:
         offline_cases(bench, ocloc, kernels, batch)
     if "dask" in rows:

@@ -89,6 +89,50 @@ def _timed(fn: Callable[[], object]) -> float:
     return said.seconds if isinstance(said, Took) else time.perf_counter() - started
 
 
+def summarize(
+    baseline_s: List[float], package_s: List[float], tolerance: float = TOLERANCE
+) -> Ratio:
+    """The ratio of paired measures, one pair at a time (each baseline over its package),
+    as a :class:`Ratio`: the median, its interval, and whether it is settled. Also for
+    measures that are not seconds (a cost at one size over the same cost at another, taken
+    in the same round)."""
+    if not baseline_s or len(baseline_s) != len(package_s):
+        raise ValueError("pairs: one baseline measure for each package measure, at least one")
+    ratios = [x / max(y, 1e-9) for x, y in zip(baseline_s, package_s)]  # a tick at least
+    median = statistics.median(ratios)
+    low, high = interval(ratios)
+    settled = len(ratios) > 1 and median * (1 - tolerance) <= low <= high <= median * (
+        1 + tolerance
+    )
+    return Ratio(median, low, high, len(ratios), settled, list(baseline_s), list(package_s))
+
+
+def rounds(
+    baseline: Callable[[], object],
+    packages: Dict[str, Callable[[], object]],
+    floor: int = 3,
+    budget_s: float = 120.0,
+    tolerance: float = TOLERANCE,
+) -> Dict[str, Ratio]:
+    """The baseline and each package side once a round, the order rotated from one round
+    to the next (ABC, BCA, CAB, ...: drift falls on every side), each package's ratio
+    against the same round's baseline. At least ``floor`` rounds, then more until every
+    ratio is settled or ``budget_s`` seconds are spent (0: exactly ``floor``). A side that
+    returns :class:`Took` is counted by the seconds it says, else timed here."""
+    started = time.perf_counter()
+    sides = [("", baseline), *packages.items()]
+    took: Dict[str, List[float]] = {name: [] for name, _ in sides}
+    while True:
+        turn = len(took[""]) % len(sides)
+        for name, side in sides[turn:] + sides[:turn]:
+            took[name].append(_timed(side))
+        got = {name: summarize(took[""], took[name], tolerance) for name in packages}
+        settled = all(r.settled for r in got.values())
+        spent = time.perf_counter() - started >= budget_s
+        if len(took[""]) >= max(1, floor) and (settled or spent):
+            return got
+
+
 def measure(
     baseline: Callable[[], object],
     package: Callable[[], object],
@@ -100,22 +144,4 @@ def measure(
     ``floor`` pairs, then more until the row is settled or ``budget_s`` seconds are spent.
     A budget of 0 makes exactly ``floor`` pairs. A side that returns :class:`Took` is
     counted by the seconds it says, else timed here."""
-    started = time.perf_counter()
-    base: List[float] = []
-    pkg: List[float] = []
-    while True:
-        if len(base) % 2 == 0:
-            b, p = _timed(baseline), _timed(package)
-        else:
-            p, b = _timed(package), _timed(baseline)
-        base.append(b)
-        pkg.append(p)
-        ratios = [x / max(y, 1e-9) for x, y in zip(base, pkg)]  # a clock's tick at least
-        median = statistics.median(ratios)
-        low, high = interval(ratios)
-        settled = len(ratios) > 1 and median * (1 - tolerance) <= low <= high <= median * (
-            1 + tolerance
-        )
-        spent = time.perf_counter() - started >= budget_s
-        if len(ratios) >= floor and (settled or spent):
-            return Ratio(median, low, high, len(ratios), settled, base, pkg)
+    return rounds(baseline, {"package": package}, floor, budget_s, tolerance)["package"]

@@ -26,9 +26,11 @@ size alike), after one warm-up write:
   while the accounts were rebuilt a slice per write.
 
 Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
-``adopt_ratio``, the cost at the largest size over that at 0 (each the median over rounds
-of a node's median), and ``evict_ratio``, the cost per evicted entry at the largest size
-over that at the smallest size that evicts a thousand or more (at most 1.25 is flat), and
+``adopt_ratio``, the cost at the largest size over that at 0 (each a round's pair: the
+largest size's node median over the smallest's in the same round; the median of the
+rounds' ratios, with its 95% interval under ``bounds`` as ``pairs.py`` gives it), and
+``evict_ratio``, the cost per evicted entry at the largest size over that at the smallest
+size that evicts a thousand or more (at most 1.25 is flat), and
 ``evict_stall_ratio``, the most one write paid at the largest size over the same, and
 ``rebuild_stall_ratio`` the same for a lost ledger's rebuild; ``lost_ledger_ratio``, at
 the largest size, the slowest compile while the lost ledger was rebuilt over the slowest
@@ -53,10 +55,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 HERE = Path(__file__).resolve().parent
-import record  # noqa: E402  (benches/, beside this file)
+import pairs  # noqa: E402  (benches/, beside this file)
+import record  # noqa: E402
 
 TIMED = ("write", "hit", "adopt", "evict")
 REBUILD_WRITES = 50
@@ -315,10 +318,20 @@ def node(work: Path, ocloc: str, level: int, r: int, n: int, adopts: int, evicts
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+SIZE_COSTS = ("write", "hit", "adopt")
+
+
+def size_ratios(got: Dict[int, List[Dict[str, Any]]]) -> Dict[str, pairs.Ratio]:
+    """Each cost at the largest size over the same at the smallest, a ratio per round (the
+    two nodes of a round ran in turn: drift on the host falls on both)."""
+    first, last = got[min(got)], got[max(got)]
+    return {k: pairs.summarize([g[k] for g in last], [g[k] for g in first]) for k in SIZE_COSTS}
+
+
 def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
-            adopts: int) -> Dict[str, Any]:  # fmt: skip
+            adopts: int) -> Tuple[Dict[str, Any], Dict[str, pairs.Ratio]]:  # fmt: skip
     """Every size's nodes, the sizes in a rotated order each round; per size the median
-    over rounds of each cost, and the last round's cleaning."""
+    over rounds of each cost, and the last round's cleaning; the size ratios."""
     got: Dict[int, List[Dict[str, Any]]] = {level: [] for level, _ in enumerate(sizes)}
     for r in range(rounds):
         order = list(range(len(sizes)))
@@ -330,10 +343,10 @@ def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
     rows: Dict[str, Any] = {}
     for level, size in enumerate(sizes):
         last = got[level][-1]
-        med = {k: statistics.median(g[k] for g in got[level]) for k in ("write", "hit", "adopt")}
+        med = {k: statistics.median(g[k] for g in got[level]) for k in SIZE_COSTS}
         rows[str(size)] = {**{k: round(v * 1e3, 4) for k, v in med.items()},
                            **{f"{k}_rounds": [round(g[k] * 1e3, 4) for g in got[level]]
-                              for k in ("hit", "adopt")},
+                              for k in SIZE_COSTS},
                            "evict": round(last["evict"] * 1e3, 4), "evicted": last["evicted"],
                            "evict_writes": last["evict_writes"],
                            "evict_stall": round(last["evict_stall"] * 1e3, 1),
@@ -348,7 +361,7 @@ def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
                            "entries": last["stats"]["entries"],
                            "bytes": last["stats"]["bytes"],
                            "max_bytes": last["stats"]["max_bytes"]}  # fmt: skip
-    return rows
+    return rows, size_ratios(got)
 
 
 def main() -> int:
@@ -375,15 +388,16 @@ def main() -> int:
     n, adopts, rounds = max(1, args.ops), max(1, args.adopts), max(1, args.rounds)
     with place(args.xfs, sizes) as work:
         prepare(work, ocloc, sizes, rounds, n, adopts)
-        rows = measure(work, ocloc, sizes, rounds, n, adopts)
-    first, last = rows[str(sizes[0])], rows[str(sizes[-1])]
+        rows, ratios = measure(work, ocloc, sizes, rounds, n, adopts)
+    last = rows[str(sizes[-1])]
     # Evictions per entry against the first size that evicts enough to time per entry.
     base = next((v for v in rows.values() if v["evicted"] >= 1000), last)
     r: Dict[str, Any] = {
         "sizes": sizes,
         "rounds": rounds,
         "ms": rows,
-        **{f"{k}_ratio": round(last[k] / first[k], 2) for k in ("write", "hit", "adopt")},
+        **{f"{k}_ratio": round(ratio.median, 2) for k, ratio in ratios.items()},
+        "bounds": {f"{k}_ratio": ratio.bounds() for k, ratio in ratios.items()},
         "evict_ratio": round(last["evict"] / base["evict"], 2) if base["evict"] else None,
         # The most one write paid for a cleaning, at the largest size over that at the first
         # size that evicts a thousand.

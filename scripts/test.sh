@@ -51,10 +51,22 @@ source scripts/prereqs.sh
 # memory where it has room (a tmpfs /dev/shm with 8 GiB free): on a disk-backed /tmp,
 # creating them was most of a cache test's time (15 s against 1 s here). A TMPDIR you set
 # is used as it is. Tests about file systems make their own (an XFS image, a FUSE mount).
+# The directory is named after this shell's PID: one a killed run left (its PID gone, its
+# owner us) is removed here. Room means free space in the tmpfs and in RAM, which a tmpfs
+# uses: its size is only a limit.
 SCRATCH=""
+for stale in /dev/shm/xpu-zebin-test.*.*; do
+  pid="${stale#/dev/shm/xpu-zebin-test.}"
+  pid="${pid%%.*}"
+  if [ -d "$stale" ] && [ -O "$stale" ] && [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+    rm -rf --one-file-system -- "$stale" 2>/dev/null || true
+  fi
+done
+ram_kib="$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo 2>/dev/null || true)"
 if [ -z "${TMPDIR:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = "tmpfs" ] &&
-  [ -w /dev/shm ] && [ "$(df --output=avail -k /dev/shm | tail -n 1)" -ge $((8 << 20)) ]; then
-  SCRATCH="$(mktemp -d /dev/shm/xpu-zebin-test.XXXXXX)"
+  [ -w /dev/shm ] && [ "$(df --output=avail -k /dev/shm | tail -n 1)" -ge $((8 << 20)) ] &&
+  [ "${ram_kib:-0}" -ge $((8 << 20)) ]; then
+  SCRATCH="$(mktemp -d "/dev/shm/xpu-zebin-test.$$.XXXXXX")"
   echo "test: temporary files in $SCRATCH (tmpfs)" >&2
 fi
 in_scratch() { # in_scratch CMD...: CMD with TMPDIR in the scratch directory, if there is one

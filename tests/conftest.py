@@ -136,7 +136,7 @@ def marker(monkeypatch):
 #: Modules that one pytest worker runs whole (scripts/test.sh runs two): their module
 #: fixtures cost seconds, and split across workers they would be made on both.
 ONE_WORKER_MODULES = frozenset(
-    f"tests/test_{name}.py"
+    f"test_{name}.py"
     for name in (
         "dask",  # a local Dask cluster, a Triton kernel
         "upstream_rules",  # band kernels found by compiling
@@ -158,12 +158,16 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # Matched by file, whatever the rootdir that nodeids are relative to.
+    kept = {Path(__file__).resolve().parent / name for name in ONE_WORKER_MODULES}
+
     class ModulesKeptWhole(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return module if module in ONE_WORKER_MODULES else nodeid
+            return module if (config.rootpath / module).resolve() in kept else nodeid
 
-    config.option.loadscopereorder = False  # our order, not the largest group first
+    if "--loadscope-reorder" not in config.invocation_params.args:
+        config.option.loadscopereorder = False  # our order, not the largest group first
     return ModulesKeptWhole(config, log)
 
 

@@ -224,7 +224,12 @@ def test_benchmark_reports_the_same_choice(system_ocloc, tmp_path):
     # Both configs compiled ahead, at once: the choice compared is the concurrent path's.
     assert report["configs"] == 2 and report["precompiled"] == 2
     assert report["same_choice"] is True
-    assert report["autotune_speedup"] > 0 and report["sequential_dropin_speedup"] > 0
+    assert report["rounds"] == 1  # --smallest: one round, its ratios their own bounds
+    for key in ("autotune_speedup", "sequential_dropin_speedup"):
+        bounds = report["bounds"][key]
+        assert bounds["pairs"] == 1 and report[key] > 0, key
+        assert bounds["low"] == pytest.approx(report[key], abs=0.0011), key
+        assert bounds["high"] == pytest.approx(report[key], abs=0.0011), key
 
 
 CTRL_C_SCRIPT = """

@@ -3,6 +3,7 @@ No timing is asserted here: the numbers belong to the benchmark, not to a test."
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 BENCH = Path(__file__).resolve().parent.parent / "benches" / "compare.py"
 sys.path.insert(0, str(BENCH.parent))
@@ -41,11 +44,21 @@ COMPARE_GROUPS = {
 
 
 def test_compare_groups_are_every_row():
-    """The groups the tests run are all of the script's, once each."""
+    """The groups the tests run are all of the script's, once each; the default is every
+    group but dask, which --dask adds; a group it does not know is a usage error."""
     import compare
 
     named = [g for groups in COMPARE_GROUPS for g in groups.split(",")]
     assert sorted(named) == sorted(compare.ROW_GROUPS)
+    every = list(compare.ROW_GROUPS)
+    assert compare.selected_rows(None, False) == [g for g in every if g != "dask"]
+    assert compare.selected_rows(None, True) == every
+    assert compare.selected_rows(("sweep",), True) == ["dask", "sweep"]
+    assert compare.selected_rows(compare.row_groups(" memory,offline ,"), False) == [
+        "offline", "memory"]  # fmt: skip
+    for bad in ("", ",", "offline,gpu", "all"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected some of"):
+            compare.row_groups(bad)
 
 
 @pytest.mark.parametrize("rows", sorted(COMPARE_GROUPS))
@@ -102,12 +115,20 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
 
 
+def _holds_its_median(report: dict, key: str, pairs: int) -> None:
+    """The ratio ``key`` (rounded to 2 places) with its interval (3 places) and pairs."""
+    bounds = report["bounds"][key]
+    assert bounds["pairs"] == pairs, key
+    assert bounds["low"] - 0.006 <= report[key] <= bounds["high"] + 0.006, key
+    assert report[key] > 0, key
+
+
 def test_bundle_scale_script_reports_ratios(system_ocloc, tmp_path):
     """benches/bundle_scale.py at small sizes: a signed bundle imported (Triton's entries
     too) and looked up, every ratio it promises, the chart drawn."""
     run = subprocess.run(
         [sys.executable, str(BENCH.parent / "bundle_scale.py"), "--ocloc", system_ocloc,
-         "--sizes", "40,120", "--lookups", "20", "--json",
+         "--sizes", "40,120", "--lookups", "20", "--rounds", "2", "--json",
          "--output", str(tmp_path / "out" / "bundle.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
@@ -115,6 +136,17 @@ def test_bundle_scale_script_reports_ratios(system_ocloc, tmp_path):
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for key in ("import_ratio", "import_memory_ratio", "index_ratio", "lookup_ratio"):
         assert key in report, key
+    # A lookup's ratio is made of both rounds. At these sizes a cost per entry above the
+    # ten-entry bundle's is within the noise: a round where the reference's is not above
+    # 0 gives no pair.
+    assert report["rounds"] == 2
+    _holds_its_median(report, "lookup_ratio", pairs=2)
+    for key in ("import_ratio", "import_memory_ratio", "index_ratio", "index_memory_ratio"):
+        if report[key] is not None:
+            _holds_its_median(report, key, pairs=report["bounds"][key]["pairs"])
+            assert report["bounds"][key]["pairs"] in (1, 2)
+        else:
+            assert key not in report["bounds"]
     # Triton's entries are imported too where Triton is installed (a test dependency on
     # x86-64 Linux with CPython 3.11).
     triton = importlib.util.find_spec("triton") is not None
@@ -137,6 +169,8 @@ def test_scale_script_reports_ratios(system_ocloc, tmp_path):
     for key in ("write_ratio", "hit_ratio", "adopt_ratio", "evict_ratio", "evict_stall_ratio",
                 "lost_ledger_ratio", "lost_ledger_pair_ratio", "peak_rss_mib"):  # fmt: skip
         assert report[key] > 0, key
+    for key in ("write_ratio", "hit_ratio", "adopt_ratio"):  # a pair a round
+        _holds_its_median(report, key, pairs=3)
     assert report["file_system"] != "unknown"
     # Each node's cleaning held the bound, and removed older entries than its own.
     assert report["held"] and report["lru_kept"] and report["ms"]["300"]["evicted"] > 0
@@ -157,3 +191,41 @@ def test_pairs_alternate_sides_and_stop_at_the_floor_when_the_budget_is_spent():
     assert ratio.low <= ratio.median <= ratio.high
     assert pairs.interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
     assert pairs.interval([1.0, 3.0, 2.0]) == pairs.interval([1.0, 3.0, 2.0])  # seeded
+
+
+def test_rounds_rotate_every_side_and_pair_each_with_its_rounds_baseline():
+    """benches/pairs.py's rounds: the baseline and two sides in a rotated order (ABC, BCA,
+    CAB), each side's ratio against the same round's baseline; settled rows stop at the
+    floor, unsettled ones go on until the budget is spent."""
+    import pairs
+
+    order: list = []
+    seconds = {"b": iter([6.0, 6.0, 6.0]), "x": iter([3.0, 3.0, 3.0]), "y": iter([1.0, 2.0, 3.0])}
+
+    def side(name: str):
+        return lambda: order.append(name) or pairs.Took(next(seconds[name]))
+
+    got = pairs.rounds(side("b"), {"x": side("x"), "y": side("y")}, floor=3, budget_s=0.0)
+    assert order == ["b", "x", "y", "x", "y", "b", "y", "b", "x"]
+    assert got["x"].median == 2.0 and got["x"].settled and got["x"].pairs == 3
+    assert got["y"].median == 3.0 and not got["y"].settled  # ratios 6, 3, 2
+    assert got["y"].baseline_s == [6.0, 6.0, 6.0] and got["y"].package_s == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="one baseline measure for each"):
+        pairs.summarize([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        pairs.summarize([], [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-6, 1e6), st.floats(0.0, 1e6)), min_size=1, max_size=30))
+def test_a_ratio_s_interval_holds_its_median(measures):
+    """Any paired measures (a package side of 0 s included): a finite median inside its
+    interval, one ratio a pair."""
+    import math
+
+    import pairs
+
+    ratio = pairs.summarize([b for b, _ in measures], [p for _, p in measures])
+    assert ratio.pairs == len(measures)
+    assert math.isfinite(ratio.median) and ratio.low <= ratio.median <= ratio.high
+    assert not (len(measures) == 1 and ratio.settled)

@@ -211,9 +211,9 @@ def test_every_file_read_goes_through_the_bounded_reader():
 
 
 def test_every_module_kept_whole_exists():
-    """tests/conftest.py's ONE_WORKER_MODULES names test files by path: a renamed one would
-    silently be split across workers again."""
+    """tests/conftest.py's ONE_WORKER_MODULES names test files in tests/: a renamed one
+    would silently be split across workers again."""
     from conftest import ONE_WORKER_MODULES
 
     assert ONE_WORKER_MODULES
-    assert all((ROOT / module).is_file() for module in ONE_WORKER_MODULES)
+    assert all((ROOT / "tests" / module).is_file() for module in ONE_WORKER_MODULES)
