@@ -19,8 +19,12 @@ Triton's cache contents equal to Triton's own sequential run's), ``configs``,
 config at a time, each with both GRF modes at once on an idle core; triton-xpu 3.3's
 loader switch makes Triton's own later compiles native there, so its cache differs),
 ``dask_speedup`` (none / configs built on a 2-worker local Dask cluster), ``precompiled``
-(native builds compiled ahead that the environment's run benchmarked; it builds as many
-at once as cores, two on one core), and each run's seconds.
+(distinct native builds compiled ahead that the environment's runs benchmarked, the
+fewest of any run; it builds as many at once as the package's default, two on one core:
+``jobs``), ``bounds`` and ``made_of`` beside each ratio, and each side's median seconds.
+The sides run in rounds (``pairs.rounds``: forward one round and back the next, an even
+number of rounds, ``--repeat`` and ``--budget``), each ratio against its round's run of
+Triton's own autotuner.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ with triton_on_cpu(sys.argv[2]):
     attn_fwd[(1,)](q, k, v, o, 0.125, 64, 64, 64, 64, 1024, HEAD_DIM=64)
     seconds = time.perf_counter() - started
 print(json.dumps({"seconds": seconds, "best": str(attn_fwd.best_config),
-                  "configs": len(configs), "precompiled": len(precompiled)}))
+                  "configs": len(configs), "precompiled": precompiled}))
 """
 
 
@@ -167,6 +171,19 @@ def run(name: str, env: dict, size: str, work: Path) -> dict:
     return result
 
 
+#: What each ratio is made of: what Triton's own run pays that the drop-in's does not.
+MADE_OF = {
+    "autotune_speedup": "Triton's run builds every config in the driver, one after another, "
+    "each GRF mode in sequence; the drop-in builds each distinct SPIR-V once (configs that "
+    "differ only in num_stages share it), configs at once on every core, and overlaps "
+    "Triton's front ends with IGC",
+    "sequential_dropin_speedup": "one config at a time, each distinct SPIR-V built once, "
+    "both GRF modes at once: what remains without configs at once",
+    "dask_speedup": "the environment's run with the native builds on a 2-worker local Dask "
+    "cluster (its scheduling and transfers added)",
+}
+
+
 def same_runs(runs: List[dict], against: List[dict], cache_too: bool = True) -> bool:
     """Every run chose as every run of ``against`` did (and left the same Triton cache)."""
     keys = ("best", "triton_cache") if cache_too else ("best",)
@@ -180,7 +197,8 @@ def main() -> None:
     sizes.add_argument("--quick", action="store_true", help="8 configs")
     sizes.add_argument(
         "--smallest", action="store_true",
-        help="2 configs, one round (the tests' run): checks the script, not the figures",
+        help="2 configs, one round whatever --repeat and --budget say (the tests' run): "
+        "checks the script, not the figures",
     )  # fmt: skip
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask row")
     parser.add_argument("--repeat", type=int, default=3, help="rounds, at least")
@@ -192,9 +210,11 @@ def main() -> None:
     record.add_output_argument(parser)
     args = parser.parse_args()
     size = "smallest" if args.smallest else "quick" if args.quick else "full"
-    # As many builds at once as cores, and two on one core: the run compares the
-    # concurrent path.
-    width = max(2, len(os.sched_getaffinity(0)))
+    # As many builds at once as the package's default (the cores this process may use,
+    # a CPU quota too), and two on one core: the run compares the concurrent path.
+    from xpu_zebin import _core
+
+    width = max(2, _core.default_jobs())
     on = {"XPU_ZEBIN_TRITON": "1", "XPU_ZEBIN_AUTOTUNE_JOBS": str(width)}
     if args.ocloc:
         on["XPU_ZEBIN_OCLOC"] = args.ocloc
@@ -230,7 +250,7 @@ def main() -> None:
             cluster.close()
         if not os.environ.get("XPU_ZEBIN_BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
-    report = summary(runs, ratios)
+    report = summary(runs, ratios, width)
     for key, value in report.items():
         if key != "bounds":
             print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
@@ -241,7 +261,7 @@ def main() -> None:
         print(json.dumps(report))
 
 
-def summary(runs: Dict[str, List[dict]], ratios: Dict[str, pairs.Ratio]) -> dict:
+def summary(runs: Dict[str, List[dict]], ratios: Dict[str, pairs.Ratio], width: int) -> dict:
     """The report: each ratio (none / that run, the median of the rounds') with its
     interval under ``bounds``, whether every run chose alike, and each side's seconds."""
     none, env = runs["none"], runs["environment"]
@@ -256,12 +276,14 @@ def summary(runs: Dict[str, List[dict]], ratios: Dict[str, pairs.Ratio]) -> dict
         "sequential_dropin_seconds": statistics.median(r["seconds"] for r in sequential),
         **{keys[name]: round(r.median, 3) for name, r in ratios.items()},
         "bounds": {keys[name]: r.bounds() for name, r in ratios.items()},
+        "made_of": {keys[name]: MADE_OF[keys[name]] for name in ratios},
         # Against Triton's own sequential runs: the choice and Triton's cache contents.
         "same_choice": same_runs(env, none),
         # Native builds compiled ahead that the environment's runs benchmarked (one per
         # config whose kernel differs, the fewest of any run); Triton's own compiles none.
-        "precompiled": min(r["precompiled"] for r in env),
+        "precompiled": min(len(set(r["precompiled"])) for r in env),
         "sequential_dropin_same_choice": same_runs(sequential, none, cache_too=False),
+        "jobs": width,
         "cores": os.cpu_count(),
     }
     if "environment, 2 Dask workers" in runs:

@@ -19,14 +19,15 @@ Fresh processes, with the signer's key trusted (``XPU_ZEBIN_TRUSTED_KEYS``), mea
 
 Every cost per entry is what the bundle's size adds: above the same measure with a
 bundle of ten entries in the same round, divided by the entries past ten. Each bundle is
-made once and imported ``--rounds`` times, the sizes in a rotated order each round.
+made once and imported ``--rounds`` times (4), the sizes forward one round and back the
+next.
 Reported, each a ratio measured in this run (largest size over ``reference``, the
 smallest of 10^4 entries or more, else the smallest; at most 1.25 is flat), one per round
 and their median, with its 95% interval under ``bounds`` (``pairs.py``): ``import_ratio``,
 ``import_memory_ratio``, ``index_ratio``, ``index_memory_ratio`` and ``lookup_ratio``,
 with the values at every size (medians of the rounds).
 
-    python benches/bundle_scale.py --ocloc <ocloc> [--sizes 1000,10000,100000] [--rounds 3]
+    python benches/bundle_scale.py --ocloc <ocloc> [--sizes 1000,10000,100000] [--rounds 4]
         [--json]
 """
 
@@ -226,8 +227,8 @@ COSTS = ("import_ms", "import_kib", "index_ms", "index_kib", "lookup_ms")
 
 def ratios(rounds: List[Dict[int, Dict[str, float]]], reference: int, largest: int) -> dict:
     """Each cost per entry at the largest size over the same at ``reference``, a ratio per
-    round (the sizes of a round ran in turn, in a rotated order), as ``pairs.py`` gives
-    it; a round whose reference cost is not above 0 (within the noise) gives none."""
+    round (the sizes forward one round and back the next), as ``pairs.py`` gives it; a
+    round whose reference cost is not above 0 (within the noise) gives none."""
     got: Dict[str, Optional[pairs.Ratio]] = {}
     for k in COSTS:
         kept = [(r[largest][k], r[reference][k]) for r in rounds if r[reference][k] > 0]
@@ -240,7 +241,12 @@ def main() -> int:
     p.add_argument("--ocloc", default=None)
     p.add_argument("--sizes", default="1000,10000,100000")
     p.add_argument("--lookups", type=int, default=2000)
-    p.add_argument("--rounds", type=int, default=3, help="imports per size, alternated")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="imports per size, the sizes forward one round, back the next",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     record.add_output_argument(p)
@@ -274,17 +280,19 @@ def main() -> int:
     for size in every:
         prepare(work, size, natives, target)
     rounds: List[Dict[int, Dict[str, float]]] = []
-    extra: Dict[int, Dict[str, Any]] = {}
+    extra: Dict[int, List[Dict[str, Any]]] = {z: [] for z in every}
     for r in range(max(1, args.rounds)):
-        order = every[r % len(every) :] + every[: r % len(every)]
+        order = every[:: -1 if r % 2 else 1]  # forward, then back: drift falls on both
         got = {}
         for size in order:
-            got[size], extra[size] = measure(work, size, r, target, env, args.lookups)
+            got[size], said = measure(work, size, r, target, env, args.lookups)
+            extra[size].append(said)
         rounds.append({z: per_entry(got[z], got[BASE], z) for z in sizes})
         print(f"round {r}: {rounds[-1]}", file=sys.stderr)
     rows: Dict[str, Any] = {
         str(z): {**{k: round(statistics.median(r[z][k] for r in rounds), 5) for k in COSTS},
-                 **extra[z]}
+                 "import_s": round(statistics.median(e["import_s"] for e in extra[z]), 2),
+                 "triton": all(e["triton"] for e in extra[z])}
         for z in sizes
     }  # fmt: skip
     # Against the smallest size of 10^4 or more when there is one: at 10^3, a cost per entry

@@ -9,7 +9,8 @@ import`` (Triton cache hits: no front end, no IGC). The farm
 builds the set for three targets (pvc, bmg, dg2) one at a time, with ``jobs`` = cores, and
 on a local Dask cluster. Every ratio is measured in this run; the two starts in
 interleaved pairs (``pairs.py``: JIT and bundle alternate, AB then BA, each pair one ratio,
-the median and its 95% interval in ``bounds``), each side a fresh process timing itself.
+the median and its 95% interval in ``bounds``, what it is made of in ``made_of``), each
+side a fresh process timing itself. The farm's ratio is one run of each side.
 
     python benches/cold_start.py --ocloc <modern ocloc> [--repeat 3] [--budget 60] [--dask]
         [--json]
@@ -182,6 +183,9 @@ def cold_loads(
     return dict(
         jit_load_s=round(total["jit"], 2), bundle_load_s=round(total["bundle"], 3),
         cold_start_speedup=round(cold.median, 1), bounds={"cold_start_speedup": cold.bounds()},
+        made_of={"cold_start_speedup": "the driver's JIT of every kernel in the process, "
+                 "one after another (upstream's load_binary), against loads of the "
+                 "bundle's native binaries (no compiler runs)"},
         per_kernel_bundle_ms=round(1000 * per_bundle, 2),
         per_kernel_native_ms=round(1000 * per_native, 2),
         driver_init_s=round(statistics.median(r["init"] for rs in runs.values() for r in rs), 2),
@@ -260,6 +264,14 @@ def main() -> int:
     results.update(cold_loads(work, kernels_file, env, bundle_env, args.repeat, args.budget))
     model = model_start(work, profiles, ocloc, args.repeat, args.budget)
     results["bounds"]["model_start_speedup"] = model.pop("model_start_bounds")
+    results["made_of"]["model_start_speedup"] = (
+        "Triton's front end and the driver's JIT for every kernel against Triton cache hits "
+        "the bundle's import put there (no front end, no compiler)"
+    )
+    results["made_of"]["farm_speedup"] = (
+        "one run each (not paired): the farm's builds one at a time against as many at "
+        "once as cores"
+    )
     results.update(model)
     report(results, len(kernels), len(profiles), cores)
     record.write(args.output, "cold_start", results, ocloc)

@@ -6,8 +6,9 @@ fresh local cache, read-only, A's key trusted) gets the same kernels. Reported, 
 measured in this run:
 
 Each ratio is the median of interleaved pairs (``pairs.py``: baseline and package
-alternate, AB then BA, each pair one ratio, a 95% interval beside it in ``bounds``), each
-side a fresh node timing itself (its process start is the same on both sides):
+alternate, AB then BA, each pair one ratio, a 95% interval beside it in ``bounds`` and
+what it is made of in ``made_of``), each side a fresh node timing itself (its process
+start is the same on both sides):
 
 - ``fleet_speedup``: B compiling from scratch over B with the store;
 - ``triton_fleet_speedup``: the same through Triton's own front end, with the package's
@@ -133,10 +134,25 @@ def _median(runs: list) -> float:
     return statistics.median(x["seconds"] for x in runs)
 
 
+#: What each ratio is made of: what the baseline side pays that the other does not.
+MADE_OF = {
+    "fleet_speedup": "node B's own builds of every kernel (IGC, both GRF modes where the "
+    "rule retries) against reads from the store, each entry's signature checked, and loads",
+    "local_hit_store_ratio": "no compile work on either side: what having a store set "
+    "costs a node whose local cache answers (one more read at most)",
+    "triton_fleet_speedup": "Triton's front end and IGC for every kernel against Triton "
+    "cache hits the package's manager answers from the store (signed, checked)",
+    "vs_triton_remote": "the same kernels from the same Redis: the package's manager "
+    "checks every entry's signature and hash, Triton's remote cache checks nothing",
+}
+
+
 def _row(r: Dict[str, Any], name: str, ratio: pairs.Ratio) -> None:
-    """A ratio into the results, its interval and pairs into ``bounds``."""
+    """A ratio into the results, its interval and pairs into ``bounds``, what it is made
+    of into ``made_of``."""
     r[name] = round(ratio.median, 2)
     r.setdefault("bounds", {})[name] = ratio.bounds()
+    r.setdefault("made_of", {})[name] = MADE_OF[name]
 
 
 @dataclasses.dataclass
@@ -271,7 +287,9 @@ def main() -> int:
         nodes = Nodes(work, url, ocloc, n, signer, trust, budget=args.budget)
         native, front_end = native_cases(nodes, repeat), triton_cases(nodes, repeat, port)
         bounds = {**native.pop("bounds"), **front_end.pop("bounds")}
-        r: Dict[str, Any] = {"repeat": repeat, **native, **front_end, "bounds": bounds}
+        made_of = {**native.pop("made_of"), **front_end.pop("made_of")}
+        r: Dict[str, Any] = {"repeat": repeat, **native, **front_end, "bounds": bounds,
+                             "made_of": made_of}  # fmt: skip
         # Every entry tampered with (one byte flipped): nothing of it is loaded.
         client = redis.Redis(port=port)
         for name in client.scan_iter(match=remote.PREFIX + "*"):

@@ -5,6 +5,7 @@ job, a CPU's clock, a cache warming) land on one side only. Here the two sides a
 baseline then package, then package then baseline, and so on, so drift falls on both; each
 pair gives one ratio (baseline seconds / package seconds), and the row's ratio is the median
 of the pairs' ratios, with a 95% bootstrap interval of that median (as criterion reports).
+Rows end on an even number of pairs: with AB, BA, AB, the median would lean to AB's order.
 Pairs are added until the interval is within ``tolerance`` of the median on both sides, or
 the row's time budget is spent, and the row says which. A claim is made on the interval's
 lower bound.
@@ -22,6 +23,8 @@ from typing import Callable, Dict, List, Tuple
 
 #: The interval must lie within this fraction of the median for a row to be settled.
 TOLERANCE = 0.05
+#: A budget's most: a week (a larger one would never end a row either).
+MAX_BUDGET = 7 * 24 * 3600.0
 #: Resamples of the bootstrap interval.
 RESAMPLES = 2000
 
@@ -58,8 +61,10 @@ def seconds(text: str) -> float:
     """A time budget (``--budget``): a finite number of seconds, 0 or more (inf would
     never end a row)."""
     value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    if not math.isfinite(value) or not 0 <= value <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds from 0 to {MAX_BUDGET:.0f}"
+        )
     return value
 
 
@@ -114,22 +119,26 @@ def rounds(
     budget_s: float = 120.0,
     tolerance: float = TOLERANCE,
 ) -> Dict[str, Ratio]:
-    """The baseline and each package side once a round, the order rotated from one round
-    to the next (ABC, BCA, CAB, ...: drift falls on every side), each package's ratio
-    against the same round's baseline. At least ``floor`` rounds, then more until every
-    ratio is settled or ``budget_s`` seconds are spent (0: exactly ``floor``). A side that
-    returns :class:`Took` is counted by the seconds it says, else timed here."""
+    """The baseline and each package side once a round, forward one round and backward the
+    next (ABC, CBA, ABC, ...), each package's ratio against the same round's baseline. A
+    side after the baseline in one round is as far before it in the next, so a drift of
+    the host falls on both sides of every ratio alike; a median of rounds in rotated order
+    (ABC, BCA, CAB) would keep one slot's drift. An even number of rounds (but for a floor
+    of 1), at least ``floor``, then more until every ratio is settled or ``budget_s``
+    seconds are spent (0: the floor's). A side that returns :class:`Took` is counted by
+    the seconds it says, else timed here."""
     started = time.perf_counter()
-    sides = [("", baseline), *packages.items()]
-    took: Dict[str, List[float]] = {name: [] for name, _ in sides}
+    sides = [baseline, *packages.values()]
+    took: List[List[float]] = [[] for _ in sides]
     while True:
-        turn = len(took[""]) % len(sides)
-        for name, side in sides[turn:] + sides[:turn]:
-            took[name].append(_timed(side))
-        got = {name: summarize(took[""], took[name], tolerance) for name in packages}
+        order = list(range(len(sides)))
+        for i in order if len(took[0]) % 2 == 0 else order[::-1]:
+            took[i].append(_timed(sides[i]))
+        got = {name: summarize(took[0], took[i], tolerance) for i, name in enumerate(packages, 1)}
         settled = all(r.settled for r in got.values())
         spent = time.perf_counter() - started >= budget_s
-        if len(took[""]) >= max(1, floor) and (settled or spent):
+        n = len(took[0])
+        if n >= max(1, floor) and (n % 2 == 0 or floor <= 1) and (settled or spent):
             return got
 
 
@@ -140,8 +149,7 @@ def measure(
     budget_s: float = 120.0,
     tolerance: float = TOLERANCE,
 ) -> Ratio:
-    """Alternate ``baseline`` and ``package`` in pairs (AB, BA, AB, ...), at least
-    ``floor`` pairs, then more until the row is settled or ``budget_s`` seconds are spent.
-    A budget of 0 makes exactly ``floor`` pairs. A side that returns :class:`Took` is
-    counted by the seconds it says, else timed here."""
+    """Alternate ``baseline`` and ``package`` in pairs (AB, BA, AB, ...), an even number of
+    them (but for a floor of 1), at least ``floor``, then more until the row is settled or
+    ``budget_s`` seconds are spent (:func:`rounds` with one package side)."""
     return rounds(baseline, {"package": package}, floor, budget_s, tolerance)["package"]

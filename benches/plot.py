@@ -67,6 +67,14 @@ def _spread(seconds: List[float]) -> str:
     return f"{statistics.median(seconds):.3f} [{min(seconds):.3f}-{max(seconds):.3f}]"
 
 
+def _ratio(x: dict, key: str) -> str:
+    """A ratio with its 95% interval and pairs, where the bench measured them."""
+    b = x.get("bounds", {}).get(key)
+    if not isinstance(b, dict) or x[key] is None:
+        return str(x[key])
+    return f"{x[key]} [{b['low']:.2f}-{b['high']:.2f}, {b['pairs']} pairs]"
+
+
 def _compare(r: dict) -> Tuple[bytes, str]:
     rows = r["results"]["rows"]
     labels = [row["label"] for row in rows]
@@ -92,11 +100,11 @@ def _fleet(r: dict) -> Tuple[bytes, str]:
              f"| kernel-config pairs | {x['kernels']} |",
              f"| node B from scratch / from the store "
              f"| {x['b_scratch_s']} s / {x['b_remote_s']} s |",
-             f"| `fleet_speedup` (target: at least 150) | {x['fleet_speedup']} |",
+             f"| `fleet_speedup` (target: at least 150) | {_ratio(x, 'fleet_speedup')} |",
              f"| `triton_fleet_speedup` (Triton's front end skipped) "
-             f"| {x['triton_fleet_speedup']} |",
+             f"| {_ratio(x, 'triton_fleet_speedup')} |",
              f"| `vs_triton_remote` (against Triton's own Redis cache; target: at most 1.0) "
-             f"| {x['vs_triton_remote']} |",
+             f"| {_ratio(x, 'vs_triton_remote')} |",
              f"| `tampered_loaded` (must be 0) | {x['tampered_loaded']} |"]  # fmt: skip
     return chart, "\n".join(table)
 
@@ -115,7 +123,7 @@ def _scale(r: dict) -> Tuple[bytes, str]:
               for s in sizes]  # fmt: skip
     table += ["", "| ratio, largest over empty (evict: over the first size evicting 1,000) "
               "(target: at most 1.25) | value |", "| --- | --- |"]  # fmt: skip
-    table += [f"| `{k}_ratio` | {x[f'{k}_ratio']} |" for k in kinds if f"{k}_ratio" in x]
+    table += [f"| `{k}_ratio` | {_ratio(x, f'{k}_ratio')} |" for k in kinds if f"{k}_ratio" in x]
     if "evict_stall_ratio" in x:
         stalls = ", ".join(f"{int(s):,}: {x['ms'][s]['evict_stall']} ms" for s in sizes)
         table += [f"| the most one write paid for a cleaning ({stalls}) | "
@@ -142,7 +150,8 @@ def _cold_start(r: dict) -> Tuple[bytes, str]:
     chart = _bars("A cold start on a new node (lower is better)", "seconds (log)", labels, series,
                   log=True)  # fmt: skip
     table = ["| measure | value |", "| --- | --- |"]
-    table += [f"| `{k}` | {v} |" for k, v in sorted(x.items()) if not isinstance(v, (dict, list))]
+    table += [f"| `{k}` | {_ratio(x, k)} |" for k, v in sorted(x.items())
+              if not isinstance(v, (dict, list))]  # fmt: skip
     return chart, "\n".join(table)
 
 
@@ -153,7 +162,8 @@ def _autotune(r: dict) -> Tuple[bytes, str]:
     chart = _bars("An autotuner's first call (lower is better)", "seconds",
                   [k for k, _ in runs], [("seconds", [v for _, v in runs])])  # fmt: skip
     table = ["| measure | value |", "| --- | --- |"]
-    table += [f"| `{k}` | {v:.3f} |" if isinstance(v, float) else f"| `{k}` | {v} |"
+    table += [f"| `{k}` | {_ratio(x, k)} |" if k in x.get("bounds", {})
+              else f"| `{k}` | {v:.3f} |" if isinstance(v, float) else f"| `{k}` | {v} |"
               for k, v in sorted(x.items()) if not isinstance(v, (dict, list))]  # fmt: skip
     return chart, "\n".join(table)
 
@@ -172,7 +182,7 @@ def _bundle_scale(r: dict) -> Tuple[bytes, str]:
               for s in sizes]  # fmt: skip
     table += ["", f"| ratio, largest over {x.get('reference', sizes[0])} entries (target: at "
               "most 1.25) | value |", "| --- | --- |"]  # fmt: skip
-    table += [f"| `{k}` | {v} |" for k, v in sorted(x.items()) if k.endswith("_ratio")]
+    table += [f"| `{k}` | {_ratio(x, k)} |" for k in sorted(x) if k.endswith("_ratio")]
     return chart, "\n".join(table)
 
 

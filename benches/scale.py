@@ -3,9 +3,9 @@
 
 A cache directory per size is filled with synthesized entries of the real format
 (``zebin-v3`` shards, a header, metadata, a body, a blake3 checksum over key and body). In
-each of ``--rounds`` rounds a fresh node process (the first run on a node) measures each
-size in turn (the order rotated each round, so that the file system's moods fall on every
-size alike), after one warm-up write:
+each of ``--rounds`` rounds (4) a fresh node process (the first run on a node) measures
+each size in turn (the sizes forward one round and back the next, so that the file
+system's moods fall on every size alike), after one warm-up write:
 
 - ``write``: a compile that ends in a cache write (small OpenCL kernels, each distinct);
 - ``hit``: the same request again, answered by the cache;
@@ -323,19 +323,20 @@ SIZE_COSTS = ("write", "hit", "adopt")
 
 def size_ratios(got: Dict[int, List[Dict[str, Any]]]) -> Dict[str, pairs.Ratio]:
     """Each cost at the largest size over the same at the smallest, a ratio per round (the
-    two nodes of a round ran in turn: drift on the host falls on both)."""
+    sizes go forward one round and back the next: a drift of the host falls on both
+    sides of the ratio alike over an even number of rounds)."""
     first, last = got[min(got)], got[max(got)]
     return {k: pairs.summarize([g[k] for g in last], [g[k] for g in first]) for k in SIZE_COSTS}
 
 
 def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
             adopts: int) -> Tuple[Dict[str, Any], Dict[str, pairs.Ratio]]:  # fmt: skip
-    """Every size's nodes, the sizes in a rotated order each round; per size the median
+    """Every size's nodes, the sizes in order one round and in reverse the next; per size
+    the median
     over rounds of each cost, and the last round's cleaning; the size ratios."""
     got: Dict[int, List[Dict[str, Any]]] = {level: [] for level, _ in enumerate(sizes)}
     for r in range(rounds):
-        order = list(range(len(sizes)))
-        order = order[r % len(order) :] + order[: r % len(order)]
+        order = list(range(len(sizes)))[:: -1 if r % 2 else 1]  # forward, then back
         for level in order:
             got[level].append(node(work, ocloc, level, r, n, adopts, r == rounds - 1))
             print(f"round {r}, {sizes[level]} entries: adopt "
@@ -370,7 +371,12 @@ def main() -> int:
     p.add_argument("--sizes", default="0,10000,100000,1000000")
     p.add_argument("--ops", type=int, default=25, help="timed writes per node")
     p.add_argument("--adopts", type=int, default=100, help="timed hits and adoptions per node")
-    p.add_argument("--rounds", type=int, default=3, help="nodes per size, alternated")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="nodes per size, the sizes forward one round, back the next",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--xfs", action="store_true",
                    help="the caches on a new XFS in a loop device (root), not TMPDIR")  # fmt: skip

@@ -29,8 +29,20 @@ phase() { # phase NAME: ends the phase before, starts NAME
   PHASE_START=$SECONDS
   echo "== $1" >&2
 }
+kill_tree() { # kill_tree PID: the process and every process under it, stopped first
+  local child
+  kill -STOP "$1" 2>/dev/null || return 0
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+WHEEL_PID=""
+WHEEL_DIR=""
 report() {
   local status=$?
+  if [ -n "$WHEEL_PID" ]; then # a failed check ends the run: the wheel's build too
+    kill_tree "$WHEEL_PID"
+  fi
+  [ -z "$WHEEL_DIR" ] || rm -rf -- "$WHEEL_DIR"
   if [ -n "${SCRATCH:-}" ]; then # never ends the report: a mount left there fails rm
     rm -rf --one-file-system -- "$SCRATCH" 2>/dev/null || echo "test: $SCRATCH left behind" >&2
   fi
@@ -38,9 +50,9 @@ report() {
   echo "== where the time went (exit status $status)" >&2
   local line
   for line in "${PHASES[@]}"; do
-    printf 'phase %-34s %5d s\n' "${line% *}" "${line##* }" >&2
+    printf 'phase %-40s %5d s\n' "${line% *}" "${line##* }" >&2
   done
-  printf 'phase %-34s %5d s\n' "total" "$SECONDS" >&2
+  printf 'phase %-40s %5d s\n' "total" "$SECONDS" >&2
 }
 trap report EXIT
 
@@ -51,22 +63,27 @@ source scripts/prereqs.sh
 # memory where it has room (a tmpfs /dev/shm with 8 GiB free): on a disk-backed /tmp,
 # creating them was most of a cache test's time (15 s against 1 s here). A TMPDIR you set
 # is used as it is. Tests about file systems make their own (an XFS image, a FUSE mount).
-# The directory is named after this shell's PID: one a killed run left (its PID gone, its
-# owner us) is removed here. Room means free space in the tmpfs and in RAM, which a tmpfs
-# uses: its size is only a limit.
+# The run holds a lock on its directory (.lock), and so do the tests it starts: a directory
+# whose lock nobody holds (its owner us) was left by a killed run and is removed here, as
+# is one of ours with no lock that has not changed for a day (made before locks). Room
+# means free space in the tmpfs and in RAM, which a tmpfs uses: its size is only a limit.
 SCRATCH=""
-for stale in /dev/shm/xpu-zebin-test.*.*; do
-  pid="${stale#/dev/shm/xpu-zebin-test.}"
-  pid="${pid%%.*}"
-  if [ -d "$stale" ] && [ -O "$stale" ] && [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
-    rm -rf --one-file-system -- "$stale" 2>/dev/null || true
+for stale in /dev/shm/xpu-zebin-test.*; do
+  [ -d "$stale" ] && [ ! -L "$stale" ] && [ -O "$stale" ] || continue
+  if [ -f "$stale/.lock" ] && [ ! -L "$stale/.lock" ]; then
+    flock -n "$stale/.lock" true 2>/dev/null || continue # a live run's
+  elif [ -z "$(find "$stale" -maxdepth 0 -mmin +1440 2>/dev/null)" ]; then
+    continue
   fi
+  rm -rf --one-file-system -- "$stale" 2>/dev/null || true
 done
 ram_kib="$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo 2>/dev/null || true)"
 if [ -z "${TMPDIR:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = "tmpfs" ] &&
   [ -w /dev/shm ] && [ "$(df --output=avail -k /dev/shm | tail -n 1)" -ge $((8 << 20)) ] &&
-  [ "${ram_kib:-0}" -ge $((8 << 20)) ]; then
-  SCRATCH="$(mktemp -d "/dev/shm/xpu-zebin-test.$$.XXXXXX")"
+  [ "${ram_kib:-0}" -ge $((8 << 20)) ] && command -v flock >/dev/null; then
+  SCRATCH="$(mktemp -d /dev/shm/xpu-zebin-test.XXXXXX)"
+  exec 9>"$SCRATCH/.lock"
+  flock -n 9
   echo "test: temporary files in $SCRATCH (tmpfs)" >&2
 fi
 in_scratch() { # in_scratch CMD...: CMD with TMPDIR in the scratch directory, if there is one
@@ -97,7 +114,18 @@ if [ "$QUICK" = 1 ]; then
   exit 0
 fi
 
-phase "rust checks (fmt, clippy, cargo test)"
+# The wheel builds in its own target directory while the Rust checks run: each build ends
+# in a long stretch on one core (the crate itself, its link, the wheel's thin LTO) that the
+# other build fills. Its output is shown when it is done.
+phase "rust checks and the wheel, side by side"
+WHEEL_DIR="$(mktemp -d)"
+bash -c 'start=$SECONDS
+  CARGO_TARGET_DIR="$1/target/wheel" bash scripts/build-wheel.sh >"$2/out" 2>"$2/log"
+  status=$?
+  echo "$((SECONDS - start))" >"$2/seconds"
+  exit "$status"' wheel "$ROOT" "$WHEEL_DIR" &
+WHEEL_PID=$!
+RUST_START=$SECONDS
 cargo fmt --check
 # One clippy, with the Python bindings: only src/lib.rs's `python` module sits behind that
 # feature, so it lints every line the build without them has. That build is cargo test's,
@@ -118,11 +146,23 @@ cargo fmt --check
   cargo clippy --quiet --all-targets --features python -- -D warnings
   in_scratch cargo test --quiet
 )
-
-phase "wheel"
-wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
+RUST_SECONDS=$((SECONDS - RUST_START))
+WHEEL_STATUS=0
+wait "$WHEEL_PID" || WHEEL_STATUS=$?
+WHEEL_PID=""
+cat "$WHEEL_DIR/log" >&2
+if [ "$WHEEL_STATUS" -ne 0 ]; then
+  echo "test: scripts/build-wheel.sh failed (exit status $WHEEL_STATUS)" >&2
+  exit 1
+fi
+wheel="$(tail -n 1 "$WHEEL_DIR/out")"
+WHEEL_SECONDS="$(cat "$WHEEL_DIR/seconds")"
+rm -rf "$WHEEL_DIR"
+WHEEL_DIR=""
 
 phase "virtualenv with the wheel"
+PHASES+=("  rust checks (fmt, clippy, cargo test) $RUST_SECONDS")
+PHASES+=("  wheel (alongside) $WHEEL_SECONDS")
 # uv (installed beside maturin by build-wheel.sh) makes the fresh virtualenv and installs
 # the wheel with its test and docs extras: the same packages pip would, in seconds. uv
 # reads no pip.conf: pip's index variables are passed on to it, and where uv still fails
