@@ -194,6 +194,9 @@ def test_pairs_alternate_sides_and_stop_at_the_floor_when_the_budget_is_spent():
     order.clear()
     pairs.measure(lambda: order.append("b"), lambda: order.append("p"), 1, 0.0)
     assert order == ["b", "p"]  # a floor of 1 (a script's smallest run): one pair
+    order.clear()
+    took = pairs.median_of(lambda: order.append("fast"), 5)()  # a fast side: one measure
+    assert order == ["fast"] * 5 and isinstance(took, pairs.Took) and took.seconds >= 0
     assert ratio.low <= ratio.median <= ratio.high
     assert pairs.interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
     assert pairs.interval([1.0, 3.0, 2.0]) == pairs.interval([1.0, 3.0, 2.0])  # seeded
