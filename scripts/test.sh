@@ -29,20 +29,8 @@ phase() { # phase NAME: ends the phase before, starts NAME
   PHASE_START=$SECONDS
   echo "== $1" >&2
 }
-kill_tree() { # kill_tree PID: the process and every process under it, stopped first
-  local child
-  kill -STOP "$1" 2>/dev/null || return 0
-  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
-  kill -KILL "$1" 2>/dev/null || true
-}
-WHEEL_PID=""
-WHEEL_DIR=""
 report() {
   local status=$?
-  if [ -n "$WHEEL_PID" ]; then # a failed check ends the run: the wheel's build too
-    kill_tree "$WHEEL_PID"
-  fi
-  [ -z "$WHEEL_DIR" ] || rm -rf -- "$WHEEL_DIR"
   if [ -n "${SCRATCH:-}" ]; then # never ends the report: a mount left there fails rm
     rm -rf --one-file-system -- "$SCRATCH" 2>/dev/null || echo "test: $SCRATCH left behind" >&2
   fi
@@ -50,9 +38,9 @@ report() {
   echo "== where the time went (exit status $status)" >&2
   local line
   for line in "${PHASES[@]}"; do
-    printf 'phase %-40s %5d s\n' "${line% *}" "${line##* }" >&2
+    printf 'phase %-34s %5d s\n' "${line% *}" "${line##* }" >&2
   done
-  printf 'phase %-40s %5d s\n' "total" "$SECONDS" >&2
+  printf 'phase %-34s %5d s\n' "total" "$SECONDS" >&2
 }
 trap report EXIT
 
@@ -114,18 +102,7 @@ if [ "$QUICK" = 1 ]; then
   exit 0
 fi
 
-# The wheel builds in its own target directory while the Rust checks run: each build ends
-# in a long stretch on one core (the crate itself, its link, the wheel's thin LTO) that the
-# other build fills. Its output is shown when it is done.
-phase "rust checks and the wheel, side by side"
-WHEEL_DIR="$(mktemp -d)"
-bash -c 'start=$SECONDS
-  CARGO_TARGET_DIR="$1/target/wheel" bash scripts/build-wheel.sh >"$2/out" 2>"$2/log"
-  status=$?
-  echo "$((SECONDS - start))" >"$2/seconds"
-  exit "$status"' wheel "$ROOT" "$WHEEL_DIR" &
-WHEEL_PID=$!
-RUST_START=$SECONDS
+phase "rust checks (fmt, clippy, cargo test)"
 cargo fmt --check
 # One clippy, with the Python bindings: only src/lib.rs's `python` module sits behind that
 # feature, so it lints every line the build without them has. That build is cargo test's,
@@ -146,23 +123,11 @@ cargo fmt --check
   cargo clippy --quiet --all-targets --features python -- -D warnings
   in_scratch cargo test --quiet
 )
-RUST_SECONDS=$((SECONDS - RUST_START))
-WHEEL_STATUS=0
-wait "$WHEEL_PID" || WHEEL_STATUS=$?
-WHEEL_PID=""
-cat "$WHEEL_DIR/log" >&2
-if [ "$WHEEL_STATUS" -ne 0 ]; then
-  echo "test: scripts/build-wheel.sh failed (exit status $WHEEL_STATUS)" >&2
-  exit 1
-fi
-wheel="$(tail -n 1 "$WHEEL_DIR/out")"
-WHEEL_SECONDS="$(cat "$WHEEL_DIR/seconds")"
-rm -rf "$WHEEL_DIR"
-WHEEL_DIR=""
+
+phase "wheel"
+wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
 
 phase "virtualenv with the wheel"
-PHASES+=("  rust checks (fmt, clippy, cargo test) $RUST_SECONDS")
-PHASES+=("  wheel (alongside) $WHEEL_SECONDS")
 # uv (installed beside maturin by build-wheel.sh) makes the fresh virtualenv and installs
 # the wheel with its test and docs extras: the same packages pip would, in seconds. uv
 # reads no pip.conf: pip's index variables are passed on to it, and where uv still fails
