@@ -176,7 +176,7 @@ def _run(env: dict, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def prepare(work: Path, size: int, natives: List[bytes], target: Any) -> Path:
+def prepare(work: Path, size: int, natives: List[bytes], target: Any) -> None:
     """A signed bundle of ``size`` entries (and its keys beside it), made once for every
     round."""
     from xpu_zebin import _core
@@ -187,7 +187,6 @@ def prepare(work: Path, size: int, natives: List[bytes], target: Any) -> Path:
     _core.bundle_sign(str(src))
     del os.environ["XPU_ZEBIN_SIGNING_KEY"]
     (work / f"keys-{size}.json").write_text(json.dumps(keys))
-    return src
 
 
 def measure(work: Path, size: int, r: int, target: Any, env: dict,
@@ -222,7 +221,11 @@ def per_entry(got: Dict[str, float], base: Dict[str, float], size: int) -> Dict[
     return {**added, "lookup_ms": got["lookup_ms"]}
 
 
-COSTS = ("import_ms", "import_kib", "index_ms", "index_kib", "lookup_ms")
+#: Each cost measured per entry, and the name of its ratio in the report.
+RATIO_NAMES = {"import_ms": "import_ratio", "import_kib": "import_memory_ratio",
+               "index_ms": "index_ratio", "index_kib": "index_memory_ratio",
+               "lookup_ms": "lookup_ratio"}  # fmt: skip
+COSTS = tuple(RATIO_NAMES)
 
 
 def ratios(rounds: List[Dict[int, Dict[str, float]]], reference: int, largest: int) -> dict:
@@ -299,16 +302,13 @@ def main() -> int:
     # is within the noise of the fixed costs subtracted (1.2 to 6.4 ms an import, four runs).
     reference = min((z for z in sizes if z >= REFERENCE), default=sizes[0])
     got_ratios = ratios(rounds, reference, sizes[-1])
-    names = {"import_ms": "import_ratio", "import_kib": "import_memory_ratio",
-             "index_ms": "index_ratio", "index_kib": "index_memory_ratio",
-             "lookup_ms": "lookup_ratio"}  # fmt: skip
     r: Dict[str, Any] = {
         "sizes": sizes,
         "reference": reference,
         "rounds": len(rounds),
         "per_entry": rows,
-        **{names[k]: round(v.median, 2) if v else None for k, v in got_ratios.items()},
-        "bounds": {names[k]: v.bounds() for k, v in got_ratios.items() if v},
+        **{RATIO_NAMES[k]: round(v.median, 2) if v else None for k, v in got_ratios.items()},
+        "bounds": {RATIO_NAMES[k]: v.bounds() for k, v in got_ratios.items() if v},
     }
     record.write(args.output, "bundle_scale", r, ocloc)
     # Removed at the end: a large removal's discards would slow the next size's writes.

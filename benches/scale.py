@@ -332,8 +332,7 @@ def size_ratios(got: Dict[int, List[Dict[str, Any]]]) -> Dict[str, pairs.Ratio]:
 def measure(work: Path, ocloc: str, sizes: List[int], rounds: int, n: int,
             adopts: int) -> Tuple[Dict[str, Any], Dict[str, pairs.Ratio]]:  # fmt: skip
     """Every size's nodes, the sizes in order one round and in reverse the next; per size
-    the median
-    over rounds of each cost, and the last round's cleaning; the size ratios."""
+    the median over rounds of each cost, and the last round's cleaning; the size ratios."""
     got: Dict[int, List[Dict[str, Any]]] = {level: [] for level, _ in enumerate(sizes)}
     for r in range(rounds):
         order = list(range(len(sizes)))[:: -1 if r % 2 else 1]  # forward, then back
