@@ -23,7 +23,7 @@ made once and imported ``--rounds`` times (4), the sizes forward one round and b
 next.
 Reported, each a ratio measured in this run (largest size over ``reference``, the
 smallest of 10^4 entries or more, else the smallest; at most 1.25 is flat), one per round
-and their median, with its 95% interval under ``bounds`` (``pairs.py``): ``import_ratio``,
+and their median, with its 99% interval under ``bounds`` (``pairs.py``): ``import_ratio``,
 ``import_memory_ratio``, ``index_ratio``, ``index_memory_ratio`` and ``lookup_ratio``,
 with the values at every size (medians of the rounds).
 

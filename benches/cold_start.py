@@ -9,7 +9,7 @@ import`` (Triton cache hits: no front end, no IGC). The farm
 builds the set for three targets (pvc, bmg, dg2) one at a time, with ``jobs`` = cores, and
 on a local Dask cluster. Every ratio is measured in this run; the two starts in
 interleaved pairs (``pairs.py``: JIT and bundle alternate, AB then BA, each pair one ratio,
-the median and its 95% interval in ``bounds``, what it is made of in ``made_of``), each
+the median and its 99% interval in ``bounds``, what it is made of in ``made_of``), each
 side a fresh process timing itself. The farm's ratio is one run of each side.
 
     python benches/cold_start.py --ocloc <modern ocloc> [--repeat 3] [--budget 60] [--dask]

@@ -6,8 +6,9 @@ attempt, the GRF ladder (default, then large) tried one after the other, no cach
 retry rule (a failure, or any spill). Both sides use the same compiler and the same inputs:
 real Triton SPIR-V (compiled on the CPU by triton-xpu) and a generated kernel that overflows
 per-thread scratch space at default GRF. Every number is a ratio against the baseline from
-this run, from interleaved pairs (``pairs.py``): each row's median ratio, its 95% interval
-(the lower bound is the claim), how many pairs it took and what the ratio is made of.
+this run, from interleaved pairs (``pairs.py``): each row's median ratio, the 99% interval
+where another run's median should fall (the lower bound is the claim), how many pairs it
+took and what the ratio is made of.
 Prints a table and, with ``--json``, one JSON object as its last line (``bounds`` and
 ``made_of`` beside the ratios).
 
@@ -299,7 +300,8 @@ def sweep(ocloc: str, bench: Bench) -> None:
 
 class Bench:
     """One run's table rows and JSON results; every ratio is measured in this run, from
-    interleaved pairs (`pairs.py`): its median, its 95% interval, and what it is made of."""
+    interleaved pairs (`pairs.py`): its median, the 99% interval where another run's
+    median should fall, and what it is made of."""
 
     def __init__(self, repeat: int, smallest: bool = False, budget_s: float = 60.0) -> None:
         self.repeat = repeat

@@ -6,7 +6,7 @@ fresh local cache, read-only, A's key trusted) gets the same kernels. Reported, 
 measured in this run:
 
 Each ratio is the median of interleaved pairs (``pairs.py``: baseline and package
-alternate, AB then BA, each pair one ratio, a 95% interval beside it in ``bounds`` and
+alternate, AB then BA, each pair one ratio, a 99% interval beside it in ``bounds`` and
 what it is made of in ``made_of``), each side a fresh node timing itself (its process
 start is the same on both sides):
 

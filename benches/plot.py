@@ -68,7 +68,7 @@ def _spread(seconds: List[float]) -> str:
 
 
 def _ratio(x: dict, key: str) -> str:
-    """A ratio with its 95% interval and pairs, where the bench measured them."""
+    """A ratio with its 99% interval and pairs, where the bench measured them."""
     b = x.get("bounds", {}).get(key)
     if not isinstance(b, dict) or x[key] is None:
         return str(x[key])
@@ -82,7 +82,7 @@ def _compare(r: dict) -> Tuple[bytes, str]:
     chart = _bars("xpu-zebin against upstream's way (higher is better)", "speedup (log scale)",
                   labels, [("speedup", ratios)], log=True, parity=True)  # fmt: skip
     table = ["| case | baseline, median [min-max] s | xpu-zebin, median [min-max] s | ratio "
-             "| 95% interval (pairs) |",
+             "| 99% interval (pairs) |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for row, ratio in zip(rows, ratios):
         b, p = (_spread(row["baseline_s"]), _spread(row["package_s"]))

@@ -28,7 +28,7 @@ system's moods fall on every size alike), after one warm-up write:
 Reported, each a ratio measured in this run: ``write_ratio``, ``hit_ratio`` and
 ``adopt_ratio``, the cost at the largest size over that at 0 (each a round's pair: the
 largest size's node median over the smallest's in the same round; the median of the
-rounds' ratios, with its 95% interval under ``bounds`` as ``pairs.py`` gives it), and
+rounds' ratios, with its 99% interval under ``bounds`` as ``pairs.py`` gives it), and
 ``evict_ratio``, the cost per evicted entry at the largest size over that at the smallest
 size that evicts a thousand or more (at most 1.25 is flat), and
 ``evict_stall_ratio``, the most one write paid at the largest size over the same, and
