@@ -68,11 +68,16 @@ def _spread(seconds: List[float]) -> str:
 
 
 def _ratio(x: dict, key: str) -> str:
-    """A ratio with its 99% interval and pairs, where the bench measured them."""
+    """A ratio with its interval and pairs, where the bench measured them."""
     b = x.get("bounds", {}).get(key)
     if not isinstance(b, dict) or x[key] is None:
         return str(x[key])
-    return f"{x[key]} [{b['low']:.2f}-{b['high']:.2f}, {b['pairs']} pairs]"
+    return f"{x[key]} [{b['low']:.2f}-{b['high']:.2f}, {b['pairs']} pairs, {_kind(b)}]"
+
+
+def _kind(bounds: dict) -> str:
+    """Which interval a record holds: older ones, without the word, a 95% bootstrap one."""
+    return str(bounds.get("interval", "95% bootstrap"))
 
 
 def _compare(r: dict) -> Tuple[bytes, str]:
@@ -82,11 +87,15 @@ def _compare(r: dict) -> Tuple[bytes, str]:
     chart = _bars("xpu-zebin against upstream's way (higher is better)", "speedup (log scale)",
                   labels, [("speedup", ratios)], log=True, parity=True)  # fmt: skip
     table = ["| case | baseline, median [min-max] s | xpu-zebin, median [min-max] s | ratio "
-             "| 99% interval (pairs) |",
+             "| interval (pairs, kind) |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for row, ratio in zip(rows, ratios):
         b, p = (_spread(row["baseline_s"]), _spread(row["package_s"]))
-        spread = "-" if "low" not in row else f"{row['low']:.2f}-{row['high']:.2f} ({row['pairs']})"
+        spread = (
+            "-"
+            if "low" not in row
+            else (f"{row['low']:.2f}-{row['high']:.2f} ({row['pairs']}, {_kind(row)})")
+        )
         table.append(f"| {row['label']} | {b} | {p} | {ratio:.1f} | {spread} |")
     return chart, "\n".join(table)
 

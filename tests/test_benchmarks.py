@@ -123,6 +123,7 @@ def _holds_its_median(report: dict, key: str, pairs: int) -> None:
     bounds = report["bounds"][key]
     assert bounds["pairs"] == pairs, key
     assert math.isfinite(report[key]), key
+    assert bounds["interval"] == "99% prediction", key  # the record says which interval
     assert bounds["low"] - 0.006 <= report[key] <= bounds["high"] + 0.006, key
 
 
@@ -263,7 +264,8 @@ def test_a_ratio_s_interval_holds_its_median(measures):
 def test_a_ratio_s_interval_holds_another_run_s_median_99_times_in_100():
     """The interval is where another run's median of as many pairs falls: simulated runs
     (log-normal pair ratios, 10% noise, some with outliers) hold the next run's median at
-    least 97 times in 100 from 4 pairs to 32; t is the table's, then tends to the normal's."""
+    least 97 times in 100 from 4 pairs to 32 (99 to 100 in 100 here), and it is not wider
+    than that asks; t is the table's, then tends to the normal's."""
     import pairs
 
     pick = random.Random(7)
@@ -273,15 +275,41 @@ def test_a_ratio_s_interval_holds_another_run_s_median_99_times_in_100():
                  < 0.1 else 0.0) for _ in range(n)]  # fmt: skip
         return [2.0 * math.exp(e) for e in noise]
 
+    widths: dict = {}
     for n in (4, 8, 16, 32):
         for outliers in (False, True):
-            held = 0
+            held, widths[n, outliers] = 0, []
             for _ in range(300):
-                low, high = pairs.interval(run(n, outliers))
+                ratios = run(n, outliers)
+                low, high = pairs.interval(ratios)
                 held += low <= statistics.median(run(n, outliers)) <= high
+                widths[n, outliers].append(high / statistics.median(ratios) - 1)
             assert held >= 0.97 * 300, (n, outliers, held)
+    # 32 pairs of 10% noise: h = 2.744 * 1.2533 * 0.1 * sqrt(2 / 32), about +9%.
+    assert 0.07 <= statistics.median(widths[32, False]) <= 0.11
     assert pairs.t_995(3) == 5.841 and pairs.t_995(30) == pytest.approx(2.750, abs=1e-3)
+    assert pairs.t_995(31) == pytest.approx(2.744, abs=1e-3)  # the expansion from here
+    assert pairs.t_995(120) == pytest.approx(2.617, abs=1e-3)
     ts = [pairs.t_995(df) for df in range(1, 200)]
     assert ts == sorted(ts, reverse=True) and ts[-1] > 2.5758
     with pytest.raises(ValueError):
         pairs.t_995(0)
+
+
+def test_a_ratio_of_zero_or_less_has_its_lowest_and_highest_and_a_nan_is_refused():
+    """Measures that are not seconds (a cost's growth) can make a ratio of 0 or less, which
+    has no log: the interval is the ratios' lowest and highest, never a zero width that
+    would settle a row; a measure that is not a finite number is an error, not a row."""
+    import pairs
+
+    zero = pairs.summarize([0.0, 0.0, 5.0, 0.0], [1.0] * 4)
+    assert (zero.median, zero.low, zero.high, zero.settled) == (0.0, 0.0, 5.0, False)
+    assert pairs.interval([-2.0, -2.1, -1.9, -2.05]) == (-2.1, -1.9)
+    assert pairs.interval([7.0]) == (7.0, 7.0)
+    huge = pairs.interval([1e-12, 1e15])  # capped at e**50 either side: no overflow
+    assert 0 < huge[0] < huge[1] < math.inf
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite"):
+            pairs.summarize([1.0, bad], [1.0, 1.0])
+        with pytest.raises(ValueError, match="finite"):
+            pairs.interval([1.0, bad])
