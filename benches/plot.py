@@ -91,11 +91,9 @@ def _compare(r: dict) -> Tuple[bytes, str]:
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for row, ratio in zip(rows, ratios):
         b, p = (_spread(row["baseline_s"]), _spread(row["package_s"]))
-        spread = (
-            "-"
-            if "low" not in row
-            else (f"{row['low']:.2f}-{row['high']:.2f} ({row['pairs']}, {_kind(row)})")
-        )
+        spread = "-"
+        if "low" in row:
+            spread = f"{row['low']:.2f}-{row['high']:.2f} ({row['pairs']}, {_kind(row)})"
         table.append(f"| {row['label']} | {b} | {p} | {ratio:.1f} | {spread} |")
     return chart, "\n".join(table)
 
