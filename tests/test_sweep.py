@@ -3,6 +3,10 @@ GRF fallback per config: real triton-xpu, the modern compiler (the one with the 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import triton
 from triton.runtime.errors import OutOfResources
@@ -82,3 +86,80 @@ def _compile(num_warps: int, num_stages: int = 3):
     src = ASTSource(live_kernel, sig, {(names.index("BLOCK"),): LIVE_BLOCK})
     options = {"num_warps": num_warps, "num_stages": num_stages}  # what a triton.Config holds
     return triton.compile(src, target=TARGET_SIMD32, options=options)
+
+
+AST_RACE = """
+import ast, gc, json, sys, threading, time
+from xpu_zebin.triton import frontend
+
+gc.set_threshold(10, 1, 1)  # collections inside parses
+
+
+class Cycle:
+    def __del__(self):  # run by a collection inside a parse: the GIL changes hands
+        time.sleep(0)
+
+
+SOURCE = "\\n".join(f"def f{i}(x):\\n    return [x + {i} for _ in range(3) if x]"
+                   for i in range(100))  # fmt: skip
+
+
+def parses(depth, errors):  # threads parse from different stack depths, as Triton's do
+    if depth:
+        return parses(depth - 1, errors)
+    for _ in range(100):
+        for _ in range(5):
+            cycle = Cycle()
+            cycle.me = cycle
+        try:
+            ast.parse(SOURCE)
+        except SystemError as e:
+            errors.append(str(e))
+
+
+def round_of_parses():
+    errors = []
+    threads = [threading.Thread(target=parses, args=(d, errors)) for d in (0, 40, 80)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+unguarded = []
+for _ in range(5 if frontend.AST_PARSE_RACES else 1):  # until the race shows
+    unguarded = round_of_parses()
+    if unguarded:
+        break
+original = ast.parse
+frontend.parse_in_turns()
+frontend.parse_in_turns()  # once and for good: not wrapped twice
+guarded = [e for _ in range(2) for e in round_of_parses()]  # each round shows the race unguarded
+print(json.dumps({"unguarded": unguarded[:1], "guarded": guarded,
+                  "wrapped": ast.parse is not original,
+                  "once": getattr(ast.parse, "__wrapped__", None) is original}))
+"""
+
+
+def test_threads_parse_kernels_in_turns_where_cpython_races(tmp_path):
+    """CPython before 3.11.8 and 3.12.2 fails a thread's ``ast.parse`` when another parses
+    at once (python/cpython#106905); Triton parses a kernel at each compile, so configs
+    compiled on threads (sweeps, autotuning, AOT) failed with ``SystemError`` where
+    Triton's one-at-a-time autotuner does not. The stress shows the race on such a CPython,
+    then none once the package has made parses take turns."""
+    script = tmp_path / "race.py"
+    script.write_text(AST_RACE)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    from xpu_zebin.triton.frontend import AST_PARSE_RACES
+
+    assert report["guarded"] == []
+    assert report["wrapped"] is AST_PARSE_RACES
+    if AST_PARSE_RACES:  # the stress finds the race it guards against
+        assert report["once"] is True
+        assert "AST constructor recursion depth mismatch" in report["unguarded"][0]
+    else:
+        assert report["unguarded"] == []

@@ -1,12 +1,28 @@
 """Triton's front end as the package drives it: the JIT function under its wrappers, a
-config's constexprs and options, the source object for one config, and Triton's one-time
-set-up made before threads race through it."""
+config's constexprs and options, the source object for one config, and what makes Triton
+safe for threads to race through (its one-time set-up, ``ast.parse`` in turns)."""
 
 from __future__ import annotations
 
+import ast
+import functools
+import logging
+import sys
+import threading
 from typing import Any, Dict, Optional, Tuple
 
 from ..errors import InvalidArgumentError
+
+logger = logging.getLogger("xpu_zebin.triton")
+
+# CPython before 3.11.8 and 3.12.2 keeps ast.parse's recursion count in one state shared by
+# every thread: a thread switch inside a parse (a finalizer run by the garbage collector)
+# fails another thread's parse with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905, fixed by #113035). Triton parses each kernel's source
+# at every compile (JITFunction.parse), so configs compiled on threads hit it (seen here on
+# 3.11.7), where Triton's own one-at-a-time autotuner does not.
+AST_PARSE_RACES = sys.version_info < (3, 11, 8) or (3, 12) <= sys.version_info < (3, 12, 2)
+_AST_TURNS = threading.RLock()  # reentrant: a finalizer run inside a parse may parse too
 
 
 def jit_function(fn: Any) -> Any:
@@ -38,8 +54,11 @@ def split_config(config: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 def warm_triton() -> None:
     """Triton's one-time set-up, before threads race through it: its cache key reads
     sysconfig's config vars, whose first, lazy initialisation is not thread-safe (seen
-    here: ``EXT_SUFFIX`` None in a concurrent first call)."""
+    here: ``EXT_SUFFIX`` None in a concurrent first call); and ``ast.parse`` in turns where
+    CPython's races (``parse_in_turns``)."""
     import sysconfig
+
+    parse_in_turns()
 
     sysconfig.get_config_vars()
     try:
@@ -47,6 +66,27 @@ def warm_triton() -> None:
     except ImportError:  # other Triton versions: sysconfig above is the known race
         return
     triton_key()
+
+
+def parse_in_turns() -> None:
+    """On a CPython whose ``ast.parse`` races between threads (``AST_PARSE_RACES``), make
+    every parse in the process take turns, once and for good: the result is the same, and
+    a parse is short next to a compile."""
+    if not AST_PARSE_RACES or getattr(ast.parse, "_xpu_zebin_in_turns", False):
+        return
+    with _AST_TURNS:
+        if getattr(ast.parse, "_xpu_zebin_in_turns", False):
+            return
+        unguarded = ast.parse
+
+        @functools.wraps(unguarded)
+        def parse(*args: Any, **kwargs: Any) -> Any:
+            with _AST_TURNS:
+                return unguarded(*args, **kwargs)
+
+        parse._xpu_zebin_in_turns = True  # type: ignore[attr-defined]
+        ast.parse = parse
+        logger.debug("ast.parse takes turns between threads (python/cpython#106905)")
 
 
 def kernel_source(jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
