@@ -103,6 +103,10 @@ fn benches(c: &mut Criterion) {
     g.bench_function("validate_spirv_100k", |b| {
         b.iter(|| spirv::validate(black_box(&heavy)).unwrap())
     });
+    // What a cache hit reads of the same module (its key's part): against the line above.
+    g.bench_function("scan_spirv_100k", |b| {
+        b.iter(|| spirv::scan(black_box(&heavy)).unwrap())
+    });
     g.bench_function("parse_zebin", |b| {
         b.iter(|| zebin::parse(black_box(&add_zebin)).unwrap())
     });

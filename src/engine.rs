@@ -101,7 +101,9 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         )
         .into());
     }
-    let module = spirv::validate(&req.spirv)?;
+    // The key's part of the SPIR-V: a hit hands no byte to a compiler. The full
+    // validation runs before any does (`validated`).
+    let module = spirv::scan(&req.spirv)?;
     let kernel = module.select_kernel(o.kernel_name.as_deref())?;
     let own_grf = module.grf_request(&kernel);
     let ladder = checked.ladder;
@@ -112,7 +114,7 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         // The bundles come before the compiler: they may answer without it. Its error is
         // the answer to a miss, and a note beside a hit.
         Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(validated(req).err().unwrap_or(e).into()),
     };
     let key = KeyInputs {
         purpose: Purpose::Offline,
@@ -143,6 +145,12 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         ladder,
         options: o.clone(),
     })
+}
+
+/// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it;
+/// invalid SPIR-V is the answer before a missing compiler is.
+fn validated(req: &CompileRequest) -> Result<(), BuildError> {
+    spirv::validate(&req.spirv).map(|_| ())
 }
 
 /// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
@@ -296,8 +304,12 @@ fn compile_with(
     // keeping (`Settled::repeatable`).
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
-        (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
+        (None, Some(missing)) => Err(validated(req)
+            .err()
+            .unwrap_or_else(|| missing.in_context("no bundle gave it, and "))
+            .into()),
         (None, None) => {
+            validated(req)?;
             let plan = Plan {
                 ladder: &slot.ladder,
                 own_grf: slot.own_grf,

@@ -1,13 +1,17 @@
 //! SPIR-V validation before any byte reaches IGC.
 //!
 //! Measured (docs/design.md §4): random bytes given to the Level Zero driver end the whole
-//! process, and truncated SPIR-V "builds" into an empty module. So every input is parsed
-//! here first, with rspirv, and rejected with a message that says what is wrong and where.
+//! process, and truncated SPIR-V "builds" into an empty module. So every input a compiler
+//! will see is parsed here first, with rspirv, and rejected with a message that says what is
+//! wrong and where (`validate`). What a cache key needs (the kernels and the GRF modes they
+//! ask for) is read from the words alone (`scan`): a hit hands no byte to a compiler, and
+//! the full parse was most of a hit's time (6 ms of 7 for a 300 KB Triton module).
 
 use crate::error::{BuildError, ErrorKind, Result};
 use rspirv::binary::{self, Consumer, ParseAction, ParseState};
 use rspirv::dr::{self, Operand};
 use rspirv::spirv::{ExecutionMode, ExecutionModel, NamedMaximumNumberOfRegisters, Op};
+use std::collections::HashMap;
 
 const MAGIC: u32 = 0x0723_0203;
 const HEADER_BYTES: usize = 20;
@@ -166,16 +170,6 @@ struct Collector {
     defined: Defined,
     /// (id, opcode name) of every id operand, checked once all definitions are known.
     used: Vec<(u32, &'static str)>,
-    kernels: Vec<String>,
-    /// (function id, name) of every kernel entry point.
-    kernel_functions: Vec<(u32, String)>,
-    /// (function id, request) of every register-limit execution mode seen; an `Id` one
-    /// names its constant, resolved once the module is read.
-    grf_modes: Vec<(u32, ModeValue)>,
-    /// The constants those `Id` modes name: id -> value (one entry per named id, so the
-    /// table is bounded by the modes, never by the constants).
-    grf_constants: std::collections::HashMap<u32, Option<u32>>,
-    other_models: Vec<String>,
     functions: usize,
     in_function: bool,
     /// Result ids of OpExtInstImport "OpenCL.std": the one extended set whose operands are
@@ -188,35 +182,6 @@ impl Collector {
     fn fail(&mut self, message: String) -> ParseAction {
         self.problem = Some(message.clone());
         ParseAction::Error(message.into())
-    }
-}
-
-impl Collector {
-    /// Record a register-limit execution mode (SPV_INTEL_maximum_registers).
-    fn grf_mode(&mut self, operands: &[Operand]) {
-        let (Some(Operand::IdRef(f)), Some(Operand::ExecutionMode(mode))) =
-            (operands.first(), operands.get(1))
-        else {
-            return;
-        };
-        match (mode, operands.get(2)) {
-            (ExecutionMode::MaximumRegistersINTEL, Some(Operand::LiteralBit32(n))) => self
-                .grf_modes
-                .push((*f, ModeValue::Known(GrfRequest::Registers(*n)))),
-            (ExecutionMode::MaximumRegistersIdINTEL, Some(Operand::IdRef(c))) => {
-                self.grf_constants.insert(*c, None);
-                self.grf_modes.push((*f, ModeValue::Constant(*c)))
-            }
-            (
-                ExecutionMode::NamedMaximumRegistersINTEL,
-                Some(Operand::NamedMaximumNumberOfRegisters(
-                    NamedMaximumNumberOfRegisters::AutoINTEL,
-                )),
-            ) => self
-                .grf_modes
-                .push((*f, ModeValue::Known(GrfRequest::Auto))),
-            _ => {}
-        }
     }
 }
 
@@ -249,33 +214,6 @@ impl Consumer for Collector {
                 return self.fail("OpFunctionEnd outside a function".into())
             }
             Op::FunctionEnd => self.in_function = false,
-            Op::EntryPoint => match (inst.operands.first(), inst.operands.get(2)) {
-                (
-                    Some(Operand::ExecutionModel(ExecutionModel::Kernel)),
-                    Some(Operand::LiteralString(n)),
-                ) => {
-                    if let Some(Operand::IdRef(f)) = inst.operands.get(1) {
-                        self.kernel_functions.push((*f, n.clone()));
-                    }
-                    self.kernels.push(n.clone())
-                }
-                (Some(Operand::ExecutionModel(m)), Some(Operand::LiteralString(n))) => {
-                    self.other_models.push(format!("{n} ({m:?})"))
-                }
-                _ => return self.fail("OpEntryPoint without an execution model and a name".into()),
-            },
-            Op::ExecutionMode | Op::ExecutionModeId => self.grf_mode(&inst.operands),
-            // Only constants an execution mode named are kept: a bounded table (and none
-            // looked up in a module that names none: the common case stays free).
-            Op::Constant if !self.grf_constants.is_empty() => {
-                if let (Some(id), Some(Operand::LiteralBit32(value))) =
-                    (inst.result_id, inst.operands.first())
-                {
-                    if let Some(slot @ None) = self.grf_constants.get_mut(&id) {
-                        *slot = Some(*value);
-                    }
-                }
-            }
             _ => {}
         }
         if let Some(id) = inst.result_id {
@@ -373,12 +311,115 @@ enum ModeValue {
     Constant(u32),
 }
 
+/// What a module says of its kernels: its entry points, the register-limit execution modes
+/// (SPV_INTEL_maximum_registers) and the constants those modes name. Read from the words
+/// alone (`read_kernels`), for `validate` and `scan` alike, so both give the same answer.
+#[derive(Default)]
+struct Kernels {
+    names: Vec<String>,
+    /// (function id, name) of every kernel entry point.
+    functions: Vec<(u32, String)>,
+    /// Entry points of other execution models, as a message names them.
+    other_models: Vec<String>,
+    /// (function id, request) of every register-limit execution mode; an `Id` one names
+    /// its constant, resolved once the module is read.
+    grf_modes: Vec<(u32, ModeValue)>,
+    /// The 32-bit constants those `Id` modes name: id -> value (one entry per named id, so
+    /// the table is bounded by the modes, never by the constants).
+    grf_constants: HashMap<u32, Option<u32>>,
+}
+
+/// The instructions after the header: (opcode, operand words), in order. Callers have
+/// walked the stream (`check_instruction_stream`): every word count fits.
+fn instructions(bytes: &[u8]) -> impl Iterator<Item = (u32, std::ops::Range<usize>)> + '_ {
+    let words = bytes.len() / 4;
+    let mut at = HEADER_BYTES / 4;
+    std::iter::from_fn(move || {
+        if at >= words {
+            return None;
+        }
+        let first = word_at(bytes, at);
+        let count = ((first >> 16) as usize).max(1);
+        let operands = at + 1..(at + count).min(words);
+        at += count;
+        Some((first & 0xffff, operands))
+    })
+}
+
+/// A literal string's text: the bytes of `words` up to its first NUL, as UTF-8.
+fn literal_string(bytes: &[u8], words: std::ops::Range<usize>) -> Option<String> {
+    let raw = bytes.get(4 * words.start..4 * words.end)?;
+    let end = raw.iter().position(|b| *b == 0)?;
+    String::from_utf8(raw[..end].to_vec()).ok()
+}
+
+fn read_kernels(bytes: &[u8]) -> Result<Kernels> {
+    let mut k = Kernels::default();
+    for (opcode, ops) in instructions(bytes) {
+        let word = |i: usize| (ops.start + i < ops.end).then(|| word_at(bytes, ops.start + i));
+        match Op::from_u32(opcode) {
+            Some(Op::EntryPoint) => {
+                let (Some(model), Some(f), Some(name)) = (
+                    word(0),
+                    word(1),
+                    literal_string(bytes, (ops.start + 2).min(ops.end)..ops.end),
+                ) else {
+                    return Err(invalid(
+                        "OpEntryPoint without an execution model and a name",
+                    ));
+                };
+                match ExecutionModel::from_u32(model) {
+                    Some(ExecutionModel::Kernel) => {
+                        k.functions.push((f, name.clone()));
+                        k.names.push(name);
+                    }
+                    Some(m) => k.other_models.push(format!("{name} ({m:?})")),
+                    None => k.other_models.push(format!("{name} (model {model})")),
+                }
+            }
+            Some(Op::ExecutionMode | Op::ExecutionModeId) => {
+                let (Some(f), Some(mode)) = (word(0), word(1)) else {
+                    continue;
+                };
+                let value = match (ExecutionMode::from_u32(mode), word(2)) {
+                    (Some(ExecutionMode::MaximumRegistersINTEL), Some(n)) => {
+                        ModeValue::Known(GrfRequest::Registers(n))
+                    }
+                    (Some(ExecutionMode::MaximumRegistersIdINTEL), Some(c)) => {
+                        k.grf_constants.insert(c, None);
+                        ModeValue::Constant(c)
+                    }
+                    (Some(ExecutionMode::NamedMaximumRegistersINTEL), Some(n))
+                        if n == NamedMaximumNumberOfRegisters::AutoINTEL as u32 =>
+                    {
+                        ModeValue::Known(GrfRequest::Auto)
+                    }
+                    _ => continue,
+                };
+                k.grf_modes.push((f, value));
+            }
+            // Only constants a mode named (modes come first in a module): a bounded table,
+            // and none looked up in a module that names none. Result type, result id,
+            // value: one value word is 32 bits or fewer (rspirv's LiteralBit32).
+            Some(Op::Constant) if !k.grf_constants.is_empty() => {
+                if let (Some(id), Some(value)) = (word(1), word(2).filter(|_| ops.len() == 3)) {
+                    if let Some(slot @ None) = k.grf_constants.get_mut(&id) {
+                        *slot = Some(value);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(k)
+}
+
 /// The GRF mode each kernel asks for: one per kernel; two that disagree, or one naming no
 /// 32-bit integer constant, is invalid (IGC could not honour both).
-fn grf_requests(c: &Collector) -> Result<Vec<(String, GrfRequest)>> {
+fn grf_requests(k: &Kernels) -> Result<Vec<(String, GrfRequest)>> {
     let resolve = |value: ModeValue| match value {
         ModeValue::Known(request) => Ok(request),
-        ModeValue::Constant(id) => match c.grf_constants.get(&id) {
+        ModeValue::Constant(id) => match k.grf_constants.get(&id) {
             Some(Some(n)) => Ok(GrfRequest::Registers(*n)),
             _ => Err(invalid(format!(
                 "MaximumRegistersIdINTEL names %{id}, which is no 32-bit integer constant"
@@ -386,13 +427,13 @@ fn grf_requests(c: &Collector) -> Result<Vec<(String, GrfRequest)>> {
         },
     };
     let mut requests: Vec<(String, GrfRequest)> = Vec::new();
-    let functions: std::collections::HashMap<u32, &str> = c
-        .kernel_functions
+    let functions: HashMap<u32, &str> = k
+        .functions
         .iter()
         .map(|(f, name)| (*f, name.as_str()))
         .collect();
-    let mut seen: std::collections::HashMap<u32, GrfRequest> = Default::default();
-    for (f, value) in &c.grf_modes {
+    let mut seen: HashMap<u32, GrfRequest> = Default::default();
+    for (f, value) in &k.grf_modes {
         let request = resolve(*value)?;
         match seen.insert(*f, request) {
             Some(before) if before != request => {
@@ -409,6 +450,36 @@ fn grf_requests(c: &Collector) -> Result<Vec<(String, GrfRequest)>> {
         }
     }
     Ok(requests)
+}
+
+/// The kernels of a module whose header and stream are checked, and their GRF modes.
+fn kernel_info(bytes: &[u8], version: (u8, u8)) -> Result<SpirvInfo> {
+    let k = read_kernels(bytes)?;
+    if k.names.is_empty() {
+        let found = if k.other_models.is_empty() {
+            "none".to_string()
+        } else {
+            k.other_models.join(", ")
+        };
+        return Err(invalid(format!(
+            "no OpenCL kernel entry point (OpEntryPoint Kernel); found: {found}"
+        )));
+    }
+    let grf_requests = grf_requests(&k)?;
+    Ok(SpirvInfo {
+        version,
+        kernels: k.names,
+        grf_requests,
+    })
+}
+
+/// What a cache key needs of `bytes`, read from its words alone: its header and stream
+/// checked, its kernels and their GRF modes, as `validate` gives them for a module it
+/// accepts. Never enough to hand the bytes to a compiler: `validate` first.
+pub fn scan(bytes: &[u8]) -> Result<SpirvInfo> {
+    let version = check_header(bytes)?;
+    check_instruction_stream(bytes)?;
+    kernel_info(bytes, version)
 }
 
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
@@ -444,20 +515,5 @@ pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     if c.functions == 0 {
         return Err(invalid("the module defines no functions"));
     }
-    if c.kernels.is_empty() {
-        let found = if c.other_models.is_empty() {
-            "none".to_string()
-        } else {
-            c.other_models.join(", ")
-        };
-        return Err(invalid(format!(
-            "no OpenCL kernel entry point (OpEntryPoint Kernel); found: {found}"
-        )));
-    }
-    let grf_requests = grf_requests(&c)?;
-    Ok(SpirvInfo {
-        version,
-        kernels: c.kernels,
-        grf_requests,
-    })
+    kernel_info(bytes, version)
 }

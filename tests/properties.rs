@@ -20,6 +20,12 @@ fn config() -> ProptestConfig {
 
 /// A small, valid OpenCL kernel module, words.
 fn kernel_module() -> Vec<u32> {
+    kernel_module_asking(0)
+}
+
+/// The same module, its kernel asking for a GRF mode itself (SPV_INTEL_maximum_registers):
+/// none (0), 128 registers (1), the constant 256 (2), IGC's choice (3).
+fn kernel_module_asking(grf: u8) -> Vec<u32> {
     let mut b = rspirv::dr::Builder::new();
     b.set_version(1, 2);
     b.capability(spirv::Capability::Kernel);
@@ -40,6 +46,15 @@ fn kernel_module() -> Vec<u32> {
     b.ret().unwrap();
     b.end_function().unwrap();
     b.entry_point(spirv::ExecutionModel::Kernel, f, "k", vec![]);
+    match grf {
+        1 => b.execution_mode(f, spirv::ExecutionMode::MaximumRegistersINTEL, [128]),
+        2 => {
+            let regs = b.constant_bit32(int, 256);
+            b.execution_mode_id(f, spirv::ExecutionMode::MaximumRegistersIdINTEL, [regs])
+        }
+        3 => b.execution_mode(f, spirv::ExecutionMode::NamedMaximumRegistersINTEL, [0]),
+        _ => {}
+    }
     b.module().assemble()
 }
 
@@ -104,6 +119,17 @@ const ZE_INFO: &str = "version: '1.20'\nkernels:\n  - name: k\n    execution_env
 
 #[test]
 fn the_fixtures_are_what_they_claim() {
+    use xpu_zebin::spirv::GrfRequest;
+    for (grf, asks) in [
+        (1, GrfRequest::Registers(128)),
+        (2, GrfRequest::Registers(256)),
+        (3, GrfRequest::Auto),
+    ] {
+        let bytes = bytes_of(&kernel_module_asking(grf));
+        let info = xpu_zebin::spirv::validate(&bytes).unwrap();
+        assert_eq!(info.grf_request("k"), Some(asks));
+        assert_eq!(xpu_zebin::spirv::scan(&bytes).unwrap(), info);
+    }
     let info = xpu_zebin::spirv::validate(&bytes_of(&kernel_module())).unwrap();
     assert_eq!(info.kernels, vec!["k".to_string()]);
     let zebin = xpu_zebin::zebin::parse(&zebin_with(ZE_INFO.as_bytes())).unwrap();
@@ -116,15 +142,17 @@ proptest! {
     #[test]
     fn spirv_validation_never_panics_on_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = xpu_zebin::spirv::validate(&bytes);
+        let _ = xpu_zebin::spirv::scan(&bytes);
     }
 
     #[test]
     fn spirv_validation_never_panics_on_mutated_modules(
+        grf in 0u8..4,
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u32>()), 1..6),
         cut in any::<prop::sample::Index>(),
         truncate in any::<bool>(),
     ) {
-        let mut words = kernel_module();
+        let mut words = kernel_module_asking(grf);
         for (at, value) in edits {
             let i = at.index(words.len());
             words[i] = value; // the header's id bound included
@@ -132,8 +160,12 @@ proptest! {
         if truncate {
             words.truncate(cut.index(words.len() + 1));
         }
-        if let Ok(info) = xpu_zebin::spirv::validate(&bytes_of(&words)) {
+        let bytes = bytes_of(&words);
+        let scanned = xpu_zebin::spirv::scan(&bytes); // a cache key's reading: never panics
+        if let Ok(info) = xpu_zebin::spirv::validate(&bytes) {
             prop_assert!(!info.kernels.is_empty());
+            // What validation accepts, the key reads the same: a hit and a build agree.
+            prop_assert_eq!(scanned.ok(), Some(info));
         }
     }
 

@@ -144,6 +144,32 @@ def test_bad_spirv_is_rejected_before_the_compiler(ocloc, add_spirv, name, make,
     assert e.value.attempts == []  # never reached ocloc
 
 
+def _naming_an_undefined_id(spirv: bytes) -> bytes:
+    """``spirv`` with one more id in its bound and an OpName of it at the end: the key's
+    reading of the words (entry points, GRF modes) is whole, the module is not."""
+    bound = struct.unpack_from("<I", spirv, 12)[0]
+    header = spirv[:12] + struct.pack("<I", bound + 1) + spirv[16:20]
+    return header + spirv[20:] + struct.pack("<3I", (3 << 16) | 5, bound, 0x78)  # OpName "x"
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_module_whole_to_its_key_but_invalid_is_rejected_before_the_compiler(
+    ocloc, add_spirv, tmp_path, cache
+):
+    """The cache key reads only entry points and GRF modes (a hit hands no byte to a
+    compiler); a miss validates in full before ocloc sees a byte, and before a missing
+    compiler is the answer."""
+    bad = _naming_an_undefined_id(add_spirv)
+    assert xpu_zebin.validate_spirv(add_spirv) == ["add"]
+    for compiler in (ocloc, str(tmp_path / "no-ocloc")):
+        with pytest.raises(xpu_zebin.InvalidSpirvError, match="no instruction defines") as e:
+            xpu_zebin.compile(bad, device="pvc", ocloc=compiler, cache=cache,
+                              cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        assert e.value.attempts == []  # never reached ocloc
+    assert xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=cache,
+                             cache_dir=str(tmp_path / "cache")).attempts  # fmt: skip
+
+
 def test_unknown_kernel_lists_entry_points(ocloc, add_spirv):
     with pytest.raises(xpu_zebin.KernelNotFoundError, match=r"entry points: \[add\]"):
         xpu_zebin.compile(add_spirv, device="pvc", kernel_name="nope", ocloc=ocloc)

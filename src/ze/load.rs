@@ -79,11 +79,16 @@ pub struct Loaded {
 pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
 
 /// Check the input before any byte reaches the driver (random bytes end the process there).
-/// Returns the GRF mode a SPIR-V kernel asks for itself, if it does.
-fn validate(req: &LoadRequest) -> Result<Option<GrfRequest>> {
+/// Returns the GRF mode a SPIR-V kernel asks for itself, if it does. With `for_key`, SPIR-V
+/// is read only as far as its cache key needs (`spirv::scan`: a hit hands the driver no
+/// byte of it), and the build validates it in full first (`Context::build`).
+fn validate(req: &LoadRequest, for_key: bool) -> Result<Option<GrfRequest>> {
     req.options.check(&[("kernel_name", &req.kernel_name)])?;
     if req.is_spv {
-        let module = spirv::validate(&req.binary)?;
+        let module = match for_key {
+            true => spirv::scan(&req.binary)?,
+            false => spirv::validate(&req.binary)?,
+        };
         let kernel = module.select_kernel(Some(&req.kernel_name))?;
         Ok(module.grf_request(&kernel))
     } else {
@@ -297,6 +302,9 @@ impl Context<'_> {
         may_speculate: &(dyn Fn() -> bool + Sync),
     ) -> Outcome {
         let req = self.req;
+        if req.is_spv && req.options.cache {
+            spirv::validate(&req.binary)?; // read for its key only so far (`validate`)
+        }
         let isolated_build = req.is_spv && self.isolated;
         let speculation = match isolated_build {
             true => Speculation::choose(req.options.speculative, req.binary.len(), may_speculate),
@@ -414,7 +422,7 @@ fn load_inner(
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> LoadOutcome {
-    let own_grf = validate(req)?;
+    let own_grf = validate(req, req.options.cache)?;
     let o = &req.options;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
