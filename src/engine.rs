@@ -81,14 +81,16 @@ pub struct Slot {
     options: Options,
 }
 
-/// The slot that answers `req`: a request `compile` would refuse is refused here.
+/// The slot that answers `req`: a request `compile` would refuse is refused here, its
+/// SPIR-V validated in full (a slot adopts and shares entries: not a hit's hot path).
 pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
+    validated(req)?;
     prepare(req).map_err(|f| f.error)
 }
 
 /// The slot of `req`, or why `compile` refuses it: each module it asks is asked once, in
 /// one pass down (the cache's directory, the options, then the SPIR-V).
-pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
+fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     let o = &req.options;
     let cache = o.cache.then(|| Cache::open(o.cache_dir.as_deref()));
     let device = req.device.trim();
@@ -101,56 +103,70 @@ pub fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
         )
         .into());
     }
-    // The key's part of the SPIR-V: a hit hands no byte to a compiler. The full
-    // validation runs before any does (`validated`).
-    let module = spirv::scan(&req.spirv)?;
-    let kernel = module.select_kernel(o.kernel_name.as_deref())?;
-    let own_grf = module.grf_request(&kernel);
-    let ladder = checked.ladder;
-    let found = ocloc::discover(o.ocloc.as_deref())
-        .and_then(|path| ocloc::identity(&path).map(|identity| (path, identity)));
-    let ((ocloc, compiler), missing) = match found {
-        Ok(found) => (found, None),
-        // The bundles come before the compiler: they may answer without it. Its error is
-        // the answer to a miss, and a note beside a hit.
-        Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
-        Err(e) => return Err(validated(req).err().unwrap_or(e).into()),
+    // The settings' errors come first, as ever; from here on, invalid SPIR-V comes first.
+    let from_the_spirv_on = || -> Result<Slot, Box<Failure>> {
+        // The key's part of the SPIR-V: a hit hands no byte to a compiler. The full
+        // validation runs before any does (`validated`).
+        let module = spirv::scan(&req.spirv)?;
+        let kernel = module.select_kernel(o.kernel_name.as_deref())?;
+        let own_grf = module.grf_request(&kernel);
+        let ladder = checked.ladder;
+        let found = ocloc::discover(o.ocloc.as_deref())
+            .and_then(|path| ocloc::identity(&path).map(|identity| (path, identity)));
+        let ((ocloc, compiler), missing) = match found {
+            Ok(found) => (found, None),
+            // The bundles come before the compiler: they may answer without it. Its error is
+            // the answer to a miss, and a note beside a hit.
+            Err(e) if req.bundle.is_some() => (Default::default(), Some(e)),
+            Err(e) => return Err(e.into()),
+        };
+        let key = KeyInputs {
+            purpose: Purpose::Offline,
+            input: &req.spirv,
+            kernel: &kernel,
+            flags: &ladder,
+            rule: Some(checked.rule),
+            target: &[device, &compiler],
+        }
+        .key();
+        Ok(Slot {
+            cache,
+            key,
+            compiler,
+            own_grf,
+            compiler_path: match &missing {
+                None => ocloc.display().to_string(),
+                Some(_) => "the bundle's compiler".to_string(),
+            },
+            missing,
+            job: Job {
+                ocloc,
+                device: device.to_string(),
+                kernel,
+                timeout: checked.timeout,
+            },
+            rule: checked.rule,
+            ladder,
+            options: o.clone(),
+        })
     };
-    let key = KeyInputs {
-        purpose: Purpose::Offline,
-        input: &req.spirv,
-        kernel: &kernel,
-        flags: &ladder,
-        rule: Some(checked.rule),
-        target: &[device, &compiler],
-    }
-    .key();
-    Ok(Slot {
-        cache,
-        key,
-        compiler,
-        own_grf,
-        compiler_path: match &missing {
-            None => ocloc.display().to_string(),
-            Some(_) => "the bundle's compiler".to_string(),
-        },
-        missing,
-        job: Job {
-            ocloc,
-            device: device.to_string(),
-            kernel,
-            timeout: checked.timeout,
-        },
-        rule: checked.rule,
-        ladder,
-        options: o.clone(),
-    })
+    from_the_spirv_on().map_err(|failure| invalid_first(req, failure))
 }
 
-/// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it;
-/// invalid SPIR-V is the answer before a missing compiler is.
+/// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it.
 fn validated(req: &CompileRequest) -> Result<(), BuildError> {
     spirv::validate(&req.spirv).map(|_| ())
+}
+
+/// The lookup read only the key's part of the SPIR-V (`spirv::scan`): an input that is not
+/// valid SPIR-V is still the answer before anything found wrong after it, before a build
+/// (a kernel name, the levels' settings, a missing compiler), as when it was validated
+/// first.
+fn invalid_first(req: &CompileRequest, failure: Box<Failure>) -> Box<Failure> {
+    match failure.attempts.is_empty() {
+        true => validated(req).err().map_or(failure, Into::into),
+        false => failure,
+    }
 }
 
 /// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
@@ -290,6 +306,16 @@ fn compile_with(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let slot = prepare(req)?;
+    answer(req, &slot, store, cancel, may_speculate).map_err(|failure| invalid_first(req, failure))
+}
+
+fn answer(
+    req: &CompileRequest,
+    slot: &Slot,
+    store: bool,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> Outcome {
     let (fits, answering) = (slot.fits(), slot.answering());
     // Asked without the store, a request is the rebuild of one already counted (the
     // driver refused its kept build: `forget_cached`).
@@ -304,10 +330,7 @@ fn compile_with(
     // keeping (`Settled::repeatable`).
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
-        (None, Some(missing)) => Err(validated(req)
-            .err()
-            .unwrap_or_else(|| missing.in_context("no bundle gave it, and "))
-            .into()),
+        (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
         (None, None) => {
             validated(req)?;
             let plan = Plan {

@@ -22,10 +22,13 @@ pub enum Purpose {
 impl Purpose {
     /// v4 of offline and jit: the ladder hashed whole (a kernel that asks for its own
     /// GRF mode is built on the first rung only by the ladder itself, `ladder::Plan`).
+    /// v5: a hit reads only the key's part of the SPIR-V (`spirv::scan`), so an entry must
+    /// be of input this validator accepted (`spirv::validate`, before every build); bump
+    /// again when it refuses more.
     fn tag(self) -> &'static [u8] {
         match self {
-            Purpose::Offline => b"xpu-zebin/offline/v4",
-            Purpose::Jit => b"xpu-zebin/jit/v4",
+            Purpose::Offline => b"xpu-zebin/offline/v5",
+            Purpose::Jit => b"xpu-zebin/jit/v5",
             Purpose::NativeTrial => b"xpu-zebin/native-trial/v3",
             Purpose::Bundle => b"xpu-zebin/bundle/v1",
         }

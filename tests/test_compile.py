@@ -161,9 +161,11 @@ def test_a_module_whole_to_its_key_but_invalid_is_rejected_before_the_compiler(
     compiler is the answer."""
     bad = _naming_an_undefined_id(add_spirv)
     assert xpu_zebin.validate_spirv(add_spirv) == ["add"]
-    for compiler in (ocloc, str(tmp_path / "no-ocloc")):
+    # Invalid SPIR-V is the answer before a missing compiler or an unknown kernel is, as
+    # when the whole module was validated before the lookup.
+    for compiler, kernel in ((ocloc, None), (str(tmp_path / "no-ocloc"), None), (ocloc, "nope")):
         with pytest.raises(xpu_zebin.InvalidSpirvError, match="no instruction defines") as e:
-            xpu_zebin.compile(bad, device="pvc", ocloc=compiler, cache=cache,
+            xpu_zebin.compile(bad, device="pvc", ocloc=compiler, cache=cache, kernel_name=kernel,
                               cache_dir=str(tmp_path / "cache"))  # fmt: skip
         assert e.value.attempts == []  # never reached ocloc
     assert xpu_zebin.compile(add_spirv, device="pvc", ocloc=ocloc, cache=cache,

@@ -144,9 +144,10 @@ def test_bad_input_is_classified_and_the_process_lives(add_spirv, name, make, is
                                                        cache):  # fmt: skip
     """With the cache on, SPIR-V is read only as far as its key needs before the levels are
     asked; a miss validates it in full before the driver sees a byte."""
-    with pytest.raises(error) as e:
-        xpu_zebin.compile_and_load(make(add_spirv), "add", is_spv=is_spv, cache=cache)
-    assert e.value.attempts == []  # no build tried
+    for kernel in ("add", "nope"):  # invalid input is the answer before an unknown kernel
+        with pytest.raises(error) as e:
+            xpu_zebin.compile_and_load(make(add_spirv), kernel, is_spv=is_spv, cache=cache)
+        assert e.value.attempts == []  # no build tried
 
 
 def test_unknown_kernel_lists_the_module(add_spirv, system_ocloc):

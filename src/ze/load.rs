@@ -83,7 +83,6 @@ pub type LoadOutcome = std::result::Result<Loaded, Box<Failure>>;
 /// is read only as far as its cache key needs (`spirv::scan`: a hit hands the driver no
 /// byte of it), and the build validates it in full first (`Context::build`).
 fn validate(req: &LoadRequest, for_key: bool) -> Result<Option<GrfRequest>> {
-    req.options.check(&[("kernel_name", &req.kernel_name)])?;
     if req.is_spv {
         let module = match for_key {
             true => spirv::scan(&req.binary)?,
@@ -204,6 +203,8 @@ struct Context<'a> {
     timeout: Option<Duration>,
     trial: NativeTrial<'a>,
     isolated: bool,
+    /// SPIR-V read only for its key so far (`validate`): the build checks it in full first.
+    unchecked_spirv: bool,
 }
 
 impl Context<'_> {
@@ -302,8 +303,8 @@ impl Context<'_> {
         may_speculate: &(dyn Fn() -> bool + Sync),
     ) -> Outcome {
         let req = self.req;
-        if req.is_spv && req.options.cache {
-            spirv::validate(&req.binary)?; // read for its key only so far (`validate`)
+        if self.unchecked_spirv {
+            spirv::validate(&req.binary)?;
         }
         let isolated_build = req.is_spv && self.isolated;
         let speculation = match isolated_build {
@@ -417,12 +418,34 @@ fn levels_of(
     Ok((Levels::open(asked)?, key))
 }
 
+/// A load whose SPIR-V a cache may answer is read only for its key (`validate`); then an
+/// input that is not valid SPIR-V is still the answer before anything found wrong after
+/// it, before a build (a kernel name, a device, the levels' settings): the same error as
+/// with the cache off.
 fn load_inner(
     req: &LoadRequest,
     cancel: &AtomicBool,
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> LoadOutcome {
-    let own_grf = validate(req, req.options.cache)?;
+    req.options.check(&[("kernel_name", &req.kernel_name)])?; // the settings' errors first
+    let for_key = req.is_spv && req.options.cache;
+    load_answer(req, for_key, cancel, may_speculate).map_err(|failure| {
+        match for_key && failure.attempts.is_empty() {
+            true => spirv::validate(&req.binary)
+                .err()
+                .map_or(failure, Into::into),
+            false => failure,
+        }
+    })
+}
+
+fn load_answer(
+    req: &LoadRequest,
+    for_key: bool,
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> LoadOutcome {
+    let own_grf = validate(req, for_key)?;
     let o = &req.options;
     let rt = runtime()?;
     let device = rt.device_info(req.device)?.clone();
@@ -444,6 +467,7 @@ fn load_inner(
             remember: o.cache,
         },
         isolated: o.isolated()?,
+        unchecked_spirv: for_key,
     };
     let mut notes = Vec::new();
     let revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;

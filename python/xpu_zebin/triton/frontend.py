@@ -1,6 +1,6 @@
 """Triton's front end as the package drives it: the JIT function under its wrappers, a
 config's constexprs and options, the source object for one config, and what makes Triton
-safe for threads to race through (its one-time set-up, ``ast.parse`` in turns)."""
+safe for threads to race through (its one-time set-up, ``ast.parse`` against a race)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,19 @@ from ..errors import InvalidArgumentError
 
 logger = logging.getLogger("xpu_zebin.triton")
 
-# CPython before 3.11.8 and 3.12.2 keeps ast.parse's recursion count in one state shared by
-# every thread: a thread switch inside a parse (a finalizer run by the garbage collector)
-# fails another thread's parse with "SystemError: AST constructor recursion depth
-# mismatch" (python/cpython#106905, fixed by #113035). Triton parses each kernel's source
-# at every compile (JITFunction.parse), so configs compiled on threads hit it (seen here on
-# 3.11.7), where Triton's own one-at-a-time autotuner does not.
-AST_PARSE_RACES = sys.version_info < (3, 11, 8) or (3, 12) <= sys.version_info < (3, 12, 2)
-_AST_TURNS = threading.RLock()  # reentrant: a finalizer run inside a parse may parse too
+# CPython 3.11 before 3.11.8 and 3.12 before 3.12.2 keep ast.parse's recursion count in
+# one state shared by every thread: a thread switch inside a parse (a finalizer run by the
+# garbage collector) fails another thread's parse of a tree it built correctly, with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905, fixed by
+# #113035; 3.10 and older have no such count). Triton parses each kernel's source at every
+# compile (JITFunction.parse), so configs compiled on threads hit it (seen here on 3.11.7),
+# where Triton's own one-at-a-time autotuner does not.
+AST_PARSE_RACES = (3, 11) <= sys.version_info < (3, 11, 8) or (
+    (3, 12) <= sys.version_info < (3, 12, 2)
+)
+AST_PARSE_TRIES = 8
+_RACE_MESSAGES = ("AST constructor recursion depth mismatch", "during ast construction")
+_INSTALL = threading.Lock()
 
 
 def jit_function(fn: Any) -> Any:
@@ -54,11 +59,11 @@ def split_config(config: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 def warm_triton() -> None:
     """Triton's one-time set-up, before threads race through it: its cache key reads
     sysconfig's config vars, whose first, lazy initialisation is not thread-safe (seen
-    here: ``EXT_SUFFIX`` None in a concurrent first call); and ``ast.parse`` in turns where
-    CPython's races (``parse_in_turns``)."""
+    here: ``EXT_SUFFIX`` None in a concurrent first call); and ``ast.parse`` made to parse
+    again where CPython's races (``reparse_racing_parses``)."""
     import sysconfig
 
-    parse_in_turns()
+    reparse_racing_parses()
 
     sysconfig.get_config_vars()
     try:
@@ -68,25 +73,34 @@ def warm_triton() -> None:
     triton_key()
 
 
-def parse_in_turns() -> None:
+def reparse_racing_parses() -> None:
     """On a CPython whose ``ast.parse`` races between threads (``AST_PARSE_RACES``), make
-    every parse in the process take turns, once and for good: the result is the same, and
-    a parse is short next to a compile."""
-    if not AST_PARSE_RACES or getattr(ast.parse, "_xpu_zebin_in_turns", False):
+    ``ast.parse`` parse again, up to ``AST_PARSE_TRIES`` times, when it fails by the race
+    alone; once and for good. Each parse starts the shared count afresh, so a parse again
+    gives the tree the first would have. No lock: nothing held across a fork or a
+    finalizer. Code that took ``ast.parse`` into its own name before is not covered."""
+    if not AST_PARSE_RACES or getattr(ast.parse, "_xpu_zebin_reparses", False):
         return
-    with _AST_TURNS:
-        if getattr(ast.parse, "_xpu_zebin_in_turns", False):
+    with _INSTALL:
+        if getattr(ast.parse, "_xpu_zebin_reparses", False):
             return
-        unguarded = ast.parse
+        racy = ast.parse
 
-        @functools.wraps(unguarded)
+        @functools.wraps(racy)
         def parse(*args: Any, **kwargs: Any) -> Any:
-            with _AST_TURNS:
-                return unguarded(*args, **kwargs)
+            tries = 1
+            while True:
+                try:
+                    return racy(*args, **kwargs)
+                except (SystemError, RecursionError) as e:
+                    if tries >= AST_PARSE_TRIES or not any(m in str(e) for m in _RACE_MESSAGES):
+                        raise
+                    tries += 1
 
-        parse._xpu_zebin_in_turns = True  # type: ignore[attr-defined]
+        parse._xpu_zebin_reparses = True  # type: ignore[attr-defined]
         ast.parse = parse
-        logger.debug("ast.parse takes turns between threads (python/cpython#106905)")
+        logger.debug("ast.parse tries again when another thread's parse spoils it "
+                     "(python/cpython#106905)")  # fmt: skip
 
 
 def kernel_source(jit: Any, signature: Dict[str, str], constexprs: Optional[Dict[str, Any]],
