@@ -136,10 +136,8 @@ fn check_header(bytes: &[u8]) -> Result<(u8, u8)> {
 /// message with its position (rspirv's operand errors only say "expected more bytes").
 fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
     let words = bytes.len() / 4;
-    let (mut at, mut index) = (HEADER_BYTES / 4, 1usize);
-    while at < words {
-        let first = word_at(bytes, at);
-        let (count, opcode) = ((first >> 16) as usize, first & 0xffff);
+    for (i, (at, count, opcode)) in instructions(bytes).enumerate() {
+        let index = i + 1;
         if count == 0 {
             return Err(invalid(format!(
                 "instruction #{index} at word {at} (opcode {opcode}) has word count 0"
@@ -152,10 +150,26 @@ fn check_instruction_stream(bytes: &[u8]) -> Result<()> {
                 words - at
             )));
         }
-        at += count;
-        index += 1;
     }
     Ok(())
+}
+
+/// The instructions after the header, by word counts alone: (word index, word count,
+/// opcode), in order. A count may be 0 or run past the end: `check_instruction_stream`
+/// refuses both, and other callers come after it.
+fn instructions(bytes: &[u8]) -> impl Iterator<Item = (usize, usize, u32)> + '_ {
+    let words = bytes.len() / 4;
+    let mut at = HEADER_BYTES / 4;
+    std::iter::from_fn(move || {
+        if at >= words {
+            return None;
+        }
+        let first = word_at(bytes, at);
+        let count = (first >> 16) as usize;
+        let this = at;
+        at += count.max(1);
+        Some((this, count, first & 0xffff))
+    })
 }
 
 /// What one pass over the instructions collects. rspirv decodes each instruction with the
@@ -329,33 +343,18 @@ struct Kernels {
     grf_constants: HashMap<u32, Option<u32>>,
 }
 
-/// The instructions after the header: (opcode, operand words), in order. Callers have
-/// walked the stream (`check_instruction_stream`): every word count fits.
-fn instructions(bytes: &[u8]) -> impl Iterator<Item = (u32, std::ops::Range<usize>)> + '_ {
-    let words = bytes.len() / 4;
-    let mut at = HEADER_BYTES / 4;
-    std::iter::from_fn(move || {
-        if at >= words {
-            return None;
-        }
-        let first = word_at(bytes, at);
-        let count = ((first >> 16) as usize).max(1);
-        let operands = at + 1..(at + count).min(words);
-        at += count;
-        Some((first & 0xffff, operands))
-    })
-}
-
 /// A literal string's text: the bytes of `words` up to its first NUL, as UTF-8.
 fn literal_string(bytes: &[u8], words: std::ops::Range<usize>) -> Option<String> {
     let raw = bytes.get(4 * words.start..4 * words.end)?;
     let end = raw.iter().position(|b| *b == 0)?;
-    String::from_utf8(raw[..end].to_vec()).ok()
+    std::str::from_utf8(&raw[..end]).ok().map(str::to_owned)
 }
 
 fn read_kernels(bytes: &[u8]) -> Result<Kernels> {
     let mut k = Kernels::default();
-    for (opcode, ops) in instructions(bytes) {
+    let words = bytes.len() / 4;
+    for (at, count, opcode) in instructions(bytes) {
+        let ops = at + 1..(at + count).min(words);
         let word = |i: usize| (ops.start + i < ops.end).then(|| word_at(bytes, ops.start + i));
         match Op::from_u32(opcode) {
             Some(Op::EntryPoint) => {

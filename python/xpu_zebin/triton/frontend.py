@@ -77,8 +77,8 @@ def reparse_racing_parses() -> None:
     """On a CPython whose ``ast.parse`` races between threads (``AST_PARSE_RACES``), make
     ``ast.parse`` parse again, up to ``AST_PARSE_TRIES`` times, when it fails by the race
     alone; once and for good. Each parse starts the shared count afresh, so a parse again
-    gives the tree the first would have. No lock: nothing held across a fork or a
-    finalizer. Code that took ``ast.parse`` into its own name before is not covered."""
+    gives the tree the first would have. No lock around a parse: nothing held across a
+    fork or a finalizer. Code that took ``ast.parse`` into its own name before is not covered."""
     if not AST_PARSE_RACES or getattr(ast.parse, "_xpu_zebin_reparses", False):
         return
     with _INSTALL:
