@@ -150,23 +150,12 @@ fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
             options: o.clone(),
         })
     };
-    from_the_spirv_on().map_err(|failure| invalid_first(req, failure))
+    from_the_spirv_on().map_err(|failure| failure.invalid_spirv_first(&req.spirv))
 }
 
 /// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it.
 fn validated(req: &CompileRequest) -> Result<(), BuildError> {
     spirv::validate(&req.spirv).map(|_| ())
-}
-
-/// The lookup read only the key's part of the SPIR-V (`spirv::scan`): an input that is not
-/// valid SPIR-V is still the answer before anything found wrong after it, before a build
-/// (a kernel name, the levels' settings, a missing compiler), as when it was validated
-/// first.
-fn invalid_first(req: &CompileRequest, failure: Box<Failure>) -> Box<Failure> {
-    match failure.attempts.is_empty() {
-        true => validated(req).err().map_or(failure, Into::into),
-        false => failure,
-    }
 }
 
 /// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
@@ -306,7 +295,8 @@ fn compile_with(
     may_speculate: &(dyn Fn() -> bool + Sync),
 ) -> Outcome {
     let slot = prepare(req)?;
-    answer(req, &slot, store, cancel, may_speculate).map_err(|failure| invalid_first(req, failure))
+    answer(req, &slot, store, cancel, may_speculate)
+        .map_err(|failure| failure.invalid_spirv_first(&req.spirv))
 }
 
 fn answer(

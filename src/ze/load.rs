@@ -429,13 +429,9 @@ fn load_inner(
 ) -> LoadOutcome {
     req.options.check(&[("kernel_name", &req.kernel_name)])?; // the settings' errors first
     let for_key = req.is_spv && req.options.cache;
-    load_answer(req, for_key, cancel, may_speculate).map_err(|failure| {
-        match for_key && failure.attempts.is_empty() {
-            true => spirv::validate(&req.binary)
-                .err()
-                .map_or(failure, Into::into),
-            false => failure,
-        }
+    load_answer(req, for_key, cancel, may_speculate).map_err(|failure| match for_key {
+        true => failure.invalid_spirv_first(&req.binary),
+        false => failure,
     })
 }
 
