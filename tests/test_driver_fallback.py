@@ -251,7 +251,7 @@ def block_spirv() -> bytes:
     return compiled.asm["spv"]
 
 
-def test_unresolved_symbols_are_a_link_failure(system_ocloc, modern_ocloc, block_spirv):
+def test_unresolved_symbols_are_a_link_failure(system_ocloc, modern_ocloc, block_spirv, tmp_path):
     """Debian's IGC 1.x "builds" calls of 2D block builtins it does not know into imports
     nothing provides; the driver would fail at link. compile() says so, naming them."""
     with pytest.raises(xpu_zebin.LinkFailureError, match="intel_sub_group_2d_block_") as e:
@@ -263,6 +263,16 @@ def test_unresolved_symbols_are_a_link_failure(system_ocloc, modern_ocloc, block
     )
     imports = xpu_zebin.zebin_info(library.binary)["undefined_symbols"]
     assert imports and all("intel_sub_group_2d_block_" in s for s in imports)
+    # Kept in a cache, that build answers only a request that allows its imports: a hit
+    # reads them from the ELF alone, and refuses the rest with the same failure.
+    cache = {"cache": True, "cache_dir": str(tmp_path)}
+    xpu_zebin.compile(block_spirv, device="pvc", ocloc=system_ocloc, allow_unresolved=True, **cache)
+    again = xpu_zebin.compile(
+        block_spirv, device="pvc", ocloc=system_ocloc, allow_unresolved=True, **cache
+    )
+    assert again.source == "cache" and again.binary == library.binary
+    with pytest.raises(xpu_zebin.LinkFailureError, match="intel_sub_group_2d_block_"):
+        xpu_zebin.compile(block_spirv, device="pvc", ocloc=system_ocloc, **cache)
     # The modern compiler knows them; what it imports, the driver's linker provides itself.
     modern = xpu_zebin.compile(block_spirv, device="pvc", ocloc=modern_ocloc)
     assert xpu_zebin.zebin_info(modern.binary)["undefined_symbols"] == []
