@@ -13,7 +13,9 @@ median, as criterion gives, held another run's median only about 4 times in 5 (s
 Rows end on an even number of pairs: with AB, BA, AB, the median would lean to AB's order.
 Pairs are added until the interval is within ``tolerance`` of the median on both sides, or
 the row's time budget is spent, and the row says which. A claim is made on the interval's
-lower bound.
+lower bound. A row whose sides move with the process that runs them (where its heap and
+libraries landed) is made of pairs in several fresh processes (:func:`pooled`), its
+interval from the spread between them.
 """
 
 from __future__ import annotations
@@ -162,6 +164,36 @@ def summarize(
         1 + tolerance
     )
     return Ratio(median, low, high, len(ratios), settled, list(baseline_s), list(package_s))
+
+
+def pooled(processes: List[Tuple[List[float], List[float]]], tolerance: float = TOLERANCE) -> Ratio:
+    """One row from pairs made in several fresh processes, each ``(baseline seconds,
+    package seconds)``: the median of every pair's ratio, and an interval from the spread
+    of the processes' own medians (h = t(k-1) * s * sqrt(2/k) for k processes, s the
+    standard deviation of their log medians). A process's state (where its heap and
+    libraries landed) can move one side for all of its pairs; pairs from one process would
+    hide that, processes show it (pyperf spawns processes for the same reason). One
+    process: its pairs' interval (:func:`summarize`)."""
+    made = [(b, p) for b, p in processes if b]
+    if not made:
+        raise ValueError("pairs: no process made a pair")
+    baseline_s = [x for b, _ in made for x in b]
+    package_s = [y for _, p in made for y in p]
+    every = summarize(baseline_s, package_s, tolerance)
+    if len(made) == 1:
+        return every
+    medians = [summarize(b, p, tolerance).median for b, p in made]
+    if min(medians) <= 0:
+        low, high = min(medians), max(medians)
+    else:
+        k = len(medians)
+        logs = [math.log(m) for m in medians]
+        half = min(t_995(k - 1) * statistics.stdev(logs) * math.sqrt(2 / k), _MOST_LOG)
+        low = every.median * math.exp(-half)
+        high = min(every.median * math.exp(half), sys.float_info.max)
+    median = every.median
+    settled = median * (1 - tolerance) <= low <= high <= median * (1 + tolerance)
+    return Ratio(median, low, high, every.pairs, settled, baseline_s, package_s)
 
 
 def rounds(
