@@ -594,8 +594,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.rss_probe:
         return rss_probe(args.rss_probe, args.ocloc, args.spirv)
-    if args.isolation_pairs:
-        return isolation_pairs(args.spirv, args.isolation_pairs)
+    if args.isolation_pairs is not None:
+        return isolation_pairs(args.spirv, max(1, args.isolation_pairs))
     ocloc = os.fspath(xpu_zebin.find_ocloc(args.ocloc))
     bench = Bench(max(1, args.repeat), args.smallest, max(0.0, args.budget))
     print(f"compiler: {ocloc}", file=sys.stderr)
