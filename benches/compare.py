@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
@@ -402,6 +402,14 @@ def offline_cases(bench: Bench, ocloc: str, kernels: dict, batch: list) -> None:
         )  # fmt: skip
 
 
+def ze(spirv: bytes, kernel: Optional[str] = None, **kw) -> None:
+    """One Level Zero load of ``spirv``'s ``kernel`` (default: its first), no cache unless
+    asked, closed."""
+    kernel = kernel or _core.validate_spirv(spirv)[0]
+    with xpu_zebin.compile_and_load(spirv, kernel, **{"cache": False, **kw}):
+        pass
+
+
 def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
     """Level Zero on the simulated device: upstream's load_binary builds in-process, one GRF
     mode after the other; the package builds in crash-isolated workers, concurrently."""
@@ -421,11 +429,6 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
             "the driver's JIT of the SPIR-V against a load of the cached native binary (the "
             f"median of {FAST_SIDE_CALLS} loads a pair)",
         )  # fmt: skip
-
-    def ze(spirv: bytes, **kw) -> None:
-        kernel = _core.validate_spirv(spirv)[0]
-        with xpu_zebin.compile_and_load(spirv, kernel, **{"cache": False, **kw}):
-            pass
 
     def ze_many(spirvs: List[bytes]) -> None:
         reqs = [
@@ -480,13 +483,16 @@ def isolation_ratio(bench: Bench, spirv: bytes) -> pairs.Ratio:
         spirv_path = Path(tmp) / "small.spv"
         spirv_path.write_bytes(spirv)
         while True:
-            run = subprocess.run(
-                [sys.executable, __file__, "--isolation-pairs", str(count), str(spirv_path)],
-                capture_output=True, text=True, timeout=900, check=False,
-            )  # fmt: skip
+            argv = [sys.executable, __file__, "--isolation-pairs", str(count), str(spirv_path)]
+            Path(isolation_reply(str(spirv_path))).unlink(missing_ok=True)
+            try:
+                run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+            except subprocess.TimeoutExpired as e:
+                raise RuntimeError(f"isolation pairs: no pairs in {e.timeout} s") from e
             if run.returncode != 0:
                 raise RuntimeError(f"isolation pairs failed: {run.stderr[-2000:]}")
-            said = json.loads(run.stdout.strip().splitlines()[-1])
+            # A file, not stdout: a C library's late write to stdout cannot garble it.
+            said = json.loads(Path(isolation_reply(str(spirv_path))).read_text())
             made.append((said["baseline_s"], said["package_s"]))
             ratio = pairs.pooled(made)
             spent = time.perf_counter() - started >= bench.budget_s
@@ -494,20 +500,22 @@ def isolation_ratio(bench: Bench, spirv: bytes) -> pairs.Ratio:
                 return ratio
 
 
+def isolation_reply(spirv_path: str) -> str:
+    """Where a process of the isolation row writes its pairs (JSON), beside its SPIR-V."""
+    return spirv_path + ".pairs.json"
+
+
 def isolation_pairs(spirv_path: str, count: int) -> int:
-    """One process's pairs for the isolation row (JSON on stdout): the driver's in-process
-    JIT against the same build in a worker, both warm first."""
+    """One process's pairs for the isolation row (JSON, :func:`isolation_reply`): the
+    driver's in-process JIT against the same build in a worker, both warm first."""
     spirv = Path(spirv_path).read_bytes()
     kernel = _core.validate_spirv(spirv)[0]
-
-    def ze(isolated: bool) -> None:
-        with xpu_zebin.compile_and_load(spirv, kernel, cache=False, isolated=isolated):
-            pass
-
-    ze(False)  # the driver loaded in this process
-    ze(True)  # a worker started
-    ratio = pairs.measure(lambda: ze(False), lambda: ze(True), floor=count, budget_s=0)
-    print(json.dumps({"baseline_s": ratio.baseline_s, "package_s": ratio.package_s}))
+    in_process, isolated = (lambda: ze(spirv, kernel, isolated=False), lambda: ze(spirv, kernel))
+    in_process()  # the driver loaded in this process
+    isolated()  # a worker started
+    ratio = pairs.measure(in_process, isolated, floor=count, budget_s=0)
+    said = {"baseline_s": ratio.baseline_s, "package_s": ratio.package_s}
+    Path(isolation_reply(spirv_path)).write_text(json.dumps(said))
     _core.shutdown_workers()
     return 0
 

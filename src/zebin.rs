@@ -178,9 +178,12 @@ pub fn parse_reader<R: std::io::Read + std::io::Seek>(reader: R) -> Result<Zebin
 }
 
 /// The symbols a zebin imports that nothing provides (`ZebinInfo::undefined_symbols`),
-/// read from its ELF alone.
+/// read from its ELF alone (its section names checked as `parse` checks them, not its
+/// `.ze_info` YAML).
 pub fn unresolved_imports(bytes: &[u8]) -> Result<Vec<String>> {
-    Ok(undefined_symbols(&elf(bytes)?))
+    let file = elf(bytes)?;
+    usable_sections(&file)?; // a hit of a degenerate entry fails as its build would have
+    Ok(undefined_symbols(&file))
 }
 
 fn elf<'a, R: object::ReadRef<'a>>(data: R) -> Result<object::File<'a, R>> {
@@ -195,32 +198,12 @@ fn elf<'a, R: object::ReadRef<'a>>(data: R) -> Result<object::File<'a, R>> {
 
 fn parse_data<'a, R: object::ReadRef<'a>>(data: R) -> Result<ZebinInfo> {
     let file = elf(data)?;
-    let mut sections = Vec::new();
-    let mut ze_info = None;
-    for section in file.sections() {
-        let name = section.name().unwrap_or("").to_string();
-        if name == ".ze_info" {
-            let data = section
-                .data()
-                .map_err(|e| degenerate(format!(".ze_info cannot be read: {e}")))?;
-            ze_info = Some(data);
-        }
-        sections.push(name);
-    }
-    let has_text = sections.iter().any(|s| s.starts_with(".text."));
-    let has_symtab = sections.iter().any(|s| s == ".symtab");
-    if !has_text || !has_symtab {
-        return Err(degenerate(format!(
-            "zebin lacks {}: IGC likely failed without reporting an error (sections: [{}])",
-            match (has_text, has_symtab) {
-                (false, false) => ".text.* and .symtab",
-                (false, true) => ".text.*",
-                _ => ".symtab",
-            },
-            sections.join(", ")
-        )));
-    }
-    let ze_info = ze_info.ok_or_else(|| degenerate("zebin has no .ze_info section"))?;
+    let sections = usable_sections(&file)?;
+    let ze_info = file
+        .section_by_name(".ze_info")
+        .ok_or_else(|| degenerate("zebin has no .ze_info section"))?
+        .data()
+        .map_err(|e| degenerate(format!(".ze_info cannot be read: {e}")))?;
     let text =
         std::str::from_utf8(ze_info).map_err(|_| degenerate(".ze_info is not UTF-8 text"))?;
     let doc: ZeInfoDoc = serde_norway::from_str(text)
@@ -258,6 +241,32 @@ fn parse_data<'a, R: object::ReadRef<'a>>(data: R) -> Result<ZebinInfo> {
         sections,
         undefined_symbols: undefined_symbols(&file),
     })
+}
+
+/// The section names of a zebin the driver can load: `.text.*`, `.symtab` and `.ze_info`
+/// all present (what IGC leaves out when it fails silently).
+fn usable_sections<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>) -> Result<Vec<String>> {
+    let sections: Vec<String> = file
+        .sections()
+        .map(|s| s.name().unwrap_or("").to_string())
+        .collect();
+    let has_text = sections.iter().any(|s| s.starts_with(".text."));
+    let has_symtab = sections.iter().any(|s| s == ".symtab");
+    if !has_text || !has_symtab {
+        return Err(degenerate(format!(
+            "zebin lacks {}: IGC likely failed without reporting an error (sections: [{}])",
+            match (has_text, has_symtab) {
+                (false, false) => ".text.* and .symtab",
+                (false, true) => ".text.*",
+                _ => ".symtab",
+            },
+            sections.join(", ")
+        )));
+    }
+    if !sections.iter().any(|s| s == ".ze_info") {
+        return Err(degenerate("zebin has no .ze_info section"));
+    }
+    Ok(sections)
 }
 
 /// Symbols the driver's linker resolves itself (IGC's relocation names, vISA

@@ -136,6 +136,38 @@ fn the_fixtures_are_what_they_claim() {
     assert_eq!(zebin.kernels[0].spill_size, Some(64));
 }
 
+/// A hit reads only the ELF's symbols (`unresolved_imports`), yet refuses what `parse`
+/// refuses for its sections: an entry without code, symbols or `.ze_info` is no hit.
+#[test]
+fn a_zebin_missing_a_section_is_degenerate_to_both_readings() {
+    let whole = zebin_with(ZE_INFO.as_bytes());
+    assert_eq!(
+        xpu_zebin::zebin::unresolved_imports(&whole).unwrap(),
+        Vec::<String>::new()
+    );
+    for (name, renamed) in [
+        (&b".text.k"[..], &b".data.k"[..]),
+        (b".symtab", b".symtad"),
+        (b".ze_info", b".ze_infx"),
+    ] {
+        let mut zebin = whole.clone();
+        let at = zebin.windows(name.len()).position(|w| w == name).unwrap();
+        zebin[at..at + name.len()].copy_from_slice(renamed);
+        for error in [
+            xpu_zebin::zebin::parse(&zebin).map(|_| ()).unwrap_err(),
+            xpu_zebin::zebin::unresolved_imports(&zebin)
+                .map(|_| ())
+                .unwrap_err(),
+        ] {
+            assert_eq!(
+                error.kind,
+                xpu_zebin::error::ErrorKind::DegenerateBinary,
+                "{error}"
+            );
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -186,7 +218,11 @@ proptest! {
             let i = at.index(zebin.len());
             zebin[i] = value;
         }
-        let _ = xpu_zebin::zebin::parse(&zebin);
+        // What parse accepts, a hit's reading accepts, with the same imports.
+        let imports = xpu_zebin::zebin::unresolved_imports(&zebin);
+        if let Ok(info) = xpu_zebin::zebin::parse(&zebin) {
+            prop_assert_eq!(imports.ok(), Some(info.undefined_symbols));
+        }
         // Read from a file (a bundle's pack), it says the same.
         let from_reader = xpu_zebin::zebin::parse_reader(std::io::Cursor::new(&zebin));
         let kernels = |info: xpu_zebin::zebin::ZebinInfo| format!("{:?}", info.kernels);
