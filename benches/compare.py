@@ -492,7 +492,10 @@ def isolation_ratio(bench: Bench, spirv: bytes) -> pairs.Ratio:
             if run.returncode != 0:
                 raise RuntimeError(f"isolation pairs failed: {run.stderr[-2000:]}")
             # A file, not stdout: a C library's late write to stdout cannot garble it.
-            said = json.loads(Path(isolation_reply(str(spirv_path))).read_text())
+            try:
+                said = json.loads(Path(isolation_reply(str(spirv_path))).read_text())
+            except (OSError, ValueError) as e:
+                raise RuntimeError(f"isolation pairs: no reply ({e}): {run.stderr[-2000:]}") from e
             made.append((said["baseline_s"], said["package_s"]))
             ratio = pairs.pooled(made)
             spent = time.perf_counter() - started >= bench.budget_s
@@ -510,7 +513,8 @@ def isolation_pairs(spirv_path: str, count: int) -> int:
     driver's in-process JIT against the same build in a worker, both warm first."""
     spirv = Path(spirv_path).read_bytes()
     kernel = _core.validate_spirv(spirv)[0]
-    in_process, isolated = (lambda: ze(spirv, kernel, isolated=False), lambda: ze(spirv, kernel))
+    in_process = lambda: ze(spirv, kernel, isolated=False)  # noqa: E731
+    isolated = lambda: ze(spirv, kernel, isolated=True)  # noqa: E731
     in_process()  # the driver loaded in this process
     isolated()  # a worker started
     ratio = pairs.measure(in_process, isolated, floor=count, budget_s=0)

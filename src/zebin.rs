@@ -99,7 +99,8 @@ impl Fits<'_> {
     /// Unless the request allows unresolved symbols, `binary` must link, whichever level
     /// kept it (one kept here only may answer a request that allows them). Reads the ELF's
     /// symbols and relocations alone, not `.ze_info`: every hit pays this, and the YAML
-    /// was 60% of a warm hit's time (what the entry spills, its record says).
+    /// was 60% of a warm hit's time (what the entry spills, its record says; that it has
+    /// a zebin's sections, `Levels::find` checked).
     pub fn linked(&self, binary: &[u8]) -> Result<()> {
         match self.linked {
             true => self.resolves(&unresolved_imports(binary)?),
@@ -178,12 +179,9 @@ pub fn parse_reader<R: std::io::Read + std::io::Seek>(reader: R) -> Result<Zebin
 }
 
 /// The symbols a zebin imports that nothing provides (`ZebinInfo::undefined_symbols`),
-/// read from its ELF alone (its section names checked as `parse` checks them, not its
-/// `.ze_info` YAML).
+/// read from its ELF alone.
 pub fn unresolved_imports(bytes: &[u8]) -> Result<Vec<String>> {
-    let file = elf(bytes)?;
-    usable_sections(&file)?; // a hit of a degenerate entry fails as its build would have
-    Ok(undefined_symbols(&file))
+    Ok(undefined_symbols(&elf(bytes)?))
 }
 
 fn elf<'a, R: object::ReadRef<'a>>(data: R) -> Result<object::File<'a, R>> {
@@ -243,8 +241,17 @@ fn parse_data<'a, R: object::ReadRef<'a>>(data: R) -> Result<ZebinInfo> {
     })
 }
 
-/// The section names of a zebin the driver can load: `.text.*`, `.symtab` and `.ze_info`
-/// all present (what IGC leaves out when it fails silently).
+/// Whether `bytes` is an ELF with the sections every loadable zebin has (`usable_sections`),
+/// without reading its `.ze_info` YAML: what a hit of one's own cache checks (a build
+/// here was parsed whole when it was made; a hit must not cost the parse).
+pub fn has_zebin_sections(bytes: &[u8]) -> Result<()> {
+    usable_sections(&elf(bytes)?).map(|_| ())
+}
+
+/// The section names of a zebin, when it has those every loadable zebin must: `.text.*`,
+/// one `.symtab` and one `.ze_info` (what IGC leaves out when it fails silently; the
+/// driver refuses a second `.ze_info` or `.symtab`, and which one a reader took would
+/// decide its spill).
 fn usable_sections<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>) -> Result<Vec<String>> {
     let sections: Vec<String> = file
         .sections()
@@ -263,8 +270,16 @@ fn usable_sections<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>) -> Re
             sections.join(", ")
         )));
     }
-    if !sections.iter().any(|s| s == ".ze_info") {
-        return Err(degenerate("zebin has no .ze_info section"));
+    for name in [".symtab", ".ze_info"] {
+        match sections.iter().filter(|s| *s == name).count() {
+            0 => return Err(degenerate(format!("zebin has no {name} section"))),
+            1 => {}
+            n => {
+                return Err(degenerate(format!(
+                    "zebin has {n} {name} sections, not one"
+                )))
+            }
+        }
     }
     Ok(sections)
 }

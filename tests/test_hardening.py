@@ -279,6 +279,28 @@ def test_foreign_and_corrupt_entries_are_misses(add_spirv, system_ocloc, private
     assert not fourth.cached and fourth.binary == r.binary
 
 
+@pytest.mark.parametrize("allow_unresolved", [False, True], ids=["linked", "allow_unresolved"])
+def test_a_degenerate_zebin_in_ones_own_cache_is_removed_and_rebuilt(
+    add_spirv, system_ocloc, private_cache, allow_unresolved
+):
+    """An own entry whose checksum holds but whose zebin lacks a section IGC always writes
+    is refused as corrupt, removed and rebuilt: never a hit (a hit checks section names,
+    not the YAML), never an error, whether or not the request allows unresolved symbols."""
+    ask = {"device": "pvc", "ocloc": system_ocloc, "allow_unresolved": allow_unresolved}
+    r = xpu_zebin.compile(add_spirv, **ask)
+    (entry,) = (private_cache / "zebin-v3").glob("*/*.zeentry")
+    data = entry.read_bytes()
+    (meta_len,) = struct.unpack_from("<I", data, 8)
+    meta, good = data[12 : 12 + meta_len], data[12 + meta_len : -32]
+    assert good == r.binary and good.count(b".symtab\0") == 1
+    entry.write_bytes(_entry(entry.stem, meta, good.replace(b".symtab\0", b".symtad\0")))
+    again = xpu_zebin.compile(add_spirv, **ask)
+    assert not again.cached and again.binary == r.binary, again.notes
+    assert any("corrupt" in n and ".symtab" in n for n in again.notes), again.notes
+    third = xpu_zebin.compile(add_spirv, **ask)
+    assert third.cached and third.binary == r.binary  # the rebuild was kept
+
+
 def test_workers_never_import_code_from_the_callers_directory(add_spirv, tmp_path):
     """``python -m`` puts the working directory first on sys.path: a neighbour who can
     write where the caller runs must not get a worker to import their ``xpu_zebin``."""

@@ -38,7 +38,7 @@ pub struct Entry {
 trait Level: Send + Sync {
     /// What a hit at this level counts as.
     fn hits(&self) -> Counter;
-    /// This user's own entries (the local cache): no check beyond their checksum.
+    /// This user's own entries (the local cache): checked by checksum and section names.
     fn own(&self) -> bool {
         false
     }
@@ -380,9 +380,10 @@ impl Levels {
     }
 
     /// The first level's entry of `key` that is whole and `key`'s, from the level at
-    /// `from` on: one not of this user's own cache must also fit (`fits`: what the caller
-    /// needs of a binary it did not build; None: the caller checks it by loading it), and
-    /// is then copied into the faster levels.
+    /// `from` on: one of this user's own cache must have a zebin's sections, one of
+    /// another level must fit (`fits`: what the caller needs of a binary it did not build;
+    /// None: the caller checks it by loading it), and is then copied into the faster
+    /// levels.
     /// None on a miss everywhere; why an entry was not used goes into `notes`.
     pub fn find(
         &self,
@@ -403,7 +404,12 @@ impl Levels {
                         .check(&entry.binary, entry.record.spill)
                         .map(|()| entry)
                         .map_err(|e| e.message),
-                    _ => Ok(entry),
+                    // Own entries are checksummed, not parsed (a hit's cost): a zebin
+                    // lacking a section is refused (removed), then rebuilt, never a hit.
+                    (true, _) => crate::zebin::has_zebin_sections(&entry.binary)
+                        .map(|()| entry)
+                        .map_err(|e| e.message),
+                    (false, None) => Ok(entry),
                 });
             let entry = match checked {
                 Ok(entry) => entry,
