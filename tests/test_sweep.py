@@ -16,7 +16,8 @@ import xpu_zebin.triton as xt
 from xpu_zebin.triton import dropin
 
 GRF256 = "-cl-intel-256-GRF-per-thread"
-WARPS = (1, 2, 4, 8, 16, 32)
+# Not 2 warps: its spilling build costs as much as 4 to 32 together (77 KB of SPIR-V).
+WARPS = (1, 4, 8, 16, 32)
 
 
 @pytest.fixture
