@@ -23,10 +23,26 @@ fi
 PHASES=()
 PHASE_NAME=""
 PHASE_START=$SECONDS
+PHASE_CPU=0
+# The CPU seconds (user and system) of every process this script has waited for, its
+# children's and theirs: cutime and cstime of this shell ($$, also inside a subshell), in
+# clock ticks. The suite keeps both cores busy, so a phase's CPU, not its wall time,
+# shows what a change saved.
+TICKS="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+children_cpu() {
+  local stat
+  stat="$(cat "/proc/$$/stat" 2>/dev/null)" || { echo 0; return; }
+  # Fields after the command's closing parenthesis: cutime and cstime are the 14th, 15th.
+  awk -v ticks="$TICKS" '{ printf "%d", ($14 + $15) / ticks }' <<<"${stat##*) }"
+}
+phase_ends() {
+  [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME|$((SECONDS - PHASE_START))|$(($(children_cpu) - PHASE_CPU))")
+}
 phase() { # phase NAME: ends the phase before, starts NAME
-  [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME $((SECONDS - PHASE_START))")
+  phase_ends
   PHASE_NAME="$1"
   PHASE_START=$SECONDS
+  PHASE_CPU="$(children_cpu)"
   echo "== $1" >&2
 }
 report() {
@@ -34,13 +50,14 @@ report() {
   if [ -n "${SCRATCH:-}" ]; then # never ends the report: a mount left there fails rm
     rm -rf --one-file-system -- "$SCRATCH" 2>/dev/null || echo "test: $SCRATCH left behind" >&2
   fi
-  [ -z "$PHASE_NAME" ] || PHASES+=("$PHASE_NAME $((SECONDS - PHASE_START))")
-  echo "== where the time went (exit status $status)" >&2
-  local line
+  phase_ends
+  echo "== where the time went (exit status $status): wall seconds, CPU seconds" >&2
+  local line name wall cpu
   for line in "${PHASES[@]}"; do
-    printf 'phase %-34s %5d s\n' "${line% *}" "${line##* }" >&2
+    IFS='|' read -r name wall cpu <<<"$line"
+    printf 'phase %-38s %5d s  (CPU %5d s)\n' "$name" "$wall" "$cpu" >&2
   done
-  printf 'phase %-34s %5d s\n' "total" "$SECONDS" >&2
+  printf 'phase %-38s %5d s  (CPU %5d s)\n' "total" "$SECONDS" "$(children_cpu)" >&2
 }
 trap report EXIT
 
