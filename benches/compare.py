@@ -21,10 +21,12 @@ all but dask, which ``--dask`` adds).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +102,14 @@ ARCH = {
 }  # fmt: skip
 
 
+def scratch_dir(prefix: str) -> str:
+    """A new temporary directory, removed when this process ends (a run makes hundreds of
+    fresh caches: none is left behind in the temp directory)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def triton_spirv(smallest: bool = False) -> Dict[str, bytes]:
     """Real Triton SPIR-V for a few kernels, compiled on the CPU with triton-xpu
     (``smallest``: one add kernel for every add, the small matmul for both matmuls)."""
@@ -112,7 +122,8 @@ def triton_spirv(smallest: bool = False) -> Dict[str, bytes]:
     backends["intel"].compiler.__init__.__globals__["compile_module_from_src"] = lambda *a, **k: (
         ArchParser()
     )
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xpu-zebin-bench-"))
+    if "TRITON_CACHE_DIR" not in os.environ:  # a cache of this run's, removed at its end
+        os.environ["TRITON_CACHE_DIR"] = scratch_dir("xpu-zebin-bench-")
 
     target = GPUTarget("xpu", ARCH, 16)
 
@@ -252,9 +263,11 @@ def sweep(ocloc: str, bench: Bench) -> None:
     os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
     split = {"front_end_s": [], "igc_s": []}
 
+    root = scratch_dir("xpu-zebin-sweep-")  # every pair's cold caches, removed at the end
+
     def fresh_caches() -> None:
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-sweep-triton-")
-        os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-sweep-bins-")
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=root)
+        os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bins-", dir=root)
 
     def baseline() -> None:
         fresh_caches()
@@ -625,7 +638,7 @@ def main() -> int:
     if "sweep" in rows:
         sweep(ocloc, bench)
     if "memory" in rows:
-        spv_path = Path(tempfile.mkdtemp()) / "heavy.spv"
+        spv_path = Path(scratch_dir("xpu-zebin-memory-")) / "heavy.spv"
         spv_path.write_bytes(kernels["matmul128"])
         bench.results["peak_rss_mb"] = {
             "baseline_ocloc": round(peak_rss_mb("baseline", ocloc, spv_path), 1),

@@ -4,6 +4,8 @@ the cold-start benchmark: compiled to SPIR-V on the CPU by triton-xpu's own fron
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from typing import Any, Dict, List
 
@@ -287,7 +289,9 @@ def model_spirv(target: Any) -> List[Dict[str, Any]]:
     import os
 
     stub_arch_parser()
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="xpu-zebin-model-"))
+    if "TRITON_CACHE_DIR" not in os.environ:  # this run's own, removed at its end
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-model-")
+        atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
     kernels = []
     for fn, constants, warps in _configs():
         compiled = triton.compile(source(fn, constants), target=target,
