@@ -26,8 +26,8 @@ PHASE_START=$SECONDS
 PHASE_CPU=0
 # The CPU seconds (user and system) of every process this script has waited for, its
 # children's and theirs: cutime and cstime of this shell ($$, also inside a subshell), in
-# clock ticks (pytest runs under scripts/reaper.py, so its orphaned workers count too). The suite keeps both cores busy, so a phase's CPU, not its wall time,
-# shows what a change saved.
+# clock ticks (pytest runs under scripts/reaper.py, so its orphaned workers count too).
+# pytest keeps both cores busy: only less CPU makes it shorter.
 TICKS="$(getconf CLK_TCK 2>/dev/null || echo 100)"
 children_cpu() {
   local stat
