@@ -270,15 +270,15 @@ fn usable_sections<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>) -> Re
             sections.join(", ")
         )));
     }
+    if !sections.iter().any(|s| s == ".ze_info") {
+        return Err(degenerate("zebin has no .ze_info section"));
+    }
     for name in [".symtab", ".ze_info"] {
-        match sections.iter().filter(|s| *s == name).count() {
-            0 => return Err(degenerate(format!("zebin has no {name} section"))),
-            1 => {}
-            n => {
-                return Err(degenerate(format!(
-                    "zebin has {n} {name} sections, not one"
-                )))
-            }
+        let n = sections.iter().filter(|s| *s == name).count();
+        if n > 1 {
+            return Err(degenerate(format!(
+                "zebin has {n} {name} sections, not one"
+            )));
         }
     }
     Ok(sections)
