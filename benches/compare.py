@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
+from unittest import mock
 
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
@@ -258,57 +259,54 @@ def sweep(ocloc: str, bench: Bench) -> None:
     target = GPUTarget("xpu", ARCH, 32)
     names = live_kernel.arg_names
     full_sig = {n: "constexpr" if n == "BLOCK" else sig[n] for n in names}
-    saved = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "XPU_ZEBIN_CACHE_DIR")}
-    os.environ["XPU_ZEBIN_OCLOC"] = ocloc
-    os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
-    split = {"front_end_s": [], "igc_s": []}
+    # The row's variables (compiler, caches, native code) are this row's alone: the
+    # environment is given back as it was, also when the row fails.
+    with mock.patch.dict(os.environ):
+        os.environ["XPU_ZEBIN_OCLOC"] = ocloc
+        os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
+        split = {"front_end_s": [], "igc_s": []}
 
-    root = scratch_dir("xpu-zebin-sweep-")  # every pair's cold caches, removed at the end
+        root = scratch_dir("xpu-zebin-sweep-")  # every pair's cold caches, removed at the end
 
-    def fresh_caches() -> None:
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=root)
-        os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bins-", dir=root)
+        def fresh_caches() -> None:
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=root)
+            os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bins-", dir=root)
 
-    def baseline() -> None:
-        fresh_caches()
-        os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)  # Triton stops at SPIR-V
-        front = igc = 0.0
-        for c in configs:
-            t = time.perf_counter()
-            src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): block})
-            spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
-            front += time.perf_counter() - t
-            t = time.perf_counter()
+        def baseline() -> None:
+            fresh_caches()
+            os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)  # Triton stops at SPIR-V
+            front = igc = 0.0
+            for c in configs:
+                t = time.perf_counter()
+                src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): block})
+                spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
+                front += time.perf_counter() - t
+                t = time.perf_counter()
+                try:
+                    baseline_compile(ocloc, spirv.asm["spv"])
+                except RuntimeError:
+                    pass  # the overflowing config: the autotuner skips it
+                igc += time.perf_counter() - t
+            split["front_end_s"].append(front)
+            split["igc_s"].append(igc)
+
+        def package() -> None:
+            fresh_caches()
+            os.environ["TRITON_XPU_GEN_NATIVE_CODE"] = "1"
             try:
-                baseline_compile(ocloc, spirv.asm["spv"])
-            except RuntimeError:
-                pass  # the overflowing config: the autotuner skips it
-            igc += time.perf_counter() - t
-        split["front_end_s"].append(front)
-        split["igc_s"].append(igc)
+                xt.compile_configs(live_kernel, sig, configs, target=target)
+            finally:
+                os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
+                xt.uninstall()
 
-    def package() -> None:
-        fresh_caches()
-        os.environ["TRITON_XPU_GEN_NATIVE_CODE"] = "1"
-        try:
-            xt.compile_configs(live_kernel, sig, configs, target=target)
-        finally:
-            os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
-            xt.uninstall()
-
-    bench.compare(
-        "sweep_speedup", f"autotune sweep of {len(configs)} configs", baseline, package,
-        "the baseline runs Triton's front end and each config's ladder one after another; "
-        "the package runs configs on 2 cores, both GRF modes at once",
-    )  # fmt: skip
-    results["sweep_baseline_split_s"] = {
-        k: round(statistics.median(v), 2) for k, v in split.items()
-    }
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+        bench.compare(
+            "sweep_speedup", f"autotune sweep of {len(configs)} configs", baseline, package,
+            "the baseline runs Triton's front end and each config's ladder one after another; "
+            "the package runs configs on 2 cores, both GRF modes at once",
+        )  # fmt: skip
+        results["sweep_baseline_split_s"] = {
+            k: round(statistics.median(v), 2) for k, v in split.items()
+        }
 
 
 class Bench:
