@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import platform
@@ -34,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
-from unittest import mock
 
 # Level Zero on Intel's real driver with a simulated PVC device (no GPU on CI machines).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
@@ -244,6 +244,22 @@ def dask_batch(ocloc: str, batch: List[bytes], bench: Bench) -> None:
     bench.results["dask_overhead_percent"] = round(100 * (1 / local.median - 1), 1)
 
 
+@contextlib.contextmanager
+def restored(*names: str):
+    """The named environment variables as they were before the block, also when it fails;
+    the others untouched (clearing all of os.environ to restore it would leave a native
+    thread a moment with no PATH)."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def sweep(ocloc: str, bench: Bench) -> None:
     """An autotune sweep of 6 configs (num_warps 1..32) of a register-heavy kernel: as
     Triton's autotuner compiles it (one config after another, upstream make_zebin: one
@@ -259,9 +275,8 @@ def sweep(ocloc: str, bench: Bench) -> None:
     target = GPUTarget("xpu", ARCH, 32)
     names = live_kernel.arg_names
     full_sig = {n: "constexpr" if n == "BLOCK" else sig[n] for n in names}
-    # The row's variables (compiler, caches, native code) are this row's alone: the
-    # environment is given back as it was, also when the row fails.
-    with mock.patch.dict(os.environ):
+    with restored("XPU_ZEBIN_OCLOC", "TRITON_INTEL_DEVICE_ARCH", "TRITON_CACHE_DIR",
+                  "XPU_ZEBIN_CACHE_DIR", "TRITON_XPU_GEN_NATIVE_CODE"):  # fmt: skip
         os.environ["XPU_ZEBIN_OCLOC"] = ocloc
         os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
         split = {"front_end_s": [], "igc_s": []}

@@ -15,7 +15,7 @@ PREREQS_NO_TOOLCHAIN=1 source scripts/prereqs.sh
 [ -x "$BUILD_VENV/bin/python" ] || python3 -m venv "$BUILD_VENV"
 # zig is maturin's cross linker for an older glibc; auditwheel checks the result. pip
 # installs uv, uv the rest (12 s against 24 s by pip alone); uv also makes scripts/test.sh's
-# virtualenv. Where uv fails (an index only pip.conf names), pip does its job, slower.
+# virtualenv. Where uv fails (it reads no pip.conf), pip does its job, slower.
 TOOLS=("maturin>=1.7,<2" ziglang auditwheel)
 "$BUILD_VENV/bin/python" -m pip install -q "uv>=0.13,<0.14" >/dev/null
 source scripts/uv-env.sh

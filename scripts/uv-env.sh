@@ -13,7 +13,9 @@ uv_from_pip PIP_EXTRA_INDEX_URL UV_INDEX UV_EXTRA_INDEX_URL
 uv_from_pip PIP_NO_INDEX UV_NO_INDEX
 uv_from_pip PIP_CERT SSL_CERT_FILE
 if [ -z "${UV_FIND_LINKS:-}" ] && [ -n "${PIP_FIND_LINKS:-}" ]; then
-  UV_ENV+=("UV_FIND_LINKS=${PIP_FIND_LINKS// /,}") # pip separates by spaces, uv by commas
+  read -ra links <<<"${PIP_FIND_LINKS//$'\n'/ }" # pip splits on any white space, uv on commas
+  UV_ENV+=("UV_FIND_LINKS=$(IFS=,; echo "${links[*]}")")
+  unset links
 fi
 # pip takes the best version across its indexes; uv the first index's unless told.
 [ -z "${PIP_EXTRA_INDEX_URL:-}" ] || UV_ENV+=("UV_INDEX_STRATEGY=${UV_INDEX_STRATEGY:-unsafe-best-match}")
