@@ -99,12 +99,14 @@ def _batch_losing_a_worker(client, requests: list) -> list:
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_batch_costs_only_a_rerun(client, ptss_spirv, modern_ocloc):
+    # One build for each worker: the worker killed loses one (the scheduler places the
+    # second task on the idle worker; the helper waits until both are busy).
     requests = [
         dict(spirv=ptss_spirv, device="pvc", ocloc=modern_ocloc, cache=False, speculative=False)
-        for _ in range(4)
+        for _ in range(2)
     ]
     results = _batch_losing_a_worker(client, requests)
-    assert len(results) == 4
+    assert len(results) == 2
     for r in results:
         assert isinstance(r, xpu_zebin.CompileResult), r
         assert r.recovered and r.build_flags == GRF256
