@@ -260,6 +260,13 @@ def restored(*names: str):
                 os.environ[name] = value
 
 
+@restored(
+    "XPU_ZEBIN_OCLOC",
+    "TRITON_INTEL_DEVICE_ARCH",
+    "TRITON_CACHE_DIR",
+    "XPU_ZEBIN_CACHE_DIR",
+    "TRITON_XPU_GEN_NATIVE_CODE",
+)  # the row's settings are its own, also when it fails
 def sweep(ocloc: str, bench: Bench) -> None:
     """An autotune sweep of 6 configs (num_warps 1..32) of a register-heavy kernel: as
     Triton's autotuner compiles it (one config after another, upstream make_zebin: one
@@ -275,53 +282,51 @@ def sweep(ocloc: str, bench: Bench) -> None:
     target = GPUTarget("xpu", ARCH, 32)
     names = live_kernel.arg_names
     full_sig = {n: "constexpr" if n == "BLOCK" else sig[n] for n in names}
-    with restored("XPU_ZEBIN_OCLOC", "TRITON_INTEL_DEVICE_ARCH", "TRITON_CACHE_DIR",
-                  "XPU_ZEBIN_CACHE_DIR", "TRITON_XPU_GEN_NATIVE_CODE"):  # fmt: skip
-        os.environ["XPU_ZEBIN_OCLOC"] = ocloc
-        os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
-        split = {"front_end_s": [], "igc_s": []}
+    os.environ["XPU_ZEBIN_OCLOC"] = ocloc
+    os.environ["TRITON_INTEL_DEVICE_ARCH"] = "pvc"
+    split = {"front_end_s": [], "igc_s": []}
 
-        root = scratch_dir("xpu-zebin-sweep-")  # every pair's cold caches, removed at the end
+    root = scratch_dir("xpu-zebin-sweep-")  # every pair's cold caches, removed at the end
 
-        def fresh_caches() -> None:
-            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=root)
-            os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bins-", dir=root)
+    def fresh_caches() -> None:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=root)
+        os.environ["XPU_ZEBIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bins-", dir=root)
 
-        def baseline() -> None:
-            fresh_caches()
-            os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)  # Triton stops at SPIR-V
-            front = igc = 0.0
-            for c in configs:
-                t = time.perf_counter()
-                src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): block})
-                spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
-                front += time.perf_counter() - t
-                t = time.perf_counter()
-                try:
-                    baseline_compile(ocloc, spirv.asm["spv"])
-                except RuntimeError:
-                    pass  # the overflowing config: the autotuner skips it
-                igc += time.perf_counter() - t
-            split["front_end_s"].append(front)
-            split["igc_s"].append(igc)
-
-        def package() -> None:
-            fresh_caches()
-            os.environ["TRITON_XPU_GEN_NATIVE_CODE"] = "1"
+    def baseline() -> None:
+        fresh_caches()
+        os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)  # Triton stops at SPIR-V
+        front = igc = 0.0
+        for c in configs:
+            t = time.perf_counter()
+            src = ASTSource(live_kernel, full_sig, {(names.index("BLOCK"),): block})
+            spirv = triton.compile(src, target=target, options={"num_warps": c.num_warps})
+            front += time.perf_counter() - t
+            t = time.perf_counter()
             try:
-                xt.compile_configs(live_kernel, sig, configs, target=target)
-            finally:
-                os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
-                xt.uninstall()
+                baseline_compile(ocloc, spirv.asm["spv"])
+            except RuntimeError:
+                pass  # the overflowing config: the autotuner skips it
+            igc += time.perf_counter() - t
+        split["front_end_s"].append(front)
+        split["igc_s"].append(igc)
 
-        bench.compare(
-            "sweep_speedup", f"autotune sweep of {len(configs)} configs", baseline, package,
-            "the baseline runs Triton's front end and each config's ladder one after another; "
-            "the package runs configs on 2 cores, both GRF modes at once",
-        )  # fmt: skip
-        results["sweep_baseline_split_s"] = {
-            k: round(statistics.median(v), 2) for k, v in split.items()
-        }
+    def package() -> None:
+        fresh_caches()
+        os.environ["TRITON_XPU_GEN_NATIVE_CODE"] = "1"
+        try:
+            xt.compile_configs(live_kernel, sig, configs, target=target)
+        finally:
+            os.environ.pop("TRITON_XPU_GEN_NATIVE_CODE", None)
+            xt.uninstall()
+
+    bench.compare(
+        "sweep_speedup", f"autotune sweep of {len(configs)} configs", baseline, package,
+        "the baseline runs Triton's front end and each config's ladder one after another; "
+        "the package runs configs on 2 cores, both GRF modes at once",
+    )  # fmt: skip
+    results["sweep_baseline_split_s"] = {
+        k: round(statistics.median(v), 2) for k, v in split.items()
+    }
 
 
 class Bench:
