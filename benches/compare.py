@@ -378,10 +378,10 @@ class Bench:
         )  # fmt: skip
 
 
-#: Rows whose sides are one build each vary by about 9% from one pair to the next (the
-#: VM's speed): with the 4 pairs of one budget their medians moved 11% from run to run
-#: (PTSS), 8% with 8 (Level Zero retry). Four budgets give the PTSS row about 12 pairs, two
-#: the retry row about 16: the median's error about halves.
+#: Rows whose sides build one kernel each (both GRF modes) vary by about 9% from one pair
+#: to the next (the VM's speed): with the 4 pairs of one budget their medians moved 11%
+#: from run to run (PTSS), 8% with 8 (Level Zero retry). Four budgets give the PTSS row 12
+#: to 16 pairs (its median's error about halves), two the retry row about 16 (30% less).
 PTSS_BUDGETS = 4.0
 RETRY_BUDGETS = 2.0
 
