@@ -146,10 +146,9 @@ phase "wheel"
 wheel="$(bash scripts/build-wheel.sh | tail -n 1)"
 
 phase "virtualenv with the wheel"
-# uv (installed beside maturin by build-wheel.sh) makes the fresh virtualenv and installs
-# the wheel with its test and docs extras: the same packages pip would, in seconds. uv
-# reads no pip.conf: pip's index variables are passed on to it, and where uv still fails
-# (an index only pip.conf names, a proxy's certificate), pip does the same job, slower.
+# uv (installed by build-wheel.sh) makes the fresh virtualenv and installs the wheel with
+# its test and docs extras: the same packages pip would, in seconds. pip's settings reach it
+# through scripts/uv-env.sh; where uv fails (it reads no pip.conf), pip does the job, slower.
 UV="$ROOT/.build-venv/bin/uv"
 VENV="$ROOT/.test-venv"
 source scripts/uv-env.sh
