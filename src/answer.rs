@@ -30,7 +30,7 @@ pub struct Compiled {
     /// Things worth logging that are not failures (cache problems, spill retries).
     #[serde(skip)]
     pub notes: Vec<String>,
-    /// The level that answered (`store::levels`: a bundle, the local cache, the fleet's
+    /// The level that answered (`levels`: a bundle, the local cache, the fleet's
     /// store), as its hits are counted; None: built now.
     #[serde(skip)]
     pub level: Option<Counter>,

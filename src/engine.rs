@@ -1,5 +1,5 @@
 //! The offline compile engine: validate, ask the levels of native code
-//! (`store::levels`: bundles, the local cache, the fleet's store), and on a miss run the GRF
+//! (`levels`: bundles, the local cache, the fleet's store), and on a miss run the GRF
 //! ladder through ocloc, classify, choose (`ladder::settle`), and keep the answer in the
 //! levels. `compile_many` runs requests with bounded parallelism.
 
@@ -13,7 +13,7 @@ use crate::ladder::{self, Plan, Speculation};
 use crate::ocloc::{self, Built, Job};
 use crate::options::Options;
 use crate::spill::Path;
-use crate::store::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Target};
+use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Target};
 use crate::{batch, spirv};
 use std::sync::atomic::AtomicBool;
 

@@ -1,7 +1,7 @@
 //! Which attempts, in which order: the GRF ladder run by every backend (ocloc and Level
 //! Zero), in sequence or speculatively (both GRF modes at once, the loser cancelled), and
 //! the choice between the attempts made ([`settle`]): the same code for both backends. The
-//! ladder knows no cache: the engine asks the levels (`store::levels`) before it runs.
+//! ladder knows no cache: the engine asks the levels (`levels`) before it runs.
 //! The policy itself is `grf.rs` and `spill.rs`.
 
 use crate::attempt::{Attempt, Build, Record, Tried};

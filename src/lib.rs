@@ -23,6 +23,7 @@ pub mod grf;
 pub mod key;
 pub mod knobs;
 pub mod ladder;
+pub mod levels;
 pub mod libocloc;
 pub mod ocloc;
 pub mod options;

@@ -2,7 +2,7 @@
 //! kernel, read its spills, and retry in large GRF mode exactly as upstream `load_binary`
 //! does. SPIR-V is built in crash-isolated workers (`build.rs`) and only the chosen native
 //! binary is loaded here; a native binary handed in is loaded in a worker first. A SPIR-V
-//! load asks the levels of native code first (`store::levels`: the local cache, the
+//! load asks the levels of native code first (`levels`: the local cache, the
 //! fleet's store) and keeps its native binary there, so a warm load of the same kernel
 //! skips the JIT.
 
@@ -18,7 +18,7 @@ use crate::ladder::{self, Failure, Plan, Settled, Speculation};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
-use crate::store::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Target};
+use crate::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -71,7 +71,7 @@ pub struct Loaded {
     pub notes: Vec<String>,
     /// Built here from SPIR-V (else a native binary was handed in).
     pub from_spirv: bool,
-    /// The level that answered (`store::levels`: a bundle, the local cache, the fleet's
+    /// The level that answered (`levels`: a bundle, the local cache, the fleet's
     /// store); None when built or loaded here.
     pub level: Option<crate::cache::Counter>,
 }
@@ -277,7 +277,7 @@ impl Context<'_> {
                         "kernel '{}': native binary from {} did not load ({e}); trying the \
                          next level",
                         self.req.kernel_name,
-                        crate::store::levels::said(counter)
+                        crate::levels::said(counter)
                     );
                     if counter != crate::cache::Counter::LocalHits {
                         crate::diag::warn_once(&what, what.clone());

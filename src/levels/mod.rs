@@ -9,9 +9,11 @@
 //! the level that answered, in the ledger of the directory the request uses (`count`). A
 //! fresh build goes into every level this node may write.
 
-use super::accounts;
-use super::format;
-use super::remote::{self, Config, Wanted};
+pub mod accounts;
+pub use accounts::Answered;
+
+use crate::store::format;
+use crate::store::remote::{self, Config, Wanted};
 use crate::attempt::{Attempt, Record};
 use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
@@ -269,18 +271,6 @@ pub fn said(level: Counter) -> &'static str {
         Counter::StoreHits => "the fleet's store",
         _ => "the local cache",
     }
-}
-
-/// A request's answer, as it is counted.
-pub enum Answered<'a> {
-    /// From a level (its counter); `attempts`: the entry's own, the compile time saved.
-    Hit(Counter, &'a [Attempt]),
-    /// Compiled here: every attempt made.
-    Built(&'a [Attempt]),
-    /// Compiled here and failed: every attempt made (a retry that failed is no retry).
-    Failed(&'a [Attempt]),
-    /// Refused before any compile (a bad setting): a request, not a compile.
-    Refused,
 }
 
 /// What a request looks for in the bundles: the caller's query, and what the bundles' own

@@ -2,10 +2,21 @@
 //! `xpu-zebin stats`: one atomic add per counter, never a failure of the compile. Called
 //! once per request, by `levels::Levels::count`.
 
-use super::levels::Answered;
 use crate::attempt::Attempt;
 use crate::cache::{Counter, Ledger};
 use crate::error::ErrorKind;
+
+/// A request's answer, as it is counted.
+pub enum Answered<'a> {
+    /// From a level (its counter); `attempts`: the entry's own, the compile time saved.
+    Hit(Counter, &'a [Attempt]),
+    /// Compiled here: every attempt made.
+    Built(&'a [Attempt]),
+    /// Compiled here and failed: every attempt made (a retry that failed is no retry).
+    Failed(&'a [Attempt]),
+    /// Refused before any compile (a bad setting): a request, not a compile.
+    Refused,
+}
 
 fn micros(attempts: &[Attempt]) -> u64 {
     let seconds: f64 = attempts.iter().map(|a| a.seconds.max(0.0)).sum();
