@@ -10,10 +10,10 @@ use crate::cache::Counter;
 use crate::error::{BuildError, ErrorKind};
 use crate::key::{KeyInputs, Purpose};
 use crate::ladder::{self, Plan, Speculation};
+use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Refusal, Target, Turn};
 use crate::ocloc::{self, Built, Job};
 use crate::options::Options;
 use crate::spill::Path;
-use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Target};
 use crate::{batch, spirv};
 use std::sync::atomic::AtomicBool;
 
@@ -265,6 +265,13 @@ impl Slot {
         ))
     }
 
+    /// How long a request waits for another's build of its key: as long as its own build
+    /// may take (every rung of its ladder at its time limit), and the time to see a holder
+    /// stalled; None when its builds have no time limit.
+    fn wait_bound(&self) -> Option<std::time::Duration> {
+        crate::levels::claims::wait_bound(self.job.timeout, self.ladder.len())
+    }
+
     /// What this slot's answer says beside its entry.
     fn answering(&self) -> Answering<'_> {
         Answering {
@@ -313,7 +320,30 @@ fn answer(
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
-    let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
+    let (levels, mut found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
+    // A miss: a failure remembered, or this request's turn (its claim held to the end,
+    // after its answer is kept), or another's build waited for and the levels asked again.
+    let mut claim = None;
+    let mut waited = false;
+    if found.is_none() && slot.missing.is_none() {
+        match levels.after_miss(key, slot.wait_bound(), cancel, &mut notes) {
+            Turn::Build(held) => claim = held,
+            Turn::Ready(_) => {
+                found = levels.find(0, key, target, Some(fits), &mut notes)?;
+                waited = found.is_some();
+            }
+            Turn::Remembered(refusal, after) => {
+                levels.told_remembered(&refusal, after, counted, &mut notes);
+                let (error, attempts) = (refusal.error, refusal.attempts);
+                return Err(Box::new(Failure {
+                    error,
+                    attempts,
+                    notes,
+                }));
+            }
+            Turn::Cancelled => return Err(crate::levels::cancelled_wait().into()),
+        }
+    }
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
     notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
     // An entry, the level that gave it, and for a build made now whether it is worth
@@ -339,6 +369,9 @@ fn answer(
                 |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
                 |built: Built, _| Ok(built.binary),
             )
+            .inspect_err(|f| {
+                notes.extend(levels.remember(key, &Refusal::of(&f.error, &f.attempts)))
+            })
             .map(|settled| {
                 notes.extend(settled.notes);
                 let (record, binary) = (settled.record, settled.product);
@@ -376,6 +409,7 @@ fn answer(
     let fell_through = slot.missing.is_some() && outcome.is_err();
     if counted && !fell_through {
         levels.count(match &outcome {
+            Ok(c) if waited => Answered::Waited(&c.attempts),
             Ok(c) => match c.level {
                 Some(level) => Answered::Hit(level, &c.attempts),
                 None => Answered::Built(&c.attempts),
@@ -384,6 +418,7 @@ fn answer(
             Err(f) => Answered::Failed(&f.attempts),
         });
     }
+    drop(claim); // let go once the answer is kept: its waiters find it
     outcome
 }
 

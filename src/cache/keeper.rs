@@ -119,21 +119,7 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
             open().ok().map(std::sync::Arc::new).filter(|f| ours(f))?
         }
     };
-    let hanging = crate::sync::lock(HANGING.get()).contains(&id);
-    let answer = if hanging {
-        Err(std::io::Error::other(
-            "a lock call here did not answer in time",
-        ))
-    } else {
-        record_lock_within(file.clone(), LOCK_DEADLINE)
-    };
-    if answer
-        .as_ref()
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
-    {
-        crate::sync::lock(HANGING.get()).push(id);
-    }
-    let lock = match answer {
+    let lock = match lock_now(id, file.clone()) {
         // A process that could not take the POSIX lock on this file system (a transient
         // refusal, a client mounted otherwise) may hold the lease instead.
         Ok(true) if lease::held_by_another(dir) => return None,
@@ -151,6 +137,26 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
         _lock: lock,
         _turn: turn,
     })
+}
+
+/// A POSIX record lock on `file`, a file of the directory `dir` (its device and inode),
+/// taken without waiting: Ok(false) when another process holds it, an error when the file
+/// system refuses such locks or the call did not answer within `LOCK_DEADLINE` (then the
+/// directory is not asked again by this process).
+pub(crate) fn lock_now(dir: (u64, u64), file: std::sync::Arc<File>) -> std::io::Result<bool> {
+    if crate::sync::lock(HANGING.get()).contains(&dir) {
+        return Err(std::io::Error::other(
+            "a lock call here did not answer in time",
+        ));
+    }
+    let answer = record_lock_within(file, LOCK_DEADLINE);
+    if answer
+        .as_ref()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    {
+        crate::sync::lock(HANGING.get()).push(dir);
+    }
+    answer
 }
 
 /// `record_lock`, answered within `deadline` (else `TimedOut`): the call is made by a

@@ -170,11 +170,34 @@ impl Drop for Lease {
     }
 }
 
+impl Lease {
+    /// Date the lease now, while it is still this holder's: a lease renewed is never
+    /// taken over for its age. False when it is no longer this holder's.
+    pub fn renew(&self) -> bool {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&self.path);
+        let Ok(file) = file else { return false };
+        let mut text = String::new();
+        let read = (&file).take(MAX_LINE).read_to_string(&mut text);
+        let mine = read.is_ok() && Holder::parse(&text).is_some_and(|h| h.token == self.token);
+        mine && file.set_modified(SystemTime::now()).is_ok()
+    }
+}
+
 /// The lease of `dir`, when no one holds it (one whose holder is gone, one older or dated
 /// further ahead than `LEASE`, or anything but this user's regular file at its name, is
 /// taken over).
 pub fn take(dir: &Path) -> Option<Lease> {
-    let path = dir.join(NAME);
+    take_at(&dir.join(NAME), LEASE)
+}
+
+/// The lease at `path` (a key's claim, `levels::claims`), taken as `take` takes a
+/// directory's, over when older than `max_age`.
+pub fn take_at(path: &Path, max_age: Duration) -> Option<Lease> {
+    let path = path.to_path_buf();
+    let dir = path.parent()?;
     match make(&path) {
         Ok(lease) => return lease,
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return None,
@@ -183,7 +206,7 @@ pub fn take(dir: &Path) -> Option<Lease> {
     let Some(seen) = look(&path) else {
         return make(&path).ok().flatten(); // let go meanwhile
     };
-    if !stale(&seen) {
+    if !stale(&seen, max_age) {
         return None;
     }
     // Moved aside, then checked to be the lease judged stale (its inode, last change and
@@ -210,11 +233,12 @@ pub fn take(dir: &Path) -> Option<Lease> {
 /// the POSIX lock, in case another on the same file system could not).
 pub fn held_by_another(dir: &Path) -> bool {
     let path = dir.join(NAME);
-    look(&path).is_some_and(|seen| !stale(&seen))
+    look(&path).is_some_and(|seen| !stale(&seen, LEASE))
 }
 
-/// Whether a lease found may be taken over.
-fn stale(found: &Found) -> bool {
+/// Whether a lease found may be taken over (older than `max_age`, its holder gone, or not
+/// a lease).
+fn stale(found: &Found, max_age: Duration) -> bool {
     let age = found
         .modified
         .map(|t| match SystemTime::now().duration_since(t) {
@@ -222,7 +246,7 @@ fn stale(found: &Found) -> bool {
             Err(ahead) => ahead.duration(),
         });
     !found.ours
-        || age.is_none_or(|a| a > LEASE)
+        || age.is_none_or(|a| a > max_age)
         || found.holder.as_ref().is_some_and(Holder::gone_from_here)
 }
 

@@ -141,10 +141,13 @@ pub enum Counter {
     Evictions,
     CompileMicros,
     SavedMicros,
+    Waits,
+    WaitSavedMicros,
+    RememberedFailures,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 18] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -160,6 +163,9 @@ impl Counter {
         Counter::Evictions,
         Counter::CompileMicros,
         Counter::SavedMicros,
+        Counter::Waits,
+        Counter::WaitSavedMicros,
+        Counter::RememberedFailures,
     ];
 
     pub fn name(self) -> &'static str {
@@ -179,6 +185,9 @@ impl Counter {
             Counter::Evictions => "evictions",
             Counter::CompileMicros => "compiler_microseconds",
             Counter::SavedMicros => "saved_microseconds",
+            Counter::Waits => "waits",
+            Counter::WaitSavedMicros => "wait_saved_microseconds",
+            Counter::RememberedFailures => "remembered_failures",
         }
     }
 }

@@ -17,8 +17,8 @@
 //! fail a compile; every problem comes back as a note.
 
 mod hosts;
-mod keeper;
-mod lease;
+pub(crate) mod keeper;
+pub(crate) mod lease;
 mod ledger;
 mod migrate;
 pub mod stats;

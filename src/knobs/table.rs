@@ -90,6 +90,16 @@ pub const KNOBS: &[Knob] = &[
         "seconds per compiler run (0: no limit; at most 1e9)",
     ),
     engine(
+        "XPU_ZEBIN_SHARE_BUILDS",
+        Kind::Bool,
+        "true",
+        "true: one build per kernel for every thread, process and host using one cache \
+         directory (a request that misses a kernel another is building waits for it and is \
+         answered from its entry), and a failure that repeats (PTSS in both GRF modes, a \
+         kernel the compiler refuses) is remembered for its kernel and compiler; false: \
+         each request builds for itself",
+    ),
+    engine(
         "XPU_ZEBIN_PERSISTENT",
         Kind::Bool,
         "true",

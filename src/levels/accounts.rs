@@ -16,6 +16,11 @@ pub enum Answered<'a> {
     Failed(&'a [Attempt]),
     /// Refused before any compile (a bad setting): a request, not a compile.
     Refused,
+    /// From another's build of the same key, waited for; `attempts`: that build's own.
+    Waited(&'a [Attempt]),
+    /// A failure that repeats, remembered from an earlier build of the key (or the build
+    /// waited for); `attempts`: that build's own.
+    Remembered(&'a [Attempt]),
 }
 
 fn micros(attempts: &[Attempt]) -> u64 {
@@ -30,6 +35,14 @@ pub fn count(ledger: &Ledger, answered: Answered<'_>) {
         Answered::Refused => {}
         Answered::Hit(level, attempts) => {
             ledger.count(level, 1);
+            ledger.count(Counter::SavedMicros, micros(attempts));
+        }
+        Answered::Waited(attempts) => {
+            ledger.count(Counter::Waits, 1);
+            ledger.count(Counter::WaitSavedMicros, micros(attempts));
+        }
+        Answered::Remembered(attempts) => {
+            ledger.count(Counter::RememberedFailures, 1);
             ledger.count(Counter::SavedMicros, micros(attempts));
         }
         Answered::Built(attempts) | Answered::Failed(attempts) => {

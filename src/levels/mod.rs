@@ -10,16 +10,21 @@
 //! fresh build goes into every level this node may write.
 
 pub mod accounts;
+pub mod claims;
 pub use accounts::Answered;
 
-use crate::store::format;
-use crate::store::remote::{self, Config, Wanted};
 use crate::attempt::{Attempt, Record};
 use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
-use crate::error::Result;
+use crate::error::{BuildError, Result};
 use crate::options::Options;
+use crate::store::format;
+use crate::store::remote::{self, Config, Wanted};
 pub use crate::zebin::Fits;
+use claims::{Claim, Claims, Waited};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 /// What an entry is built for, as the fleet's store signs it: the device and the
 /// compiler's identity (the offline path: the ocloc device and IGC; Level Zero: no
@@ -28,6 +33,14 @@ pub use crate::zebin::Fits;
 pub struct Target<'a> {
     pub device: &'a str,
     pub compiler: &'a str,
+}
+
+impl Target<'_> {
+    /// No target: the local level keys entries by key alone.
+    const NONE: Target<'static> = Target {
+        device: "",
+        compiler: "",
+    };
 }
 
 /// An entry as a level answered it: the record and the native binary.
@@ -308,6 +321,66 @@ pub struct Levels {
     levels: Vec<Box<dyn Level>>,
     /// The request's cache, whose ledger counts its answer (made with the directory).
     cache: Option<Cache>,
+    /// The claims that make one build per key, and where failures that repeat are kept
+    /// (None: the cache is off, or `XPU_ZEBIN_SHARE_BUILDS` is false).
+    claims: Option<Claims>,
+}
+
+/// Whether builds are shared: one build per key, failures that repeat remembered.
+pub const SHARE_BUILDS_ENV: &str = "XPU_ZEBIN_SHARE_BUILDS";
+
+/// A failure that repeats, as the levels keep it for its key: the error (with the
+/// compiler's log) and every attempt made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Refusal {
+    pub error: BuildError,
+    pub attempts: Vec<Attempt>,
+}
+
+impl Refusal {
+    /// A build's failure: its error (with the compiler's log) and every attempt made.
+    pub fn of(error: &BuildError, attempts: &[Attempt]) -> Refusal {
+        Refusal {
+            error: error.clone(),
+            attempts: attempts.to_vec(),
+        }
+    }
+
+    /// Would a build of the same key fail the same way again: every attempt failed in a
+    /// way that repeats (`ErrorKind::is_repeatable`: not a timeout, a cancel, a crash).
+    fn repeats(&self) -> bool {
+        !self.attempts.is_empty()
+            && self.error.kind.is_repeatable()
+            && self
+                .attempts
+                .iter()
+                .all(|a| a.error.as_ref().is_some_and(|e| e.kind.is_repeatable()))
+    }
+}
+
+/// A request's turn after every level missed (`Levels::after_miss`).
+pub enum Turn {
+    /// Build: holding the key's claim (its waiters are answered from what is kept), or
+    /// alone (claims off, or waiting gave up: the notes say why).
+    Build(Option<Claim>),
+    /// Another's build of the key was kept meanwhile: ask the levels again (waited this long).
+    Ready(Duration),
+    /// The key failed in a way that repeats: by an earlier build, or by the one this
+    /// request waited for (how long).
+    Remembered(Refusal, Option<Duration>),
+    /// The request's cancel was set while it waited.
+    Cancelled,
+}
+
+/// The error of a request cancelled while it waited for another's build.
+pub fn cancelled_wait() -> BuildError {
+    let why = "cancelled while waiting for another process's build of this kernel";
+    BuildError::new(crate::error::ErrorKind::Cancelled, why)
+}
+
+/// The key a failure of `key` is kept under (a failure is never an entry of its key).
+fn failure_key(key: &str) -> String {
+    cache::key(&[b"a failure that repeats", key.as_bytes()])
 }
 
 impl Levels {
@@ -330,6 +403,7 @@ impl Levels {
             return Ok(Levels {
                 levels,
                 cache: None,
+                claims: None,
             });
         };
         levels.push(Box::new(Local(cache.clone())));
@@ -339,10 +413,125 @@ impl Levels {
                 cache: cache.clone(),
             }));
         }
+        let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)?;
         Ok(Levels {
             levels,
+            claims: shared.then(|| Claims::of(cache.dir())),
             cache: Some(cache),
         })
+    }
+
+    /// After every level missed `key`: a failure of it that repeats, kept by an earlier
+    /// build; else this request's turn: it takes the key's claim and builds, or waits for
+    /// the build of the one that holds it (at most `bound`, None: as long as the holder
+    /// lives and renews its claim) and asks the levels again.
+    pub fn after_miss(
+        &self,
+        key: &str,
+        bound: Option<Duration>,
+        cancel: &AtomicBool,
+        notes: &mut Vec<String>,
+    ) -> Turn {
+        let Some(claims) = &self.claims else {
+            return Turn::Build(None);
+        };
+        if let Some(refusal) = self.remembered(key, notes) {
+            return Turn::Remembered(refusal, None);
+        }
+        // Kept by another: an entry of the key in this user's own level, or its failure.
+        let kept = |notes: &mut Vec<String>| -> Option<Option<Refusal>> {
+            let local = self.levels.iter().find(|l| l.own())?;
+            let entry = local.get(key, Target::NONE, notes).ok().flatten();
+            match entry {
+                Some(_) => Some(None),
+                None => self.remembered(key, notes).map(Some),
+            }
+        };
+        let mut seen = Vec::new();
+        let waited = claims.wait(key, bound, cancel, || kept(&mut seen));
+        seen.dedup();
+        notes.append(&mut seen);
+        match waited {
+            Waited::Mine(claim) => Turn::Build(Some(claim)),
+            Waited::Alone(why) => {
+                notes.push(format!("built without waiting: {why}"));
+                Turn::Build(None)
+            }
+            Waited::Answered(None, waited) => {
+                let waited_s = waited.as_secs_f64();
+                notes.push(format!(
+                    "waited {waited_s:.2} s for another's build of this kernel: answered from it"
+                ));
+                Turn::Ready(waited)
+            }
+            Waited::Answered(Some(refusal), waited) => Turn::Remembered(refusal, Some(waited)),
+            Waited::Cancelled => Turn::Cancelled,
+        }
+    }
+
+    /// The failure of `key` kept as one that repeats, if any (one that does not decode
+    /// under its key is removed, and said).
+    fn remembered(&self, key: &str, notes: &mut Vec<String>) -> Option<Refusal> {
+        let cache = self.cache.as_ref()?;
+        let at = failure_key(key);
+        let raw = cache.read_entry(&at).unwrap_or_else(|note| {
+            notes.push(note);
+            None
+        })?;
+        match cache::decode::<Refusal>(&at, &raw) {
+            Ok((refusal, _)) if refusal.repeats() => Some(refusal),
+            Ok(_) => {
+                notes.push(cache.refuse(&at, raw.len() as u64, "not a failure that repeats"));
+                None
+            }
+            Err(why) => {
+                notes.push(cache.refuse(&at, raw.len() as u64, &why));
+                None
+            }
+        }
+    }
+
+    /// Count the answer of a request whose key failed in a way that repeats (`counted`),
+    /// and say so in `notes` (`after`: found after waiting this long for the build that
+    /// failed).
+    pub fn told_remembered(
+        &self,
+        refusal: &Refusal,
+        after: Option<Duration>,
+        counted: bool,
+        notes: &mut Vec<String>,
+    ) {
+        notes.push(match after {
+            Some(waited) => format!(
+                "another process's build of this kernel failed, waited for ({:.1} s): not \
+                 built again",
+                waited.as_secs_f64()
+            ),
+            None => format!(
+                "this kernel failed the same way before with this compiler: not built again \
+                 ({SHARE_BUILDS_ENV}=0 builds it anyway)"
+            ),
+        });
+        if counted {
+            self.count(Answered::Remembered(&refusal.attempts));
+        }
+    }
+
+    /// Keep a failure of `key`'s build when it repeats (`Refusal::repeats`), so that the
+    /// next request for the key, in any process using this cache, is answered with it
+    /// without a build. What it says is returned.
+    pub fn remember(&self, key: &str, refusal: &Refusal) -> Option<String> {
+        let (Some(cache), Some(_)) = (&self.cache, &self.claims) else {
+            return None;
+        };
+        if !refusal.repeats() {
+            return None;
+        }
+        let at = failure_key(key);
+        match cache::encode(&at, refusal, &[]) {
+            Ok(entry) => cache.put_entry(&at, &entry, false),
+            Err(e) => Some(format!("failure not remembered: {e}")),
+        }
     }
 
     /// The levels of a request (`open`) and their answer to `key` (`find`, from the

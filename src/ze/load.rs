@@ -15,10 +15,10 @@ use crate::grf;
 use crate::key::{KeyInputs, Purpose};
 use crate::knobs::effective_timeout;
 use crate::ladder::{self, Failure, Plan, Settled, Speculation};
+use crate::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Refusal, Target, Turn};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
-use crate::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Target};
 use crate::{batch, spirv, zebin};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -466,7 +466,30 @@ fn load_answer(
         unchecked_spirv: for_key,
     };
     let mut notes = Vec::new();
-    let revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
+    let mut revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
+    // A miss: a failure remembered, or this load's turn (its claim held until its build is
+    // kept), or another's build waited for and the levels asked again.
+    let (mut claim, mut waited) = (None, false);
+    if revived.is_none() {
+        let bound = crate::levels::claims::wait_bound(context.timeout, ladder.len());
+        match levels.after_miss(&key, bound, cancel, &mut notes) {
+            Turn::Build(held) => claim = held,
+            Turn::Ready(_) => {
+                revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
+                waited = revived.is_some();
+            }
+            Turn::Remembered(refusal, after) => {
+                levels.told_remembered(&refusal, after, true, &mut notes);
+                let (error, attempts) = (refusal.error, refusal.attempts);
+                return Err(Box::new(Failure {
+                    error,
+                    attempts,
+                    notes,
+                }));
+            }
+            Turn::Cancelled => return Err(crate::levels::cancelled_wait().into()),
+        }
+    }
     let (built, native_binary, record, answered) = match revived {
         Some(((built, native), record, counter)) => (built, native, record, Some(counter)),
         None => {
@@ -479,6 +502,8 @@ fn load_answer(
             } = context
                 .build((&ladder, own_grf), rule, cancel, may_speculate)
                 .map_err(|mut failure| {
+                    let refusal = Refusal::of(&failure.error, &failure.attempts);
+                    notes.extend(levels.remember(&key, &refusal));
                     failure.notes.splice(0..0, notes.drain(..));
                     failure
                 })?;
@@ -489,7 +514,9 @@ fn load_answer(
             (built, native, record, None)
         }
     };
+    drop(claim); // let go once the build is kept: its waiters find it
     levels.count(match answered {
+        Some(_) if waited => Answered::Waited(&record.attempts),
         Some(counter) => Answered::Hit(counter, &record.attempts),
         None => Answered::Built(&record.attempts),
     });

@@ -61,6 +61,10 @@ def stats_lines(s: dict) -> list:
         f"bundle {c['hits_bundle']}, Triton cache {c['hits_triton_cache']})",
         f"compiles             {c['compiles']} ({c['compiler_microseconds'] / 1e6:.1f} s of "
         f"compiler)",
+        f"waits for a build    {c['waits']} (another's build of the same kernel: "
+        f"{c['wait_saved_microseconds'] / 1e6:.1f} s of compiler saved)",
+        f"remembered failures  {c['remembered_failures']} (failed the same way before: not "
+        f"built again)",
         "large-GRF retries    " + ", ".join(f"{k} {v}" for k, v in retries.items()),
         f"refused entries      untrusted {c['refused_untrusted']}, checksum "
         f"{c['refused_checksum']}, driver {c['refused_driver']}",

@@ -1,0 +1,224 @@
+"""One build per kernel, however many processes ask (issue 64): processes sharing a cache
+directory claim a kernel's key before they build it; the others wait for that build and
+are answered from its entry. A holder killed or stopped never stops the others; a failure
+that repeats is remembered for its kernel and compiler. Real compilers, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import xpu_zebin
+from xpu_zebin import samples
+
+#: A small kernel per constant: distinct SPIR-V, distinct keys, a fraction of a second each.
+KERNEL = """__kernel void scale{n}(__global float* a, __global const float* b) {{
+    int i = get_global_id(0);
+    a[i] = b[i] * {n}.0f + a[i];
+}}
+"""
+
+#: A rank: waits for the start file (every rank starts at once), compiles each SPIR-V in
+#: turn, prints what answered each and its notes.
+RANK = """
+import json, os, sys, time, xpu_zebin
+ocloc, cache_dir, start = sys.argv[1:4]
+spirvs = [open(p, "rb").read() for p in sys.argv[4:]]
+print("ready", flush=True)
+deadline = time.monotonic() + 300
+while not os.path.exists(start) and time.monotonic() < deadline:
+    time.sleep(0.005)
+answers = []
+for s in spirvs:
+    r = xpu_zebin.compile(s, device="pvc", ocloc=ocloc, cache_dir=cache_dir)
+    answers.append({"source": r.source, "notes": r.notes, "flags": r.build_flags})
+print(json.dumps(answers), flush=True)
+"""
+
+
+def _rank(ocloc: str, cache: Path, start: Path, spirvs: list) -> subprocess.Popen:
+    rank = subprocess.Popen(
+        [sys.executable, "-c", RANK, ocloc, str(cache), str(start), *map(str, spirvs)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert rank.stdout.readline().strip() == "ready"
+    return rank
+
+
+def _answers(rank: subprocess.Popen) -> list:
+    out, _ = rank.communicate(timeout=600)
+    assert rank.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _claims(cache: Path) -> list:
+    return sorted((cache / "zebin-v3" / "claims").glob("*"))
+
+
+def _until(what, why: str, seconds: float = 300):
+    """Wait for `what()` to hold, on a generous deadline (never a bare sleep)."""
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.01)
+
+
+def test_four_ranks_build_each_kernel_once(system_ocloc, tmp_path):
+    """Four processes started together on a cold cache, each compiling the same three
+    kernels: exactly three builds; every other answer waited for one of them (or, for a
+    rank that came late, found its entry)."""
+    spirvs = []
+    for n in range(3):
+        path = tmp_path / f"scale{n}.spv"
+        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
+                                                   ocloc=system_ocloc))  # fmt: skip
+        spirvs.append(path)
+    cache, start = tmp_path / "cache", tmp_path / "start"
+    ranks = [_rank(system_ocloc, cache, start, spirvs) for _ in range(4)]
+    start.touch()
+    answers = [a for rank in ranks for a in _answers(rank)]
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["requests"], c["compiles"]) == (12, 3), c
+    assert c["waits"] + c["hits_local"] == 9, c
+    assert sum(a["source"] == "compiled" for a in answers) == 3
+    waited = [a for a in answers if any("waited" in n for n in a["notes"])]
+    assert len(waited) == c["waits"]
+    if c["waits"]:
+        assert c["wait_saved_microseconds"] > 0
+    assert _claims(cache) == [], "a claim outlived its build"
+
+
+def _ptss_spirv(modern_ocloc: str, tmp_path: Path) -> Path:
+    path = tmp_path / "pressure.spv"
+    source = samples.ptss_overflow_kernel()
+    path.write_bytes(xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=modern_ocloc))
+    return path
+
+
+@pytest.mark.slow
+def test_a_holder_killed_mid_build_costs_one_rebuild(modern_ocloc, tmp_path):
+    """The holder of a slow build (the PTSS kernel, both GRF modes) is killed with SIGKILL
+    while it builds: its claim goes with it, one of three waiters builds, the others wait
+    for that one, nobody fails. Builds counted: one (the killed one never answered)."""
+    spirv = _ptss_spirv(modern_ocloc, tmp_path)
+    cache, start = tmp_path / "cache", tmp_path / "start"
+    start.touch()
+    holder = _rank(modern_ocloc, cache, start, [spirv])
+    _until(lambda: _claims(cache), "the holder never claimed its key")
+    waiters = [_rank(modern_ocloc, cache, start, [spirv]) for _ in range(3)]
+    holder.kill()
+    holder.communicate(timeout=60)
+    answers = [a for w in waiters for a in _answers(w)]
+    assert [a["flags"] for a in answers] == ["-cl-intel-256-GRF-per-thread"] * 3
+    assert sorted(a["source"] for a in answers) == ["cache", "cache", "compiled"]
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["compiles"], c["waits"] + c["hits_local"]) == (1, 2), c
+
+
+@pytest.mark.slow
+def test_a_stopped_holder_lets_its_waiter_build(modern_ocloc, tmp_path):
+    """A holder stopped (SIGSTOP) mid-build renews its claim no more: its waiter builds for
+    itself once the claim has gone unrenewed for its bound, and says why."""
+    spirv = _ptss_spirv(modern_ocloc, tmp_path)
+    cache, start = tmp_path / "cache", tmp_path / "start"
+    start.touch()
+    holder = _rank(modern_ocloc, cache, start, [spirv])
+    try:
+        _until(lambda: _claims(cache), "the holder never claimed its key")
+        os.kill(holder.pid, signal.SIGSTOP)
+        (answer,) = _answers(_rank(modern_ocloc, cache, start, [spirv]))
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+    assert answer["source"] == "compiled"
+    assert any("has not renewed its claim" in n for n in answer["notes"]), answer
+
+
+def _simd8(ocloc: str) -> bytes:
+    """Valid SPIR-V that IGC refuses on PVC in every GRF mode (SIMD8 is unsupported)."""
+    source = """__attribute__((intel_reqd_sub_group_size(8)))
+__kernel void simd8(__global float* p) { p[get_global_id(0)] *= 2.0f; }
+"""
+    return xpu_zebin.opencl_to_spirv(source, device="pvc", ocloc=ocloc)
+
+
+FAILING = """
+import json, sys, xpu_zebin
+ocloc, cache_dir, spv = sys.argv[1:4]
+try:
+    xpu_zebin.compile(open(spv, "rb").read(), device="pvc", ocloc=ocloc, cache_dir=cache_dir)
+except xpu_zebin.BuildError as e:
+    print(json.dumps({"kind": e.kind, "message": e.message, "log": e.log, "notes": e.notes,
+                      "attempts": [[a.build_flags, a.seconds] for a in e.attempts]}))
+"""
+
+
+def _fail(ocloc: str, cache: Path, spirv: Path, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", FAILING, ocloc, str(cache), str(spirv)],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **env})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_failure_that_repeats_is_remembered_across_processes(modern_ocloc, tmp_path):
+    """A kernel the compiler refuses in both GRF modes is built once: the next process gets
+    the same classified error, attempts and log with no build, counted as remembered; with
+    sharing off it builds again."""
+    spirv = tmp_path / "simd8.spv"
+    spirv.write_bytes(_simd8(modern_ocloc))
+    cache = tmp_path / "cache"
+    first = _fail(modern_ocloc, cache, spirv)
+    assert first["kind"] == "build_failure" and first["log"]
+    assert [a[0] for a in first["attempts"]] == ["", "-cl-intel-256-GRF-per-thread"]
+    again = _fail(modern_ocloc, cache, spirv)
+    assert {k: again[k] for k in ("kind", "message", "log", "attempts")} == {
+        k: first[k] for k in ("kind", "message", "log", "attempts")
+    }
+    assert any("failed the same way before" in n for n in again["notes"]), again["notes"]
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["requests"], c["compiles"], c["remembered_failures"]) == (2, 1, 1), c
+    off = _fail(modern_ocloc, cache, spirv, XPU_ZEBIN_SHARE_BUILDS="0")
+    assert off["kind"] == "build_failure" and off["notes"] == []
+    assert xpu_zebin.stats(cache)["counters"]["compiles"] == 2
+
+
+def test_a_new_compiler_tries_a_remembered_failure_again(modern_ocloc, system_ocloc, tmp_path):
+    """A failure is remembered with the compiler's identity in its key: another compiler
+    (here Debian's, IGC 1.x) builds the same SPIR-V again."""
+    spirv = tmp_path / "simd8.spv"
+    spirv.write_bytes(_simd8(modern_ocloc))
+    cache = tmp_path / "cache"
+    _fail(modern_ocloc, cache, spirv)
+    try:
+        other = xpu_zebin.compile(spirv.read_bytes(), device="pvc", ocloc=system_ocloc,
+                                  cache_dir=cache)  # fmt: skip
+        assert other.source == "compiled"
+    except xpu_zebin.BuildError as e:
+        assert not any("failed the same way before" in n for n in e.notes), e.notes
+        assert all(a.seconds > 0 for a in e.attempts)
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["compiles"], c["remembered_failures"]) == (2, 0), c
+
+
+def test_a_transient_failure_is_not_remembered(system_ocloc, tmp_path):
+    """A build cancelled by its time limit may not repeat: the next request builds."""
+    spirv = xpu_zebin.opencl_to_spirv(samples.register_pressure_kernel(300, name="spill"),
+                                      device="pvc", ocloc=system_ocloc)  # fmt: skip
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        with pytest.raises(xpu_zebin.BuildError) as e:
+            xpu_zebin.compile(spirv, device="pvc", ocloc=system_ocloc, cache_dir=cache,
+                              timeout=0.001)  # fmt: skip
+        assert e.value.kind == "timeout"
+        assert not any("failed the same way before" in n for n in e.value.notes)
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["compiles"], c["remembered_failures"]) == (2, 0), c
