@@ -10,7 +10,8 @@ use crate::cache::Counter;
 use crate::error::{BuildError, ErrorKind};
 use crate::key::{KeyInputs, Purpose};
 use crate::ladder::{self, Plan, Speculation};
-use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Levels, Refusal, Target, Turn};
+use crate::levels::claims::Claim;
+use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Hit, Levels, Refusal, Target, Turn};
 use crate::ocloc::{self, Built, Job};
 use crate::options::Options;
 use crate::spill::Path;
@@ -265,13 +266,6 @@ impl Slot {
         ))
     }
 
-    /// How long a request waits for another's build of its key: as long as its own build
-    /// may take (every rung of its ladder at its time limit), and the time to see a holder
-    /// stalled; None when its builds have no time limit.
-    fn wait_bound(&self) -> Option<std::time::Duration> {
-        crate::levels::claims::wait_bound(self.job.timeout, self.ladder.len())
-    }
-
     /// What this slot's answer says beside its entry.
     fn answering(&self) -> Answering<'_> {
         Answering {
@@ -320,30 +314,11 @@ fn answer(
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
-    let (levels, mut found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
-    // A miss: a failure remembered, or this request's turn (its claim held to the end,
-    // after its answer is kept), or another's build waited for and the levels asked again.
-    let mut claim = None;
-    let mut waited = false;
-    if found.is_none() && slot.missing.is_none() {
-        match levels.after_miss(key, slot.wait_bound(), cancel, &mut notes) {
-            Turn::Build(held) => claim = held,
-            Turn::Ready(_) => {
-                found = levels.find(0, key, target, Some(fits), &mut notes)?;
-                waited = found.is_some();
-            }
-            Turn::Remembered(refusal, after) => {
-                levels.told_remembered(&refusal, after, counted, &mut notes);
-                let (error, attempts) = (refusal.error, refusal.attempts);
-                return Err(Box::new(Failure {
-                    error,
-                    attempts,
-                    notes,
-                }));
-            }
-            Turn::Cancelled => return Err(crate::levels::cancelled_wait().into()),
-        }
-    }
+    let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
+    let (found, claim, waited) = match (found, &slot.missing) {
+        (None, None) => turn(&levels, slot, counted, cancel, &mut notes)?,
+        (found, _) => (found, None, false),
+    };
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
     notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
     // An entry, the level that gave it, and for a build made now whether it is worth
@@ -351,33 +326,8 @@ fn answer(
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
-        (None, None) => {
-            validated(req)?;
-            let plan = Plan {
-                ladder: &slot.ladder,
-                own_grf: slot.own_grf,
-                rule: slot.rule,
-                speculation: Speculation::choose(
-                    req.options.speculative,
-                    req.spirv.len(),
-                    may_speculate,
-                ),
-                cancel,
-            };
-            ladder::settle(
-                plan,
-                |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
-                |built: Built, _| Ok(built.binary),
-            )
-            .inspect_err(|f| {
-                notes.extend(levels.remember(key, &Refusal::of(&f.error, &f.attempts)))
-            })
-            .map(|settled| {
-                notes.extend(settled.notes);
-                let (record, binary) = (settled.record, settled.product);
-                (Entry { record, binary }, None, Some(settled.repeatable))
-            })
-        }
+        (None, None) => build(req, slot, (&levels, &mut notes), cancel, may_speculate)
+            .map(|(entry, repeatable)| (entry, None, Some(repeatable))),
     };
     let outcome = answered.and_then(|(entry, from, repeatable)| {
         let Entry { record, binary } = entry;
@@ -420,6 +370,63 @@ fn answer(
     }
     drop(claim); // let go once the answer is kept: its waiters find it
     outcome
+}
+
+/// Build `req` here with its GRF ladder: the entry, and whether it is worth keeping
+/// (`Settled::repeatable`); a failure that repeats is kept in the levels for its key.
+fn build(
+    req: &CompileRequest,
+    slot: &Slot,
+    (levels, notes): (&Levels, &mut Vec<String>),
+    cancel: &AtomicBool,
+    may_speculate: &(dyn Fn() -> bool + Sync),
+) -> Result<(Entry, bool), Box<Failure>> {
+    validated(req)?;
+    let plan = Plan {
+        ladder: &slot.ladder,
+        own_grf: slot.own_grf,
+        rule: slot.rule,
+        speculation: Speculation::choose(req.options.speculative, req.spirv.len(), may_speculate),
+        cancel,
+    };
+    let settled = ladder::settle(
+        plan,
+        |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
+        |built: Built, _| Ok(built.binary),
+    )
+    .inspect_err(|f| {
+        notes.extend(levels.remember(&slot.key, &Refusal::of(&f.error, &f.attempts)))
+    })?;
+    notes.extend(settled.notes);
+    let (record, binary) = (settled.record, settled.product);
+    Ok((Entry { record, binary }, settled.repeatable))
+}
+
+/// After every level missed: a failure remembered (the answer), or this request's turn
+/// (its claim, held until its answer is kept), or another's build waited for and the
+/// levels asked again (`true`: the hit is a wait's).
+fn turn(
+    levels: &Levels,
+    slot: &Slot,
+    counted: bool,
+    cancel: &AtomicBool,
+    notes: &mut Vec<String>,
+) -> Result<(Option<Hit>, Option<Claim>, bool), Box<Failure>> {
+    let (key, target) = (slot.key.as_str(), slot.target());
+    let bound = crate::levels::claims::wait_bound(slot.job.timeout, slot.ladder.len());
+    match levels.after_miss(key, (bound, cancel), counted, notes) {
+        Ok(Turn::Build(claim)) => Ok((None, claim, false)),
+        Ok(Turn::Ready) => {
+            let found = levels.find(0, key, target, Some(slot.fits()), notes)?;
+            let waited = found.is_some();
+            Ok((found, None, waited))
+        }
+        Err(refusal) => Err(Box::new(Failure {
+            error: refusal.error,
+            attempts: refusal.attempts,
+            notes: std::mem::take(notes),
+        })),
+    }
 }
 
 pub use crate::batch::default_jobs;

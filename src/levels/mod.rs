@@ -13,240 +13,26 @@ pub mod accounts;
 pub mod claims;
 pub use accounts::Answered;
 
+mod level;
+
 use crate::attempt::{Attempt, Record};
-use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
+use crate::bundle::search::{Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
 use crate::error::{BuildError, Result};
 use crate::options::Options;
-use crate::store::format;
-use crate::store::remote::{self, Config, Wanted};
+use crate::store::remote;
 pub use crate::zebin::Fits;
 use claims::{Claim, Claims, Waited};
+pub use level::Target;
+use level::{Bundle, Level, Local, Put, Store};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-
-/// What an entry is built for, as the fleet's store signs it: the device and the
-/// compiler's identity (the offline path: the ocloc device and IGC; Level Zero: no
-/// device, the device and driver as the compiler).
-#[derive(Clone, Copy)]
-pub struct Target<'a> {
-    pub device: &'a str,
-    pub compiler: &'a str,
-}
-
-impl Target<'_> {
-    /// No target: the local level keys entries by key alone.
-    const NONE: Target<'static> = Target {
-        device: "",
-        compiler: "",
-    };
-}
 
 /// An entry as a level answered it: the record and the native binary.
 pub struct Entry {
     pub record: Record,
     pub binary: Vec<u8>,
-}
-
-/// One level of native code.
-trait Level: Send + Sync {
-    /// What a hit at this level counts as.
-    fn hits(&self) -> Counter;
-    /// This user's own entries (the local cache): checked by checksum and section names.
-    fn own(&self) -> bool {
-        false
-    }
-    /// The bytes this level holds for `key` built for `target`, not yet checked; why
-    /// none could be read goes into `notes`. An error is a bad setting of the level's.
-    fn get(
-        &self,
-        key: &str,
-        target: Target<'_>,
-        notes: &mut Vec<String>,
-    ) -> Result<Option<Vec<u8>>>;
-    /// What `get` gave answered the request (this level's own count of hits, if any).
-    fn answered(&self) {}
-    /// What `get` gave (`len` bytes) is not `key`'s entry (`why`): dropped and counted.
-    fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
-    /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
-    /// a slower level's entry. An error is a bad setting.
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put>;
-}
-
-/// What a level did with an entry it was given: kept it, left it (not a level that takes
-/// it, or it said why itself), or could not (the note).
-enum Put {
-    Yes,
-    No,
-    Failed(String),
-}
-
-impl Put {
-    fn note(self) -> Option<String> {
-        match self {
-            Put::Failed(note) => Some(note),
-            Put::Yes | Put::No => None,
-        }
-    }
-}
-
-/// The local cache: this user's own directory, entries checksummed over their key.
-struct Local(Cache);
-
-impl Level for Local {
-    fn hits(&self) -> Counter {
-        Counter::LocalHits
-    }
-
-    fn own(&self) -> bool {
-        true
-    }
-
-    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
-        Ok(self.0.read_entry(key).unwrap_or_else(|note| {
-            notes.push(note);
-            None
-        }))
-    }
-
-    fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>) {
-        notes.push(self.0.refuse(key, len as u64, why));
-    }
-
-    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
-        Ok(match self.0.put_entry(key, entry, fresh) {
-            None => Put::Yes,
-            Some(note) => Put::Failed(note),
-        })
-    }
-}
-
-/// Bundles: native code built ahead of time, looked up by their own keys (a bundle's
-/// manifest checks its entries), read only. An entry is given as every level gives one:
-/// encoded under the request's key, its record read from the binary.
-struct Bundle(BundleWanted);
-
-impl Level for Bundle {
-    fn hits(&self) -> Counter {
-        Counter::BundleHits
-    }
-
-    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
-        let kernel = &self.0.kernel;
-        let build = match self.0.find() {
-            Ok(build) => {
-                let flags = &build.build_flags;
-                crate::diag::detail(
-                    "bundle",
-                    format!("kernel {kernel:?}: from the bundle ({flags:?})"),
-                );
-                build
-            }
-            Err(Missed::Absent(why)) => {
-                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
-                return Ok(None);
-            }
-            Err(Missed::Refused(why)) => {
-                self.refuse(key, 0, &why, notes);
-                return Ok(None);
-            }
-        };
-        let spill = match crate::zebin::parse(&build.native).and_then(|i| i.kernel_spill(kernel)) {
-            Ok(spill) => spill,
-            Err(e) => {
-                self.refuse(key, 0, &e.message, notes);
-                return Ok(None);
-            }
-        };
-        // One attempt, as loading a native binary makes: its flags, what it spills.
-        let attempt = Attempt {
-            build_flags: build.build_flags.clone(),
-            ok: true,
-            spill_size: Some(spill.bytes),
-            seconds: 0.0,
-            error: None,
-        };
-        let record = Record {
-            build_flags: build.build_flags,
-            spill,
-            attempts: vec![attempt],
-            recovered: false,
-            log: String::new(),
-        };
-        match cache::encode(key, &record, &build.native) {
-            Ok(entry) => Ok(Some(entry)),
-            Err(e) => {
-                self.refuse(key, 0, &e.to_string(), notes);
-                Ok(None)
-            }
-        }
-    }
-
-    fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
-        let kernel = &self.0.kernel;
-        let message =
-            format!("kernel '{kernel}': bundle entry refused ({why}); trying the next level");
-        crate::diag::warn_once(&format!("bundle:{message}"), message);
-    }
-
-    fn put(&self, _: &str, _: Target<'_>, _: &[u8], _: bool) -> Result<Put> {
-        Ok(Put::No) // made ahead of time, never written here
-    }
-}
-
-/// The fleet's store: entries signed by a trusted key for this very key and target.
-struct Store {
-    cfg: Config,
-    /// Refusals are counted in the ledger of the request's cache.
-    cache: Cache,
-}
-
-impl Store {
-    fn count_refused(&self, n: u64) {
-        if let (true, Some(l)) = (n > 0, self.cache.ledger()) {
-            l.count(Counter::RefusedUntrusted, n);
-        }
-    }
-}
-
-impl Level for Store {
-    fn hits(&self) -> Counter {
-        Counter::StoreHits
-    }
-
-    fn get(&self, key: &str, target: Target<'_>, _: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
-        let rkey = format!("{}{key}", format::PREFIX);
-        let wanted = Wanted {
-            rkey: rkey.as_bytes(),
-            key,
-            device: target.device,
-            compiler: target.compiler,
-        };
-        let (mut found, untrusted) = remote::signed_values(&self.cfg, &[wanted], false)?;
-        self.count_refused(untrusted);
-        Ok(found.pop().flatten())
-    }
-
-    fn answered(&self) {
-        remote::count_hit();
-    }
-
-    fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
-        remote::untrusted(why);
-        self.count_refused(1);
-    }
-
-    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
-        if !fresh {
-            return Ok(Put::No); // the slowest level: nothing is copied into it
-        }
-        let rkey = format!("{}{key}", format::PREFIX);
-        let (device, compiler) = (target.device, target.compiler);
-        // A store that could not take it said so (once); a bad signing key is the error.
-        let put = remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry);
-        Ok(if put? { Put::Yes } else { Put::No })
-    }
 }
 
 /// A hit: the entry, the level that answered (what it counts as, and where it is in the
@@ -363,19 +149,8 @@ pub enum Turn {
     /// Build: holding the key's claim (its waiters are answered from what is kept), or
     /// alone (claims off, or waiting gave up: the notes say why).
     Build(Option<Claim>),
-    /// Another's build of the key was kept meanwhile: ask the levels again (waited this long).
-    Ready(Duration),
-    /// The key failed in a way that repeats: by an earlier build, or by the one this
-    /// request waited for (how long).
-    Remembered(Refusal, Option<Duration>),
-    /// The request's cancel was set while it waited.
-    Cancelled,
-}
-
-/// The error of a request cancelled while it waited for another's build.
-pub fn cancelled_wait() -> BuildError {
-    let why = "cancelled while waiting for another process's build of this kernel";
-    BuildError::new(crate::error::ErrorKind::Cancelled, why)
+    /// Another's build of the key was kept meanwhile: ask the levels again.
+    Ready,
 }
 
 /// The key a failure of `key` is kept under (a failure is never an entry of its key).
@@ -422,21 +197,34 @@ impl Levels {
     }
 
     /// After every level missed `key`: a failure of it that repeats, kept by an earlier
-    /// build; else this request's turn: it takes the key's claim and builds, or waits for
-    /// the build of the one that holds it (at most `bound`, None: as long as the holder
-    /// lives and renews its claim) and asks the levels again.
+    /// build or by the build this request waited for (the error, counted as remembered
+    /// when `counted`), or a cancel while it waited (the error); else this request's turn:
+    /// it takes the key's claim and builds, or waits for the build of the one that holds
+    /// it (at most `bound`, None: as long as the holder lives and renews its claim) and
+    /// asks the levels again.
     pub fn after_miss(
         &self,
         key: &str,
-        bound: Option<Duration>,
-        cancel: &AtomicBool,
+        (bound, cancel): (Option<Duration>, &AtomicBool),
+        counted: bool,
         notes: &mut Vec<String>,
-    ) -> Turn {
+    ) -> std::result::Result<Turn, Refusal> {
         let Some(claims) = &self.claims else {
-            return Turn::Build(None);
+            return Ok(Turn::Build(None));
+        };
+        let remembered = |refusal: Refusal, note: String, notes: &mut Vec<String>| {
+            notes.push(note);
+            if counted {
+                self.count(Answered::Remembered(&refusal.attempts));
+            }
+            Err(refusal)
         };
         if let Some(refusal) = self.remembered(key, notes) {
-            return Turn::Remembered(refusal, None);
+            let note = format!(
+                "this kernel failed the same way before with this compiler: not built again \
+                 ({SHARE_BUILDS_ENV}=0 builds it anyway)"
+            );
+            return remembered(refusal, note, notes);
         }
         // Kept by another: an entry of the key in this user's own level, or its failure.
         let kept = |notes: &mut Vec<String>| -> Option<Option<Refusal>> {
@@ -452,20 +240,33 @@ impl Levels {
         seen.dedup();
         notes.append(&mut seen);
         match waited {
-            Waited::Mine(claim) => Turn::Build(Some(claim)),
+            Waited::Mine(claim) => Ok(Turn::Build(Some(claim))),
             Waited::Alone(why) => {
                 notes.push(format!("built without waiting: {why}"));
-                Turn::Build(None)
+                Ok(Turn::Build(None))
             }
             Waited::Answered(None, waited) => {
-                let waited_s = waited.as_secs_f64();
+                let waited = waited.as_secs_f64();
                 notes.push(format!(
-                    "waited {waited_s:.2} s for another's build of this kernel: answered from it"
+                    "waited {waited:.2} s for another's build of this kernel: answered from it"
                 ));
-                Turn::Ready(waited)
+                Ok(Turn::Ready)
             }
-            Waited::Answered(Some(refusal), waited) => Turn::Remembered(refusal, Some(waited)),
-            Waited::Cancelled => Turn::Cancelled,
+            Waited::Answered(Some(refusal), waited) => {
+                let waited = waited.as_secs_f64();
+                let note = format!(
+                    "another's build of this kernel failed, waited for ({waited:.1} s): not \
+                     built again"
+                );
+                remembered(refusal, note, notes)
+            }
+            Waited::Cancelled => Err(Refusal {
+                error: BuildError::new(
+                    crate::error::ErrorKind::Cancelled,
+                    "cancelled while waiting for another's build of this kernel",
+                ),
+                attempts: Vec::new(),
+            }),
         }
     }
 
@@ -488,32 +289,6 @@ impl Levels {
                 notes.push(cache.refuse(&at, raw.len() as u64, &why));
                 None
             }
-        }
-    }
-
-    /// Count the answer of a request whose key failed in a way that repeats (`counted`),
-    /// and say so in `notes` (`after`: found after waiting this long for the build that
-    /// failed).
-    pub fn told_remembered(
-        &self,
-        refusal: &Refusal,
-        after: Option<Duration>,
-        counted: bool,
-        notes: &mut Vec<String>,
-    ) {
-        notes.push(match after {
-            Some(waited) => format!(
-                "another process's build of this kernel failed, waited for ({:.1} s): not \
-                 built again",
-                waited.as_secs_f64()
-            ),
-            None => format!(
-                "this kernel failed the same way before with this compiler: not built again \
-                 ({SHARE_BUILDS_ENV}=0 builds it anyway)"
-            ),
-        });
-        if counted {
-            self.count(Answered::Remembered(&refusal.attempts));
         }
     }
 

@@ -1,7 +1,7 @@
 //! The fleet's level of native code: a remote store on Redis (`remote`: its settings,
 //! what this process saw of it; `format`: the signed value; `client`, `connection`,
 //! `resp`, `address`, `any_cert`: the bounded client). The levels' lookup, their order and
-//! their claims are `crate::levels`.
+//! their claims are the `levels` module.
 
 pub mod address;
 mod any_cert;

@@ -15,6 +15,7 @@ use crate::grf;
 use crate::key::{KeyInputs, Purpose};
 use crate::knobs::effective_timeout;
 use crate::ladder::{self, Failure, Plan, Settled, Speculation};
+use crate::levels::claims::Claim;
 use crate::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Refusal, Target, Turn};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
@@ -266,7 +267,7 @@ impl Context<'_> {
         target: Target<'_>,
         cancel: &AtomicBool,
         notes: &mut Vec<String>,
-    ) -> Result<Option<(Product, Record, crate::cache::Counter)>> {
+    ) -> Result<Option<Kept>> {
         let mut from = 0;
         while let Some(Hit { entry, counter, at }) = levels.find(from, key, target, None, notes)? {
             let Entry { record, binary } = entry;
@@ -291,6 +292,37 @@ impl Context<'_> {
             from = at + 1;
         }
         Ok(None)
+    }
+
+    /// The levels' entry of `key`, loaded (`load_kept`); after every level missed, a
+    /// failure remembered (the answer), or this load's turn (its claim, held until its
+    /// build is kept), or another's build waited for and the levels asked again (`true`:
+    /// the answer is a wait's).
+    fn kept_or_turn(
+        &self,
+        levels: &Levels,
+        (key, target): (&str, Target<'_>),
+        rungs: usize,
+        cancel: &AtomicBool,
+        notes: &mut Vec<String>,
+    ) -> std::result::Result<(Option<Kept>, Option<Claim>, bool), Box<Failure>> {
+        if let Some(kept) = self.load_kept(levels, key, target, cancel, notes)? {
+            return Ok((Some(kept), None, false));
+        }
+        let bound = crate::levels::claims::wait_bound(self.timeout, rungs);
+        match levels.after_miss(key, (bound, cancel), true, notes) {
+            Ok(Turn::Build(claim)) => Ok((None, claim, false)),
+            Ok(Turn::Ready) => {
+                let revived = self.load_kept(levels, key, target, cancel, notes)?;
+                let waited = revived.is_some();
+                Ok((revived, None, waited))
+            }
+            Err(refusal) => Err(Box::new(Failure {
+                error: refusal.error,
+                attempts: refusal.attempts,
+                notes: std::mem::take(notes),
+            })),
+        }
     }
 
     /// The GRF ladder for the request: SPIR-V in workers (speculatively when it gains),
@@ -350,6 +382,9 @@ impl Context<'_> {
 }
 
 type Outcome = std::result::Result<Settled<Product>, Box<Failure>>;
+
+/// A level's entry that loaded: the product, its record, the level that gave it.
+type Kept = (Product, Record, crate::cache::Counter);
 
 /// The key a SPIR-V load's native build is kept under: it holds the device and driver.
 fn jit_key(
@@ -466,30 +501,8 @@ fn load_answer(
         unchecked_spirv: for_key,
     };
     let mut notes = Vec::new();
-    let mut revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
-    // A miss: a failure remembered, or this load's turn (its claim held until its build is
-    // kept), or another's build waited for and the levels asked again.
-    let (mut claim, mut waited) = (None, false);
-    if revived.is_none() {
-        let bound = crate::levels::claims::wait_bound(context.timeout, ladder.len());
-        match levels.after_miss(&key, bound, cancel, &mut notes) {
-            Turn::Build(held) => claim = held,
-            Turn::Ready(_) => {
-                revived = context.load_kept(&levels, &key, target, cancel, &mut notes)?;
-                waited = revived.is_some();
-            }
-            Turn::Remembered(refusal, after) => {
-                levels.told_remembered(&refusal, after, true, &mut notes);
-                let (error, attempts) = (refusal.error, refusal.attempts);
-                return Err(Box::new(Failure {
-                    error,
-                    attempts,
-                    notes,
-                }));
-            }
-            Turn::Cancelled => return Err(crate::levels::cancelled_wait().into()),
-        }
-    }
+    let (revived, claim, waited) =
+        context.kept_or_turn(&levels, (&key, target), ladder.len(), cancel, &mut notes)?;
     let (built, native_binary, record, answered) = match revived {
         Some(((built, native), record, counter)) => (built, native, record, Some(counter)),
         None => {

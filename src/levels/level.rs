@@ -1,0 +1,227 @@
+//! The levels themselves, each behind one trait: the local cache (this user's own
+//! entries), bundles (built ahead of time, read only) and the fleet's store (signed
+//! entries). What each holds, gives, refuses and keeps; their order is `Levels`'s.
+
+use crate::attempt::{Attempt, Record};
+use crate::bundle::search::{Missed, Wanted as BundleWanted};
+use crate::cache::{self, Cache, Counter};
+use crate::error::Result;
+use crate::store::format;
+use crate::store::remote::{self, Config, Wanted};
+
+/// What an entry is built for, as the fleet's store signs it: the device and the
+/// compiler's identity (the offline path: the ocloc device and IGC; Level Zero: no
+/// device, the device and driver as the compiler).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub device: &'a str,
+    pub compiler: &'a str,
+}
+
+impl Target<'_> {
+    /// No target: the local level keys entries by key alone.
+    pub(super) const NONE: Target<'static> = Target {
+        device: "",
+        compiler: "",
+    };
+}
+
+/// One level of native code.
+pub(super) trait Level: Send + Sync {
+    /// What a hit at this level counts as.
+    fn hits(&self) -> Counter;
+    /// This user's own entries (the local cache): checked by checksum and section names.
+    fn own(&self) -> bool {
+        false
+    }
+    /// The bytes this level holds for `key` built for `target`, not yet checked; why
+    /// none could be read goes into `notes`. An error is a bad setting of the level's.
+    fn get(
+        &self,
+        key: &str,
+        target: Target<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<Vec<u8>>>;
+    /// What `get` gave answered the request (this level's own count of hits, if any).
+    fn answered(&self) {}
+    /// What `get` gave (`len` bytes) is not `key`'s entry (`why`): dropped and counted.
+    fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
+    /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
+    /// a slower level's entry. An error is a bad setting.
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put>;
+}
+
+/// What a level did with an entry it was given: kept it, left it (not a level that takes
+/// it, or it said why itself), or could not (the note).
+pub(super) enum Put {
+    Yes,
+    No,
+    Failed(String),
+}
+
+impl Put {
+    pub(super) fn note(self) -> Option<String> {
+        match self {
+            Put::Failed(note) => Some(note),
+            Put::Yes | Put::No => None,
+        }
+    }
+}
+
+/// The local cache: this user's own directory, entries checksummed over their key.
+pub(super) struct Local(pub(super) Cache);
+
+impl Level for Local {
+    fn hits(&self) -> Counter {
+        Counter::LocalHits
+    }
+
+    fn own(&self) -> bool {
+        true
+    }
+
+    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
+        Ok(self.0.read_entry(key).unwrap_or_else(|note| {
+            notes.push(note);
+            None
+        }))
+    }
+
+    fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>) {
+        notes.push(self.0.refuse(key, len as u64, why));
+    }
+
+    fn put(&self, key: &str, _: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
+        Ok(match self.0.put_entry(key, entry, fresh) {
+            None => Put::Yes,
+            Some(note) => Put::Failed(note),
+        })
+    }
+}
+
+/// Bundles: native code built ahead of time, looked up by their own keys (a bundle's
+/// manifest checks its entries), read only. An entry is given as every level gives one:
+/// encoded under the request's key, its record read from the binary.
+pub(super) struct Bundle(pub(super) BundleWanted);
+
+impl Level for Bundle {
+    fn hits(&self) -> Counter {
+        Counter::BundleHits
+    }
+
+    fn get(&self, key: &str, _: Target<'_>, notes: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
+        let kernel = &self.0.kernel;
+        let build = match self.0.find() {
+            Ok(build) => {
+                let flags = &build.build_flags;
+                crate::diag::detail(
+                    "bundle",
+                    format!("kernel {kernel:?}: from the bundle ({flags:?})"),
+                );
+                build
+            }
+            Err(Missed::Absent(why)) => {
+                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
+                return Ok(None);
+            }
+            Err(Missed::Refused(why)) => {
+                self.refuse(key, 0, &why, notes);
+                return Ok(None);
+            }
+        };
+        let spill = match crate::zebin::parse(&build.native).and_then(|i| i.kernel_spill(kernel)) {
+            Ok(spill) => spill,
+            Err(e) => {
+                self.refuse(key, 0, &e.message, notes);
+                return Ok(None);
+            }
+        };
+        // One attempt, as loading a native binary makes: its flags, what it spills.
+        let attempt = Attempt {
+            build_flags: build.build_flags.clone(),
+            ok: true,
+            spill_size: Some(spill.bytes),
+            seconds: 0.0,
+            error: None,
+        };
+        let record = Record {
+            build_flags: build.build_flags,
+            spill,
+            attempts: vec![attempt],
+            recovered: false,
+            log: String::new(),
+        };
+        match cache::encode(key, &record, &build.native) {
+            Ok(entry) => Ok(Some(entry)),
+            Err(e) => {
+                self.refuse(key, 0, &e.to_string(), notes);
+                Ok(None)
+            }
+        }
+    }
+
+    fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
+        let kernel = &self.0.kernel;
+        let message =
+            format!("kernel '{kernel}': bundle entry refused ({why}); trying the next level");
+        crate::diag::warn_once(&format!("bundle:{message}"), message);
+    }
+
+    fn put(&self, _: &str, _: Target<'_>, _: &[u8], _: bool) -> Result<Put> {
+        Ok(Put::No) // made ahead of time, never written here
+    }
+}
+
+/// The fleet's store: entries signed by a trusted key for this very key and target.
+pub(super) struct Store {
+    pub(super) cfg: Config,
+    /// Refusals are counted in the ledger of the request's cache.
+    pub(super) cache: Cache,
+}
+
+impl Store {
+    fn count_refused(&self, n: u64) {
+        if let (true, Some(l)) = (n > 0, self.cache.ledger()) {
+            l.count(Counter::RefusedUntrusted, n);
+        }
+    }
+}
+
+impl Level for Store {
+    fn hits(&self) -> Counter {
+        Counter::StoreHits
+    }
+
+    fn get(&self, key: &str, target: Target<'_>, _: &mut Vec<String>) -> Result<Option<Vec<u8>>> {
+        let rkey = format!("{}{key}", format::PREFIX);
+        let wanted = Wanted {
+            rkey: rkey.as_bytes(),
+            key,
+            device: target.device,
+            compiler: target.compiler,
+        };
+        let (mut found, untrusted) = remote::signed_values(&self.cfg, &[wanted], false)?;
+        self.count_refused(untrusted);
+        Ok(found.pop().flatten())
+    }
+
+    fn answered(&self) {
+        remote::count_hit();
+    }
+
+    fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
+        remote::untrusted(why);
+        self.count_refused(1);
+    }
+
+    fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
+        if !fresh {
+            return Ok(Put::No); // the slowest level: nothing is copied into it
+        }
+        let rkey = format!("{}{key}", format::PREFIX);
+        let (device, compiler) = (target.device, target.compiler);
+        // A store that could not take it said so (once); a bad signing key is the error.
+        let put = remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry);
+        Ok(if put? { Put::Yes } else { Put::No })
+    }
+}
