@@ -12,20 +12,58 @@ pub fn default_jobs() -> usize {
         .unwrap_or(1)
 }
 
-/// Run `work(item, may_speculate)` for every item with at most `jobs` at once, largest
-/// `cost` first (the long builds start at once and the short ones fill in around them);
-/// results in input order. `may_speculate()` says whether a core that frees up may go to
-/// a running item's speculative build: only once no queued item waits for it. Once
-/// `cancel` is set, items not started get `failed(cancelled error)`; an item whose work
-/// panics gets `failed(internal error)`, and the others go on. `on_done(index)` is called
-/// as each finishes.
+/// What a job may do with the batch around it: take a free core for a speculative build
+/// (`may_speculate`: no queued job waits for one), or step aside while another process
+/// builds its key (`step_aside`: other jobs are queued, so N processes given one batch
+/// split its builds instead of waiting on each other's).
+pub struct Room<'a> {
+    queue_empty: &'a (dyn Fn() -> bool + Sync),
+    /// A job stepped aside once comes back in the last round, and waits.
+    last_round: bool,
+    stepped_aside: AtomicBool,
+}
+
+impl Room<'_> {
+    /// The room of a request alone: every free core its own, nothing to step aside for.
+    pub fn alone() -> Room<'static> {
+        Room {
+            queue_empty: &|| true,
+            last_round: true,
+            stepped_aside: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a free core may go to a speculative build: no queued job waits for it.
+    pub fn may_speculate(&self) -> &(dyn Fn() -> bool + Sync) {
+        self.queue_empty
+    }
+
+    /// Whether this job may step aside now (it then returns at once, and its answer is
+    /// dropped: the job runs again after the queue); once asked and allowed, it has.
+    pub fn step_aside(&self) -> bool {
+        let may = !self.last_round && !(self.queue_empty)();
+        if may {
+            self.stepped_aside.store(true, Ordering::Relaxed);
+        }
+        may
+    }
+}
+
+/// Run `work(item, room)` for every item with at most `jobs` at once, largest `cost`
+/// first (the long builds start at once and the short ones fill in around them); results
+/// in input order. `room` says whether a core that frees up may go to a running item's
+/// speculative build (only once no queued item waits for it), and lets a job step aside
+/// (its key built by another process): it runs again after the queue. Once `cancel` is
+/// set, items not started get `failed(cancelled error)`; an item whose work panics gets
+/// `failed(internal error)`, and the others go on. `on_done(index)` is called as each
+/// finishes.
 pub fn run<T: Sync, R: Send>(
     items: &[T],
     jobs: usize,
     cost: impl Fn(&T) -> usize,
     cancel: &AtomicBool,
     on_done: &(dyn Fn(usize) + Sync),
-    work: impl Fn(&T, &(dyn Fn() -> bool + Sync)) -> R + Sync,
+    work: impl Fn(&T, &Room<'_>) -> R + Sync,
     failed: impl Fn(BuildError) -> R + Sync,
 ) -> Vec<R> {
     let slots: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
@@ -33,13 +71,25 @@ pub fn run<T: Sync, R: Send>(
     order.sort_by_key(|&i| std::cmp::Reverse(cost(&items[i])));
     let next = AtomicUsize::new(0);
     let queue_empty = || next.load(Ordering::Relaxed) >= items.len();
+    // Jobs that stepped aside: run again once the queue is empty (by the worker that put
+    // one here, at the latest: it goes on looking before it stops).
+    let later = Mutex::new(Vec::new());
     let workers = jobs.max(1).min(items.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&i) = order.get(n) else {
-                    break;
+                let (i, last_round) = match order.get(n) {
+                    Some(&i) => (i, false),
+                    None => match crate::sync::lock(&later).pop() {
+                        Some(i) => (i, true),
+                        None => break,
+                    },
+                };
+                let room = Room {
+                    queue_empty: &queue_empty,
+                    last_round,
+                    stepped_aside: AtomicBool::new(false),
                 };
                 let result = if cancel.load(Ordering::Relaxed) {
                     failed(BuildError::new(
@@ -47,9 +97,13 @@ pub fn run<T: Sync, R: Send>(
                         "cancelled before it started",
                     ))
                 } else {
-                    crate::sync::catch("a batch job", || work(&items[i], &queue_empty))
+                    crate::sync::catch("a batch job", || work(&items[i], &room))
                         .unwrap_or_else(&failed)
                 };
+                if room.stepped_aside.load(Ordering::Relaxed) {
+                    crate::sync::lock(&later).push(i);
+                    continue;
+                }
                 *crate::sync::lock(&slots[i]) = Some(result);
                 let _ = crate::sync::catch("a progress callback", || on_done(i));
             });
@@ -73,6 +127,32 @@ pub fn run<T: Sync, R: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_that_steps_aside_runs_again_after_the_queue() {
+        let items = [1u32, 2, 3, 4];
+        let cancel = AtomicBool::new(false);
+        let runs = Mutex::new(Vec::new());
+        let results = run(
+            &items,
+            1,
+            |_| 0,
+            &cancel,
+            &|_| {},
+            |&i, room| {
+                crate::sync::lock(&runs).push(i);
+                if i == 1 && room.step_aside() {
+                    return Err(BuildError::new(ErrorKind::Internal, "stepped aside"));
+                }
+                Ok(i)
+            },
+            Err,
+        );
+        assert!(results.iter().all(Result::is_ok));
+        assert_eq!(*crate::sync::lock(&runs), [1, 2, 3, 4, 1]);
+        // Alone, a job never steps aside.
+        assert!(!Room::alone().step_aside());
+    }
 
     #[test]
     fn a_panicking_job_fails_in_its_slot_and_the_others_finish() {

@@ -4,14 +4,16 @@
 //! levels. `compile_many` runs requests with bounded parallelism.
 
 use crate::answer::Answering;
+use crate::batch::Room;
 use crate::bundle::search::Query;
 use crate::cache::Cache;
 use crate::cache::Counter;
 use crate::error::{BuildError, ErrorKind};
 use crate::key::{KeyInputs, Purpose};
 use crate::ladder::{self, Plan, Speculation};
-use crate::levels::claims::Claim;
-use crate::levels::{Answered, Asked, BundleAsk, Entry, Fits, Hit, Levels, Refusal, Target, Turn};
+use crate::levels::{
+    Answered, Asked, BundleAsk, Entry, Fits, Levels, Lookup, Refusal, Target, Wait,
+};
 use crate::ocloc::{self, Built, Job};
 use crate::options::Options;
 use crate::spill::Path;
@@ -281,22 +283,23 @@ impl Slot {
 /// fleet's store (unless `store` is false), then this process's compiler. `cancel` stops
 /// it (the running ocloc is killed).
 pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcome {
-    compile_with(req, store, cancel, &|| true)
+    compile_with(req, store, cancel, &Room::alone())
 }
 
 /// The request goes down once: its slot (`prepare`), the levels' answer, else a build
 /// with the GRF ladder kept in the levels (`Levels::keep` decides where); then it is
 /// answered (`Compiled::new`) and counted, once, where the request's cache is.
-/// `may_speculate()` is false while more requests wait for a core, so a speculative
-/// build would take it from them (unless the request asked for speculation explicitly).
+/// `room.may_speculate()` is false while more requests wait for a core, so a speculative
+/// build would take it from them (unless the request asked for speculation explicitly);
+/// in a batch, a request whose key another process builds steps aside (`room`).
 fn compile_with(
     req: &CompileRequest,
     store: bool,
     cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
+    room: &Room<'_>,
 ) -> Outcome {
     let slot = prepare(req)?;
-    answer(req, &slot, store, cancel, may_speculate)
+    answer(req, &slot, store, cancel, room)
         .map_err(|failure| failure.invalid_spirv_first(&req.spirv))
 }
 
@@ -305,7 +308,7 @@ fn answer(
     slot: &Slot,
     store: bool,
     cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
+    room: &Room<'_>,
 ) -> Outcome {
     let (fits, answering) = (slot.fits(), slot.answering());
     // Asked without the store, a request is the rebuild of one already counted (the
@@ -314,11 +317,33 @@ fn answer(
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
-    let (levels, found) = Levels::ask(asked, counted, key, target, fits, &mut notes)?;
-    let (found, claim, waited) = match (found, &slot.missing) {
-        (None, None) => turn(&levels, slot, counted, cancel, &mut notes)?,
-        (found, _) => (found, None, false),
-    };
+    // Without a compiler here, nothing to claim or wait for: only the bundles answer.
+    let step_aside = || room.step_aside();
+    let wait = slot.missing.is_none().then_some(Wait {
+        limits: (slot.job.timeout, slot.ladder.len()),
+        cancel,
+        step_aside: &step_aside,
+    });
+    let looked = Levels::ask(asked, (counted, wait), (key, target), fits, &mut notes)?;
+    let (levels, (found, building, waited)) = (
+        looked.0,
+        match looked.1 {
+            Lookup::Hit(hit, waited) => (Some(hit), None, waited),
+            Lookup::Build(building) => (None, Some(building), false),
+            Lookup::Failed(refusal) => {
+                let (error, attempts) = (refusal.error, refusal.attempts);
+                return Err(Box::new(Failure {
+                    error,
+                    attempts,
+                    notes,
+                }));
+            }
+            // Its answer is dropped: the batch runs it again after its queue.
+            Lookup::Later => {
+                return Err(BuildError::new(ErrorKind::Internal, "stepped aside").into())
+            }
+        },
+    );
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());
     notes.extend(no_compiler.map(|m| m.in_context("a bundle answered; no compiler: ").message));
     // An entry, the level that gave it, and for a build made now whether it is worth
@@ -326,7 +351,7 @@ fn answer(
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
-        (None, None) => build(req, slot, (&levels, &mut notes), cancel, may_speculate)
+        (None, None) => build(req, slot, (&levels, &mut notes), cancel, room)
             .map(|(entry, repeatable)| (entry, None, Some(repeatable))),
     };
     let outcome = answered.and_then(|(entry, from, repeatable)| {
@@ -368,7 +393,7 @@ fn answer(
             Err(f) => Answered::Failed(&f.attempts),
         });
     }
-    drop(claim); // let go once the answer is kept: its waiters find it
+    drop(building); // let go once the answer is kept: its waiters find it
     outcome
 }
 
@@ -379,14 +404,18 @@ fn build(
     slot: &Slot,
     (levels, notes): (&Levels, &mut Vec<String>),
     cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
+    room: &Room<'_>,
 ) -> Result<(Entry, bool), Box<Failure>> {
     validated(req)?;
     let plan = Plan {
         ladder: &slot.ladder,
         own_grf: slot.own_grf,
         rule: slot.rule,
-        speculation: Speculation::choose(req.options.speculative, req.spirv.len(), may_speculate),
+        speculation: Speculation::choose(
+            req.options.speculative,
+            req.spirv.len(),
+            room.may_speculate(),
+        ),
         cancel,
     };
     let settled = ladder::settle(
@@ -395,38 +424,14 @@ fn build(
         |built: Built, _| Ok(built.binary),
     )
     .inspect_err(|f| {
-        notes.extend(levels.remember(&slot.key, &Refusal::of(&f.error, &f.attempts)))
+        notes.extend(levels.remember(
+            (&slot.key, slot.target()),
+            &Refusal::of(&f.error, &f.attempts),
+        ))
     })?;
     notes.extend(settled.notes);
     let (record, binary) = (settled.record, settled.product);
     Ok((Entry { record, binary }, settled.repeatable))
-}
-
-/// After every level missed: a failure remembered (the answer), or this request's turn
-/// (its claim, held until its answer is kept), or another's build waited for and the
-/// levels asked again (`true`: the hit is a wait's).
-fn turn(
-    levels: &Levels,
-    slot: &Slot,
-    counted: bool,
-    cancel: &AtomicBool,
-    notes: &mut Vec<String>,
-) -> Result<(Option<Hit>, Option<Claim>, bool), Box<Failure>> {
-    let (key, target) = (slot.key.as_str(), slot.target());
-    let bound = crate::levels::claims::wait_bound(slot.job.timeout, slot.ladder.len());
-    match levels.after_miss(key, (bound, cancel), counted, notes) {
-        Ok(Turn::Build(claim)) => Ok((None, claim, false)),
-        Ok(Turn::Ready) => {
-            let found = levels.find(0, key, target, Some(slot.fits()), notes)?;
-            let waited = found.is_some();
-            Ok((found, None, waited))
-        }
-        Err(refusal) => Err(Box::new(Failure {
-            error: refusal.error,
-            attempts: refusal.attempts,
-            notes: std::mem::take(notes),
-        })),
-    }
 }
 
 pub use crate::batch::default_jobs;
@@ -447,7 +452,7 @@ pub fn compile_many(
         |r| r.spirv.len(),
         cancel,
         on_done,
-        |r, may_speculate| compile_with(r, store, cancel, may_speculate),
+        |r, room| compile_with(r, store, cancel, room),
         |e| Err(e.into()),
     )
 }

@@ -44,12 +44,19 @@ const LEASE_AGE: Duration = Duration::from_secs(30);
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MOST_PAUSE: Duration = Duration::from_millis(200);
 
-/// How long a request waits for another's build of its key: as long as its own build may
-/// take (`rungs` attempts at `timeout` each), and the time to see a holder stalled; None
-/// when its builds have no time limit (then the holder's life bounds the wait).
-pub fn wait_bound(timeout: Option<Duration>, rungs: usize) -> Option<Duration> {
-    let rungs = u32::try_from(rungs.max(1)).unwrap_or(u32::MAX);
-    Some(timeout?.checked_mul(rungs)?.saturating_add(STALLED))
+/// The probe file of a claims directory: never a key's (a key is hex digits).
+const PROBE: &str = "probe.lock";
+
+/// Claims directories where POSIX record locks work, and where they were refused (or did
+/// not answer): leases there. By device and inode, as this process found them.
+static LOCKING: Renewable<Mutex<Vec<(u64, u64)>>> =
+    Renewable::new(|| Mutex::new(Vec::new()), forget_modes_after_fork);
+static LOCKLESS: Renewable<Mutex<Vec<(u64, u64)>>> =
+    Renewable::new(|| Mutex::new(Vec::new()), forget_modes_after_fork);
+
+fn forget_modes_after_fork() {
+    LOCKING.renew();
+    LOCKLESS.renew();
 }
 
 /// The keys this process holds, by claims directory, and a signal for their waiters. A
@@ -141,6 +148,8 @@ pub enum Waited<T> {
     Alone(String),
     /// Its cancel was set while it waited.
     Cancelled,
+    /// Held by another at the first look, and the caller had other work (`step_aside`).
+    SteppedAside,
 }
 
 impl Claims {
@@ -192,6 +201,9 @@ impl Claims {
             Ok(dir) => dir,
             Err(why) => return Taken::Unavailable(format!("claims are off here: {why}")),
         };
+        if let Err(refused) = self.locks_work(dir) {
+            return self.take_lease(path, &refused);
+        }
         // A name removed by its last holder between our open and our lock is opened again.
         for _ in 0..4 {
             let file = match open_claim(path) {
@@ -201,10 +213,10 @@ impl Claims {
             match keeper::lock_now(dir, file.clone()) {
                 Ok(true) => {}
                 Ok(false) => return Taken::HeldThere(seen(path)),
+                // Refused now, not at the probe: leases from here on; the file is left
+                // (a lock call that did not answer may hold it, and its removal with it).
                 Err(refused) => {
-                    // Nobody locks on this file system: the claim is the lease beside it.
-                    drop(file);
-                    let _ = std::fs::remove_file(path);
+                    lock(LOCKLESS.get()).push(dir);
                     return self.take_lease(path, &refused);
                 }
             }
@@ -218,6 +230,30 @@ impl Claims {
             }
         }
         Taken::Unavailable("the claim's file kept changing under us".into())
+    }
+
+    /// Whether POSIX record locks work in the claims directory `dir` (its device and
+    /// inode): asked once per process, on a probe file of its own that is never removed
+    /// (where a lock call never answers, the file it holds cannot be removed either).
+    fn locks_work(&self, dir: (u64, u64)) -> Result<(), std::io::Error> {
+        if lock(LOCKLESS.get()).contains(&dir) {
+            return Err(std::io::Error::other("refused before"));
+        }
+        if lock(LOCKING.get()).contains(&dir) {
+            return Ok(());
+        }
+        let probe = open_claim(&self.dir.join(PROBE)).map_err(std::io::Error::other);
+        let answer = probe.and_then(|file| keeper::lock_now(dir, Arc::new(file)));
+        match answer {
+            Ok(_) => {
+                lock(LOCKING.get()).push(dir);
+                Ok(())
+            }
+            Err(refused) => {
+                lock(LOCKLESS.get()).push(dir);
+                Err(refused)
+            }
+        }
     }
 
     /// The claim as a lease, where the file system refuses locks (`refused`).
@@ -243,11 +279,13 @@ impl Claims {
     /// failure ends the wait); the claim is taken when its holder lets go with nothing
     /// kept. Ends alone when the holder stalls (`STALLED`) or `bound` passes (None: no
     /// bound of its own, the holder's life bounds it), and at once when `cancel` is set.
+    /// Held by another at the first look, it ends at once when `step_aside()` says the
+    /// caller has other work first.
     pub fn wait<T>(
         &self,
         key: &str,
-        bound: Option<Duration>,
-        cancel: &AtomicBool,
+        (bound, cancel): (Option<Duration>, &AtomicBool),
+        step_aside: &dyn Fn() -> bool,
         mut found: impl FnMut() -> Option<T>,
     ) -> Waited<T> {
         let start = Instant::now();
@@ -271,6 +309,7 @@ impl Claims {
                     };
                 }
                 Taken::Unavailable(why) => return Waited::Alone(why),
+                _ if start == changed && step_aside() => return Waited::SteppedAside,
                 Taken::HeldHere => changed = Instant::now(), // this process is not stalled
                 Taken::HeldThere(now) => {
                     if now != last {
@@ -416,7 +455,7 @@ mod tests {
             let (claims, kept) = (claims.clone(), kept.clone());
             std::thread::spawn(move || {
                 let never = AtomicBool::new(false);
-                match claims.wait(KEY, None, &never, || {
+                match claims.wait(KEY, (None, &never), &|| false, || {
                     kept.load(Ordering::SeqCst).then_some(7)
                 }) {
                     Waited::Answered(v, _) => v,
@@ -441,7 +480,7 @@ mod tests {
             std::thread::spawn(move || {
                 let never = AtomicBool::new(false);
                 matches!(
-                    claims.wait(KEY, None, &never, || None::<()>),
+                    claims.wait(KEY, (None, &never), &|| false, || None::<()>),
                     Waited::Mine(_)
                 )
             })
@@ -459,13 +498,13 @@ mod tests {
         };
         let cancel = AtomicBool::new(true);
         assert!(matches!(
-            claims.wait(KEY, None, &cancel, || None::<()>),
+            claims.wait(KEY, (None, &cancel), &|| false, || None::<()>),
             Waited::Cancelled
         ));
         let never = AtomicBool::new(false);
         let bound = Some(Duration::from_millis(50));
         assert!(matches!(
-            claims.wait(KEY, bound, &never, || None::<()>),
+            claims.wait(KEY, (bound, &never), &|| false, || None::<()>),
             Waited::Alone(_)
         ));
     }

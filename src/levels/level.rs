@@ -18,20 +18,17 @@ pub struct Target<'a> {
     pub compiler: &'a str,
 }
 
-impl Target<'_> {
-    /// No target: the local level keys entries by key alone.
-    pub(super) const NONE: Target<'static> = Target {
-        device: "",
-        compiler: "",
-    };
-}
-
 /// One level of native code.
 pub(super) trait Level: Send + Sync {
     /// What a hit at this level counts as.
     fn hits(&self) -> Counter;
     /// This user's own entries (the local cache): checked by checksum and section names.
     fn own(&self) -> bool {
+        false
+    }
+    /// This level keeps failures that repeat beside its entries (the local cache, the
+    /// store; never a bundle, which answers by its own keys).
+    fn keeps_failures(&self) -> bool {
         false
     }
     /// The bytes this level holds for `key` built for `target`, not yet checked; why
@@ -77,6 +74,10 @@ impl Level for Local {
     }
 
     fn own(&self) -> bool {
+        true
+    }
+
+    fn keeps_failures(&self) -> bool {
         true
     }
 
@@ -190,6 +191,10 @@ impl Store {
 impl Level for Store {
     fn hits(&self) -> Counter {
         Counter::StoreHits
+    }
+
+    fn keeps_failures(&self) -> bool {
+        true
     }
 
     fn get(&self, key: &str, target: Target<'_>, _: &mut Vec<String>) -> Result<Option<Vec<u8>>> {

@@ -11,21 +11,24 @@
 
 pub mod accounts;
 pub mod claims;
+mod fleet_claim;
+mod refusal;
 pub use accounts::Answered;
 
 mod level;
 
-use crate::attempt::{Attempt, Record};
+use crate::attempt::Record;
 use crate::bundle::search::{Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
-use crate::error::{BuildError, Result};
+use crate::error::Result;
 use crate::options::Options;
 use crate::store::remote;
 pub use crate::zebin::Fits;
 use claims::{Claim, Claims, Waited};
+use fleet_claim::{FleetClaim, FleetTurn};
 pub use level::Target;
 use level::{Bundle, Level, Local, Put, Store};
-use serde::{Deserialize, Serialize};
+pub use refusal::Refusal;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
@@ -110,52 +113,78 @@ pub struct Levels {
     /// The claims that make one build per key, and where failures that repeat are kept
     /// (None: the cache is off, or `XPU_ZEBIN_SHARE_BUILDS` is false).
     claims: Option<Claims>,
+    /// The fleet's store, for its claims (with `claims` only).
+    fleet: Option<remote::Config>,
 }
 
 /// Whether builds are shared: one build per key, failures that repeat remembered.
 pub const SHARE_BUILDS_ENV: &str = "XPU_ZEBIN_SHARE_BUILDS";
 
-/// A failure that repeats, as the levels keep it for its key: the error (with the
-/// compiler's log) and every attempt made.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Refusal {
-    pub error: BuildError,
-    pub attempts: Vec<Attempt>,
+/// What a request that missed everywhere may wait for another's build: as long as its
+/// own build may take (`limits`: its time limit per attempt, None: none, and its attempts),
+/// until `cancel`; it steps aside instead when `step_aside()` says it has other work first.
+pub struct Wait<'a> {
+    pub limits: (Option<Duration>, usize),
+    pub cancel: &'a AtomicBool,
+    pub step_aside: &'a dyn Fn() -> bool,
 }
 
-impl Refusal {
-    /// A build's failure: its error (with the compiler's log) and every attempt made.
-    pub fn of(error: &BuildError, attempts: &[Attempt]) -> Refusal {
-        Refusal {
-            error: error.clone(),
-            attempts: attempts.to_vec(),
-        }
+impl Wait<'_> {
+    /// The longest wait: the request's own build's bound and the time to see a holder
+    /// stalled; None when its builds have no time limit (the holder's life bounds it).
+    fn bound(&self) -> Option<Duration> {
+        let (timeout, rungs) = self.limits;
+        let rungs = u32::try_from(rungs.max(1)).unwrap_or(u32::MAX);
+        Some(timeout?.checked_mul(rungs)?.saturating_add(claims::STALLED))
     }
+}
 
-    /// Would a build of the same key fail the same way again: every attempt failed in a
-    /// way that repeats (`ErrorKind::is_repeatable`: not a timeout, a cancel, a crash).
-    fn repeats(&self) -> bool {
-        !self.attempts.is_empty()
-            && self.error.kind.is_repeatable()
-            && self
-                .attempts
-                .iter()
-                .all(|a| a.error.as_ref().is_some_and(|e| e.kind.is_repeatable()))
+/// A request's hold on its key while it builds: the claim in the cache directory and the
+/// one in the fleet's store (either may be missing: the request builds alone), let go
+/// when dropped, after its answer is kept.
+pub struct Building {
+    _local: Option<Claim>,
+    _fleet: Option<FleetClaim>,
+}
+
+impl Building {
+    /// No claim: building alone.
+    pub fn alone() -> Building {
+        Building {
+            _local: None,
+            _fleet: None,
+        }
     }
 }
 
 /// A request's turn after every level missed (`Levels::after_miss`).
 pub enum Turn {
-    /// Build: holding the key's claim (its waiters are answered from what is kept), or
-    /// alone (claims off, or waiting gave up: the notes say why).
-    Build(Option<Claim>),
+    /// Build, holding what it could claim; the notes say why it builds alone.
+    Build(Building),
     /// Another's build of the key was kept meanwhile: ask the levels again.
     Ready,
+    /// Another builds the key, and the request stepped aside (it has other work first).
+    Later,
+}
+
+/// What the levels answer a request (`Levels::ask`).
+pub enum Lookup {
+    /// A level's entry; `waited`: kept by another's build this request waited for.
+    Hit(Hit, bool),
+    /// Build it (holding its claims).
+    Build(Building),
+    /// A failure that repeats, remembered (the answer).
+    Failed(Refusal),
+    /// Another builds it; the request stepped aside.
+    Later,
 }
 
 /// The key a failure of `key` is kept under (a failure is never an entry of its key).
-fn failure_key(key: &str) -> String {
-    cache::key(&[b"a failure that repeats", key.as_bytes()])
+pub fn failure_key(key: &str) -> String {
+    let mut hash = blake3::Hasher::new();
+    hash.update(b"a failure that repeats\0");
+    hash.update(key.as_bytes());
+    hash.finalize().to_hex().to_string()
 }
 
 impl Levels {
@@ -179,19 +208,22 @@ impl Levels {
                 levels,
                 cache: None,
                 claims: None,
+                fleet: None,
             });
         };
         levels.push(Box::new(Local(cache.clone())));
+        let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)?;
+        let fleet = cfg.as_ref().filter(|_| shared).cloned();
         if let Some(cfg) = cfg {
             levels.push(Box::new(Store {
                 cfg,
                 cache: cache.clone(),
             }));
         }
-        let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)?;
         Ok(Levels {
             levels,
             claims: shared.then(|| Claims::of(cache.dir())),
+            fleet,
             cache: Some(cache),
         })
     }
@@ -199,18 +231,17 @@ impl Levels {
     /// After every level missed `key`: a failure of it that repeats, kept by an earlier
     /// build or by the build this request waited for (the error, counted as remembered
     /// when `counted`), or a cancel while it waited (the error); else this request's turn:
-    /// it takes the key's claim and builds, or waits for the build of the one that holds
-    /// it (at most `bound`, None: as long as the holder lives and renews its claim) and
-    /// asks the levels again.
+    /// it takes the key's claims (the cache directory's, then the store's) and builds, or
+    /// waits for the build of the one that holds one (`wait`) and asks the levels again.
     pub fn after_miss(
         &self,
-        key: &str,
-        (bound, cancel): (Option<Duration>, &AtomicBool),
+        (key, target): (&str, Target<'_>),
+        wait: &Wait<'_>,
         counted: bool,
         notes: &mut Vec<String>,
     ) -> std::result::Result<Turn, Refusal> {
         let Some(claims) = &self.claims else {
-            return Ok(Turn::Build(None));
+            return Ok(Turn::Build(Building::alone()));
         };
         let remembered = |refusal: Refusal, note: String, notes: &mut Vec<String>| {
             notes.push(note);
@@ -219,7 +250,7 @@ impl Levels {
             }
             Err(refusal)
         };
-        if let Some(refusal) = self.remembered(key, notes) {
+        if let Some(refusal) = self.remembered((key, target), true, notes) {
             let note = format!(
                 "this kernel failed the same way before with this compiler: not built again \
                  ({SHARE_BUILDS_ENV}=0 builds it anyway)"
@@ -229,97 +260,150 @@ impl Levels {
         // Kept by another: an entry of the key in this user's own level, or its failure.
         let kept = |notes: &mut Vec<String>| -> Option<Option<Refusal>> {
             let local = self.levels.iter().find(|l| l.own())?;
-            let entry = local.get(key, Target::NONE, notes).ok().flatten();
-            match entry {
+            match local.get(key, target, notes).ok().flatten() {
                 Some(_) => Some(None),
-                None => self.remembered(key, notes).map(Some),
+                None => self.remembered((key, target), false, notes).map(Some),
             }
         };
         let mut seen = Vec::new();
-        let waited = claims.wait(key, bound, cancel, || kept(&mut seen));
+        let waited = claims.wait(key, (wait.bound(), wait.cancel), wait.step_aside, || {
+            kept(&mut seen)
+        });
         seen.dedup();
         notes.append(&mut seen);
-        match waited {
-            Waited::Mine(claim) => Ok(Turn::Build(Some(claim))),
+        let local = match waited {
+            Waited::Mine(claim) => Some(claim),
             Waited::Alone(why) => {
                 notes.push(format!("built without waiting: {why}"));
-                Ok(Turn::Build(None))
+                None
             }
-            Waited::Answered(None, waited) => {
-                let waited = waited.as_secs_f64();
+            Waited::SteppedAside => return Ok(Turn::Later),
+            Waited::Answered(found, waited) => {
+                return self
+                    .waited_for(found, waited, notes)
+                    .or_else(|refusal| remembered(refusal, String::new(), notes))
+            }
+            Waited::Cancelled => return Err(Refusal::cancelled()),
+        };
+        let fleet = match self.fleet_turn((key, target), wait, notes) {
+            Ok(None) => return Ok(Turn::Ready),
+            Ok(Some(fleet)) => fleet,
+            Err(refusal) => return remembered(refusal, String::new(), notes),
+        };
+        Ok(Turn::Build(Building {
+            _local: local,
+            _fleet: fleet,
+        }))
+    }
+
+    /// What a wait for another's build found (`found`: an entry, else its failure), said.
+    fn waited_for(
+        &self,
+        found: Option<Refusal>,
+        waited: Duration,
+        notes: &mut Vec<String>,
+    ) -> std::result::Result<Turn, Refusal> {
+        let waited = waited.as_secs_f64();
+        match found {
+            None => {
                 notes.push(format!(
                     "waited {waited:.2} s for another's build of this kernel: answered from it"
                 ));
                 Ok(Turn::Ready)
             }
-            Waited::Answered(Some(refusal), waited) => {
-                let waited = waited.as_secs_f64();
-                let note = format!(
+            Some(refusal) => {
+                notes.push(format!(
                     "another's build of this kernel failed, waited for ({waited:.1} s): not \
                      built again"
-                );
-                remembered(refusal, note, notes)
-            }
-            Waited::Cancelled => Err(Refusal {
-                error: BuildError::new(
-                    crate::error::ErrorKind::Cancelled,
-                    "cancelled while waiting for another's build of this kernel",
-                ),
-                attempts: Vec::new(),
-            }),
-        }
-    }
-
-    /// The failure of `key` kept as one that repeats, if any (one that does not decode
-    /// under its key is removed, and said).
-    fn remembered(&self, key: &str, notes: &mut Vec<String>) -> Option<Refusal> {
-        let cache = self.cache.as_ref()?;
-        let at = failure_key(key);
-        let raw = cache.read_entry(&at).unwrap_or_else(|note| {
-            notes.push(note);
-            None
-        })?;
-        match cache::decode::<Refusal>(&at, &raw) {
-            Ok((refusal, _)) if refusal.repeats() => Some(refusal),
-            Ok(_) => {
-                notes.push(cache.refuse(&at, raw.len() as u64, "not a failure that repeats"));
-                None
-            }
-            Err(why) => {
-                notes.push(cache.refuse(&at, raw.len() as u64, &why));
-                None
+                ));
+                Err(refusal)
             }
         }
     }
 
-    /// Keep a failure of `key`'s build when it repeats (`Refusal::repeats`), so that the
-    /// next request for the key, in any process using this cache, is answered with it
-    /// without a build. What it says is returned.
-    pub fn remember(&self, key: &str, refusal: &Refusal) -> Option<String> {
-        let (Some(cache), Some(_)) = (&self.cache, &self.claims) else {
-            return None;
+    /// The store's part of a request's turn: its claim there (Some(None): no claim, build
+    /// alone), or None when the store now holds the key's entry (ask the levels again),
+    /// or the failure it holds.
+    fn fleet_turn(
+        &self,
+        (key, target): (&str, Target<'_>),
+        wait: &Wait<'_>,
+        notes: &mut Vec<String>,
+    ) -> std::result::Result<Option<Option<FleetClaim>>, Refusal> {
+        let Some(cfg) = &self.fleet else {
+            return Ok(Some(None));
         };
-        if !refusal.repeats() {
-            return None;
+        match fleet_claim::turn(cfg, (key, &failure_key(key)), (wait.bound(), wait.cancel)) {
+            FleetTurn::Mine(claim) => Ok(Some(Some(claim))),
+            FleetTurn::Alone(why) => {
+                notes.extend(why);
+                Ok(Some(None))
+            }
+            FleetTurn::Cancelled => Err(Refusal::cancelled()),
+            FleetTurn::Answered(waited) => {
+                let refusal = self.remembered((key, target), true, notes);
+                self.waited_for(refusal, waited, notes).map(|_| None)
+            }
+        }
+    }
+
+    /// The failure of `key` kept as one that repeats, if any: in this user's own level,
+    /// and the store's too when `everywhere` (one that does not decode under its key, or
+    /// does not repeat, is refused and said).
+    fn remembered(
+        &self,
+        (key, target): (&str, Target<'_>),
+        everywhere: bool,
+        notes: &mut Vec<String>,
+    ) -> Option<Refusal> {
+        let at = failure_key(key);
+        let keeping = self.levels.iter().filter(|l| l.keeps_failures());
+        for level in keeping.filter(|l| everywhere || l.own()) {
+            let Some(raw) = level.get(&at, target, notes).ok().flatten() else {
+                continue;
+            };
+            match cache::decode::<Refusal>(&at, &raw) {
+                Ok((refusal, _)) if refusal.repeats() => return Some(refusal),
+                Ok(_) => level.refuse(&at, raw.len(), "not a failure that repeats", notes),
+                Err(why) => level.refuse(&at, raw.len(), &why, notes),
+            }
+        }
+        None
+    }
+
+    /// Keep a failure of `key`'s build when it repeats (`Refusal::repeats`), in every
+    /// level that keeps failures and this node may write, so that the next request for
+    /// the key, in any process using this cache or the fleet's store, is answered with it
+    /// without a build. What it says is returned.
+    pub fn remember(&self, (key, target): (&str, Target<'_>), refusal: &Refusal) -> Vec<String> {
+        if self.claims.is_none() || !refusal.repeats() {
+            return Vec::new();
         }
         let at = failure_key(key);
-        match cache::encode(&at, refusal, &[]) {
-            Ok(entry) => cache.put_entry(&at, &entry, false),
-            Err(e) => Some(format!("failure not remembered: {e}")),
-        }
+        let entry = match cache::encode(&at, refusal, &[]) {
+            Ok(entry) => entry,
+            Err(e) => return vec![format!("failure not remembered: {e}")],
+        };
+        let keeping = self.levels.iter().filter(|l| l.keeps_failures());
+        keeping
+            .filter_map(|l| match l.put(&at, target, &entry, true) {
+                Ok(put) => put.note(),
+                Err(e) => Some(format!("failure not remembered: {e}")),
+            })
+            .collect()
     }
 
     /// The levels of a request (`open`) and their answer to `key` (`find`, from the
-    /// first level on). A bad setting is the error, counted as a refused request when
-    /// the request is `counted`.
+    /// first level on); on a miss everywhere, with `wait`, its turn (`after_miss`): a
+    /// failure remembered, a build of another waited for, or its claims to build. A bad
+    /// setting is the error, counted as a refused request when the request is `counted`.
     pub fn ask(
         asked: Asked<'_>,
-        counted: bool,
-        key: &str,
-        target: Target<'_>,
+        (counted, wait): (bool, Option<Wait<'_>>),
+        (key, target): (&str, Target<'_>),
         fits: Fits<'_>,
         notes: &mut Vec<String>,
-    ) -> Result<(Levels, Option<Hit>)> {
+    ) -> Result<(Levels, Lookup)> {
         let cache = asked.cache.clone();
         let refused = || {
             if counted {
@@ -327,10 +411,24 @@ impl Levels {
             }
         };
         let levels = Levels::open(asked).inspect_err(|_| refused())?;
-        let found = levels
-            .find(0, key, target, Some(fits), notes)
-            .inspect_err(|_| refused())?;
-        Ok((levels, found))
+        let find = |notes: &mut Vec<String>| {
+            let found = levels.find(0, key, target, Some(fits), notes);
+            found.inspect_err(|_| refused())
+        };
+        let looked = match (find(notes)?, wait) {
+            (Some(hit), _) => Lookup::Hit(hit, false),
+            (None, None) => Lookup::Build(Building::alone()),
+            (None, Some(wait)) => match levels.after_miss((key, target), &wait, counted, notes) {
+                Ok(Turn::Build(building)) => Lookup::Build(building),
+                Ok(Turn::Later) => Lookup::Later,
+                Ok(Turn::Ready) => match find(notes)? {
+                    Some(hit) => Lookup::Hit(hit, true),
+                    None => Lookup::Build(Building::alone()),
+                },
+                Err(refusal) => Lookup::Failed(refusal),
+            },
+        };
+        Ok((levels, looked))
     }
 
     /// The first level's entry of `key` that is whole and `key`'s, from the level at

@@ -372,6 +372,42 @@ impl Client {
         })
     }
 
+    /// Take the claim at `key` for `token` when nobody holds it (`SET NX`), living
+    /// `expiry`; true when taken.
+    pub fn claim(&self, key: &[u8], token: &[u8], expiry: Duration) -> Result<bool, StoreError> {
+        let ms = expiry.as_millis().max(1).to_string();
+        let ask: Vec<&[u8]> = vec![b"SET", key, token, b"NX", b"PX", ms.as_bytes()];
+        self.with_conn(|conn, _| {
+            match Self::run(conn, std::slice::from_ref(&ask), Budget::SMALL)?.pop() {
+                Some(Reply::Status(_)) => Ok(true),
+                Some(Reply::Nil) => Ok(false),
+                _ => Err(StoreError::Wire(WireError::Protocol(
+                    "not a SET reply".into(),
+                ))),
+            }
+        })
+    }
+
+    /// Live `expiry` more from now, the claim at `key` while it is still `token`'s; true
+    /// when renewed.
+    pub fn renew_claim(
+        &self,
+        key: &[u8],
+        token: &[u8],
+        expiry: Duration,
+    ) -> Result<bool, StoreError> {
+        const SCRIPT: &[u8] = b"if redis.call('GET', KEYS[1]) == ARGV[1] then \
+            return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+        let ms = expiry.as_millis().max(1).to_string();
+        let ask: Vec<&[u8]> = vec![b"EVAL", SCRIPT, b"1", key, token, ms.as_bytes()];
+        self.with_conn(|conn, _| {
+            match Self::run(conn, std::slice::from_ref(&ask), Budget::SMALL)?.pop() {
+                Some(Reply::Int(n)) => Ok(n > 0),
+                _ => Err(StoreError::Wire(WireError::Protocol("not a count".into()))),
+            }
+        })
+    }
+
     /// Whether `key` exists.
     pub fn exists(&self, key: &[u8]) -> Result<bool, StoreError> {
         let ask: Vec<&[u8]> = vec![b"EXISTS", key];

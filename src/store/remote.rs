@@ -288,6 +288,78 @@ pub fn put_signed(
     }
 }
 
+/// Where the fleet's claims on keys being built live (`levels::claims`): beside the
+/// entries, never among them (`remote verify` and `purge` never see one).
+pub const CLAIM_PREFIX: &str = "xpu-zebin:claim:v1:";
+
+/// What a claim in the store came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    Taken,
+    /// Another node holds it.
+    Held,
+    /// This node does not publish (read-only, no signing key), or the store failed (said
+    /// once, then left alone): no claim.
+    No,
+}
+
+/// Whether this node publishes what it builds: read-write, with a signing key.
+fn publishes(cfg: &Config) -> bool {
+    cfg.read_write && matches!(Signer::from_env(), Ok(Some(_)))
+}
+
+/// Take `key`'s claim in the store for `token`, living `expiry` unless renewed; only a
+/// node that publishes takes one (its waiters are answered by what it publishes), but any
+/// node learns that another holds it.
+pub fn take_claim(cfg: &Config, key: &str, token: &str, expiry: Duration) -> Claimed {
+    if !usable(cfg) {
+        return Claimed::No;
+    }
+    let rkey = format!("{CLAIM_PREFIX}{key}");
+    let asked = client::client(&cfg.url, cfg.timeout).and_then(|c| match publishes(cfg) {
+        true => c
+            .claim(rkey.as_bytes(), token.as_bytes(), expiry)
+            .map(|taken| match taken {
+                true => Claimed::Taken,
+                false => Claimed::Held,
+            }),
+        false => c.exists(rkey.as_bytes()).map(|held| match held {
+            true => Claimed::Held,
+            false => Claimed::No,
+        }),
+    });
+    asked.unwrap_or_else(|e| {
+        failed(cfg, &e);
+        Claimed::No
+    })
+}
+
+/// Live `expiry` more, `key`'s claim while it is `token`'s; false when it is not (expired,
+/// taken over) or the store failed.
+pub fn renew_claim(cfg: &Config, key: &str, token: &str, expiry: Duration) -> bool {
+    let rkey = format!("{CLAIM_PREFIX}{key}");
+    client::client(&cfg.url, cfg.timeout)
+        .and_then(|c| c.renew_claim(rkey.as_bytes(), token.as_bytes(), expiry))
+        .unwrap_or(false)
+}
+
+/// Let go of `key`'s claim, while it is still `token`'s.
+pub fn release_claim(cfg: &Config, key: &str, token: &str) {
+    let rkey = format!("{CLAIM_PREFIX}{key}");
+    let _ = client::client(&cfg.url, cfg.timeout)
+        .and_then(|c| c.delete_if_unchanged(rkey.as_bytes(), Some(token.as_bytes())));
+}
+
+/// Whether the store holds a value at `key` (an entry's or a failure's), asked without
+/// reading it; false when the store failed.
+pub fn holds(cfg: &Config, key: &str) -> bool {
+    let rkey = format!("{}{key}", format::PREFIX);
+    usable(cfg)
+        && client::client(&cfg.url, cfg.timeout)
+            .and_then(|c| c.exists(rkey.as_bytes()))
+            .unwrap_or(false)
+}
+
 /// Triton's own entries: the bytes at each of `rkeys` when a trusted key signed them for
 /// that key and `identity` (what they were built with); each key read once.
 pub fn fetch_signed(

@@ -9,14 +9,16 @@
 use super::build::{self, Built, Isolated};
 use super::{runtime, DeviceInfo, Kernel, Module, Runtime};
 use crate::attempt::{self, Attempt, Record};
+use crate::batch::Room;
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::grf;
 use crate::key::{KeyInputs, Purpose};
 use crate::knobs::effective_timeout;
 use crate::ladder::{self, Failure, Plan, Settled, Speculation};
-use crate::levels::claims::Claim;
-use crate::levels::{Answered, Asked, BundleAsk, Entry, Hit, Levels, Refusal, Target, Turn};
+use crate::levels::{
+    Answered, Asked, Building, BundleAsk, Entry, Hit, Levels, Refusal, Target, Turn, Wait,
+};
 use crate::options::Options;
 use crate::spill::{Path, Spill};
 use crate::spirv::GrfRequest;
@@ -172,7 +174,7 @@ impl NativeTrial<'_> {
 /// Build and load `req.kernel_name`, with upstream's large-GRF fallback. `cancel` kills
 /// the running builds.
 pub fn compile_and_load(req: &LoadRequest, cancel: &AtomicBool) -> LoadOutcome {
-    load_inner(req, cancel, &|| true)
+    load_inner(req, cancel, &Room::alone())
 }
 
 /// Load every request with at most `jobs` at once; results in input order, a failure in
@@ -189,7 +191,7 @@ pub fn compile_and_load_many(
         |r| r.binary.len(),
         cancel,
         on_done,
-        |r, may_speculate| load_inner(r, cancel, may_speculate),
+        |r, room| load_inner(r, cancel, room),
         |e| Err(e.into()),
     )
 }
@@ -302,16 +304,26 @@ impl Context<'_> {
         &self,
         levels: &Levels,
         (key, target): (&str, Target<'_>),
-        rungs: usize,
+        (rungs, room): (usize, &Room<'_>),
         cancel: &AtomicBool,
         notes: &mut Vec<String>,
-    ) -> std::result::Result<(Option<Kept>, Option<Claim>, bool), Box<Failure>> {
+    ) -> std::result::Result<(Option<Kept>, Option<Building>, bool), Box<Failure>> {
         if let Some(kept) = self.load_kept(levels, key, target, cancel, notes)? {
             return Ok((Some(kept), None, false));
         }
-        let bound = crate::levels::claims::wait_bound(self.timeout, rungs);
-        match levels.after_miss(key, (bound, cancel), true, notes) {
-            Ok(Turn::Build(claim)) => Ok((None, claim, false)),
+        let wait = Wait {
+            limits: (self.timeout, rungs),
+            cancel,
+            step_aside: &|| room.step_aside(),
+        };
+        match levels.after_miss((key, target), &wait, true, notes) {
+            Ok(Turn::Build(building)) => Ok((None, Some(building), false)),
+            // Its answer is dropped: the batch runs it again after its queue.
+            Ok(Turn::Later) => Err(crate::error::BuildError::new(
+                crate::error::ErrorKind::Internal,
+                "stepped aside",
+            )
+            .into()),
             Ok(Turn::Ready) => {
                 let revived = self.load_kept(levels, key, target, cancel, notes)?;
                 let waited = revived.is_some();
@@ -325,6 +337,36 @@ impl Context<'_> {
         }
     }
 
+    /// Build the request (`build`) and keep the build in the levels; a failure that
+    /// repeats is kept for its key. What the levels said (`notes`) comes first, whatever
+    /// the build's outcome.
+    fn build_and_keep(
+        &self,
+        (levels, (key, target)): (&Levels, (&str, Target<'_>)),
+        ladder: (&[String], Option<GrfRequest>),
+        (rule, cancel, room): (crate::spill::Rule, &AtomicBool, &Room<'_>),
+        notes: &mut Vec<String>,
+    ) -> std::result::Result<(Built, Vec<u8>, Record), Box<Failure>> {
+        let Settled {
+            product: (built, native),
+            record,
+            repeatable,
+            notes: more,
+        } = self
+            .build(ladder, rule, cancel, room)
+            .map_err(|mut failure| {
+                let refusal = Refusal::of(&failure.error, &failure.attempts);
+                notes.extend(levels.remember((key, target), &refusal));
+                failure.notes.splice(0..0, notes.drain(..));
+                failure
+            })?;
+        notes.extend(more);
+        // The driver links what it builds (no link rule of the request's to keep).
+        let built_here = (&record, native.as_slice());
+        notes.extend(levels.keep(key, target, built_here, repeatable, true)?);
+        Ok((built, native, record))
+    }
+
     /// The GRF ladder for the request: SPIR-V in workers (speculatively when it gains),
     /// else in this process.
     fn build(
@@ -332,7 +374,7 @@ impl Context<'_> {
         (ladder, own_grf): (&[String], Option<GrfRequest>),
         rule: crate::spill::Rule,
         cancel: &AtomicBool,
-        may_speculate: &(dyn Fn() -> bool + Sync),
+        room: &Room<'_>,
     ) -> Outcome {
         let req = self.req;
         if self.unchecked_spirv {
@@ -340,7 +382,11 @@ impl Context<'_> {
         }
         let isolated_build = req.is_spv && self.isolated;
         let speculation = match isolated_build {
-            true => Speculation::choose(req.options.speculative, req.binary.len(), may_speculate),
+            true => Speculation::choose(
+                req.options.speculative,
+                req.binary.len(),
+                room.may_speculate(),
+            ),
             false => Speculation::Never,
         };
         let plan = Plan {
@@ -457,14 +503,10 @@ fn levels_of(
 /// input that is not valid SPIR-V is still the answer before anything found wrong after
 /// it, before a build (a kernel name, a device, the levels' settings): the same error as
 /// with the cache off.
-fn load_inner(
-    req: &LoadRequest,
-    cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
-) -> LoadOutcome {
+fn load_inner(req: &LoadRequest, cancel: &AtomicBool, room: &Room<'_>) -> LoadOutcome {
     req.options.check(&[("kernel_name", &req.kernel_name)])?; // the settings' errors first
     let for_key = req.is_spv && req.options.cache;
-    load_answer(req, for_key, cancel, may_speculate).map_err(|failure| match for_key {
+    load_answer(req, for_key, cancel, room).map_err(|failure| match for_key {
         true => failure.invalid_spirv_first(&req.binary),
         false => failure,
     })
@@ -474,7 +516,7 @@ fn load_answer(
     req: &LoadRequest,
     for_key: bool,
     cancel: &AtomicBool,
-    may_speculate: &(dyn Fn() -> bool + Sync),
+    room: &Room<'_>,
 ) -> LoadOutcome {
     let own_grf = validate(req, for_key)?;
     let o = &req.options;
@@ -501,29 +543,23 @@ fn load_answer(
         unchecked_spirv: for_key,
     };
     let mut notes = Vec::new();
-    let (revived, claim, waited) =
-        context.kept_or_turn(&levels, (&key, target), ladder.len(), cancel, &mut notes)?;
+    let (revived, claim, waited) = context.kept_or_turn(
+        &levels,
+        (&key, target),
+        (ladder.len(), room),
+        cancel,
+        &mut notes,
+    )?;
     let (built, native_binary, record, answered) = match revived {
         Some(((built, native), record, counter)) => (built, native, record, Some(counter)),
         None => {
-            // What the levels said comes first, whatever the build's outcome.
-            let Settled {
-                product: (built, native),
-                record,
-                repeatable,
-                notes: more,
-            } = context
-                .build((&ladder, own_grf), rule, cancel, may_speculate)
-                .map_err(|mut failure| {
-                    let refusal = Refusal::of(&failure.error, &failure.attempts);
-                    notes.extend(levels.remember(&key, &refusal));
-                    failure.notes.splice(0..0, notes.drain(..));
-                    failure
-                })?;
-            notes.extend(more);
-            // The driver links what it builds (no link rule of the request's to keep).
-            let built_here = (&record, native.as_slice());
-            notes.extend(levels.keep(&key, target, built_here, repeatable, true)?);
+            let built = context.build_and_keep(
+                (&levels, (&key, target)),
+                (&ladder, own_grf),
+                (rule, cancel, room),
+                &mut notes,
+            )?;
+            let (built, native, record) = built;
             (built, native, record, None)
         }
     };

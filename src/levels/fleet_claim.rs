@@ -1,0 +1,106 @@
+//! One build per key across the fleet's store: a node that publishes what it builds claims
+//! the key in the store (`SET NX` with an expiry, `EXPIRY`) before it builds, renews the
+//! claim every `claims::RENEW` while it builds, and lets go once it has published. Any
+//! node that misses a key claimed there waits for its entry (or its failure) to appear in
+//! the store. A holder killed or stopped renews no more: its claim expires within
+//! `EXPIRY`, and a waiter takes it. A store that fails is left alone (said once), and the
+//! request builds alone: nothing here fails a compile.
+
+use super::claims::{RENEW, STALLED};
+use crate::store::remote::{self, Claimed, Config};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a claim in the store lives unless renewed: a holder gone (killed, stopped,
+/// cut off) is known to every waiter within it, whatever the hosts' clocks say.
+pub const EXPIRY: Duration = STALLED;
+const PAUSE: Duration = Duration::from_millis(200);
+
+/// A key's claim in the store, held: renewed until dropped, then let go.
+pub struct FleetClaim {
+    cfg: Config,
+    key: String,
+    token: String,
+    renewing: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Drop for FleetClaim {
+    fn drop(&mut self) {
+        drop(self.renewing.take());
+        remote::release_claim(&self.cfg, &self.key, &self.token);
+    }
+}
+
+/// How a request's turn at the store ended.
+pub enum FleetTurn {
+    /// This node holds the key's claim: it builds and publishes.
+    Mine(FleetClaim),
+    /// The store holds the key's entry or failure now (after waiting this long).
+    Answered(Duration),
+    /// No claim here (a read-only node with no one building it, a store that failed, a
+    /// wait past its bound): build alone, for the reason given (None: nothing to say).
+    Alone(Option<String>),
+    Cancelled,
+}
+
+/// This request's turn at `key` in the store: take its claim, or wait for the node that
+/// holds it until the store holds the key's entry or its failure (at `failed`), its claim
+/// is let go or expires (then take it), `bound` passes or `cancel` is set.
+pub fn turn(
+    cfg: &Config,
+    (key, failed): (&str, &str),
+    (bound, cancel): (Option<Duration>, &AtomicBool),
+) -> FleetTurn {
+    let found = || remote::holds(cfg, key) || remote::holds(cfg, failed);
+    let token: String = crate::cache::lease::random_bytes::<16>("a claim")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let start = Instant::now();
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return FleetTurn::Cancelled;
+        }
+        match remote::take_claim(cfg, key, &token, EXPIRY) {
+            // Published just before its holder let go: answered, the claim let go.
+            Claimed::Taken if found() => {
+                remote::release_claim(cfg, key, &token);
+                return FleetTurn::Answered(start.elapsed());
+            }
+            Claimed::Taken => return FleetTurn::Mine(FleetClaim::renewed(cfg, key, token)),
+            Claimed::Held | Claimed::No if found() => return FleetTurn::Answered(start.elapsed()),
+            Claimed::No => return FleetTurn::Alone(None),
+            Claimed::Held => {}
+        }
+        if bound.is_some_and(|b| start.elapsed() >= b) {
+            let waited = start.elapsed().as_secs_f64();
+            return FleetTurn::Alone(Some(format!(
+                "waited {waited:.1} s for another node's build, as long as this request's \
+                 own may take: built here"
+            )));
+        }
+        std::thread::sleep(PAUSE);
+    }
+}
+
+impl FleetClaim {
+    fn renewed(cfg: &Config, key: &str, token: String) -> FleetClaim {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (cfg2, key2, token2) = (cfg.clone(), key.to_string(), token.clone());
+        let spawned = std::thread::Builder::new()
+            .name("xpu-zebin-fleet-claim".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(RENEW) {
+                    if !remote::renew_claim(&cfg2, &key2, &token2, EXPIRY) {
+                        break;
+                    }
+                }
+            });
+        FleetClaim {
+            cfg: cfg.clone(),
+            key: key.to_string(),
+            token,
+            renewing: spawned.is_ok().then_some(tx),
+        }
+    }
+}
