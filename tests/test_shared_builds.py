@@ -263,3 +263,60 @@ def test_a_transient_failure_is_not_remembered(system_ocloc, tmp_path):
         assert not any("failed the same way before" in n for n in e.value.notes)
     c = xpu_zebin.stats(cache)["counters"]
     assert (c["compiles"], c["remembered_failures"]) == (2, 0), c
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real redis-server on a free port, and the keys of a farm whose nodes publish."""
+    from test_remote import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    key = tmp_path / "farm.key"
+    public = xpu_zebin._core.key_generate(str(key), "farm")
+    yield server, {"XPU_ZEBIN_REMOTE": server.url(), "XPU_ZEBIN_REMOTE_MODE": "read-write",
+                   "XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_TRUSTED_KEYS": public}
+    server.stop()
+
+
+def _node_rank(ocloc: str, cache: Path, spirv: Path, env: dict) -> subprocess.Popen:
+    """A node of its own (its own cache directory) sharing only the store."""
+    start = cache.parent / "start"
+    start.parent.mkdir(parents=True, exist_ok=True)
+    start.touch()
+    return subprocess.Popen([sys.executable, "-c", RANK, ocloc, str(cache), str(start), str(spirv)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, **env})  # fmt: skip
+
+
+def test_two_nodes_share_one_build_through_the_store(system_ocloc, store, tmp_path):
+    """Two nodes with caches of their own, sharing only a real redis-server: the second,
+    started once the first has claimed the kernel in the store, never builds it: it waits
+    for the first's entry (or finds it published)."""
+    server, env = store
+    spirv = tmp_path / "spill.spv"
+    spirv.write_bytes(xpu_zebin.opencl_to_spirv(samples.register_pressure_kernel(600, name="spill"),
+                                                device="pvc", ocloc=system_ocloc))  # fmt: skip
+    first = _node_rank(system_ocloc, tmp_path / "a" / "cache", spirv, env)
+    redis = server.client()
+    _until(lambda: redis.keys("xpu-zebin:claim:v1:*"), "the first node never claimed its key")
+    second = _node_rank(system_ocloc, tmp_path / "b" / "cache", spirv, env)
+    (a,), (b,) = _answers(first), _answers(second)
+    assert a["source"] == "compiled" and b["source"] == "remote", (a, b)
+    assert a["flags"] == b["flags"]
+    c = xpu_zebin.stats(tmp_path / "b" / "cache")["counters"]
+    assert c["compiles"] == 0 and c["waits"] + c["hits_store"] == 1, c
+    assert redis.keys("xpu-zebin:claim:v1:*") == [], "a claim outlived its build"
+
+
+def test_a_failure_is_remembered_through_the_store(modern_ocloc, store, tmp_path):
+    """A kernel refused in both GRF modes, built by one node: another node, with a cache of
+    its own, gets the same classified error from the store, without a build."""
+    _, env = store
+    spirv = tmp_path / "simd8.spv"
+    spirv.write_bytes(_simd8(modern_ocloc))
+    first = _fail(modern_ocloc, tmp_path / "a" / "cache", spirv, **env)
+    again = _fail(modern_ocloc, tmp_path / "b" / "cache", spirv, **env)
+    assert {k: again[k] for k in ("kind", "message", "log", "attempts")} == {
+        k: first[k] for k in ("kind", "message", "log", "attempts")
+    }
+    c = xpu_zebin.stats(tmp_path / "b" / "cache")["counters"]
+    assert (c["compiles"], c["remembered_failures"]) == (0, 1), c
