@@ -166,6 +166,16 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
                 format!("the compiler crashed: {} (exit {code})", signal_name(sig)),
             );
         }
+        // Killed from outside (the OOM killer, a job's end): no answer of the input's.
+        if matches!(sig, libc::SIGKILL | libc::SIGTERM) {
+            return err(
+                ErrorKind::CompilerCrash,
+                format!(
+                    "the compiler was killed: {} (exit {code})",
+                    signal_name(sig)
+                ),
+            );
+        }
     }
     if code == 255 || code == -1 {
         return err(
@@ -194,6 +204,14 @@ pub fn classify_failure(exit: Exit, log: &str) -> BuildError {
     )
 }
 
+/// Whether the compiler itself reported the failure in `log` (an `error` line of IGC's or
+/// ocloc's): a failure with no such line (an empty log, a driver out of memory) may be
+/// the host's, not the input's, and is never remembered as one that repeats.
+pub fn compiler_reported(log: &str) -> bool {
+    log.lines()
+        .any(|l| l.to_ascii_lowercase().contains("error"))
+}
+
 /// Name the cause of a failed Level Zero module build from its result and build log.
 pub fn classify_driver_failure(result: &str, log: &str) -> BuildError {
     let err = |kind, message: String| BuildError::new(kind, message).with_log(log);
@@ -216,6 +234,15 @@ pub fn classify_driver_failure(result: &str, log: &str) -> BuildError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compiler_killed_through_a_wrapper_is_no_build_failure() {
+        for code in [128 + libc::SIGKILL, 128 + libc::SIGTERM] {
+            let e = classify_failure(Exit::Code(code), "");
+            assert_eq!(e.kind, ErrorKind::CompilerCrash, "exit {code}");
+            assert!(e.message.contains("killed"), "{}", e.message);
+        }
+    }
 
     #[test]
     fn ptss_both_wordings() {

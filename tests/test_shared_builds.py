@@ -65,6 +65,26 @@ def _claims(cache: Path) -> list:
     return sorted(p for p in (cache / "zebin-v3" / "claims").glob("*") if p.name != "probe.lock")
 
 
+def _held(cache: Path) -> bool:
+    """Whether a claim is held now: a claim's file exists before its lock is taken, so the
+    lock itself is asked (this process holds none, so asking costs no one theirs)."""
+    import fcntl
+
+    for path in _claims(cache):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False
+
+
 def _until(what, why: str, seconds: float = 300):
     """Wait for `what()` to hold, on a generous deadline (never a bare sleep)."""
     deadline = time.monotonic() + seconds
@@ -153,7 +173,7 @@ def test_a_holder_killed_mid_build_costs_one_rebuild(modern_ocloc, tmp_path):
     cache, start = tmp_path / "cache", tmp_path / "start"
     start.touch()
     holder = _rank(modern_ocloc, cache, start, [spirv])
-    _until(lambda: _claims(cache), "the holder never claimed its key")
+    _until(lambda: _held(cache), "the holder never claimed its key")
     waiters = [_rank(modern_ocloc, cache, start, [spirv]) for _ in range(3)]
     holder.kill()
     holder.communicate(timeout=60)
@@ -173,7 +193,7 @@ def test_a_stopped_holder_lets_its_waiter_build(modern_ocloc, tmp_path):
     start.touch()
     holder = _rank(modern_ocloc, cache, start, [spirv])
     try:
-        _until(lambda: _claims(cache), "the holder never claimed its key")
+        _until(lambda: _held(cache), "the holder never claimed its key")
         os.kill(holder.pid, signal.SIGSTOP)
         (answer,) = _answers(_rank(modern_ocloc, cache, start, [spirv]))
     finally:

@@ -132,6 +132,11 @@ impl Cache {
         &self.dir
     }
 
+    /// Whether this directory is used (not refused as writable by others).
+    pub fn in_service(&self) -> bool {
+        self.refused.is_none()
+    }
+
     /// (entries, bytes) stored now, as the ledger counts them (recounted first when
     /// unknown; nothing is evicted by asking), or as listed when there is no ledger.
     pub fn usage(&self) -> (u64, u64) {

@@ -62,7 +62,9 @@ fn forget_modes_after_fork() {
 /// The keys this process holds, by claims directory, and a signal for their waiters. A
 /// forked child starts with none (it holds no POSIX lock of its parent's).
 struct Held {
-    keys: Mutex<HashSet<PathBuf>>,
+    /// By the claims directory's device and inode (two spellings of one directory are
+    /// one), and the key.
+    keys: Mutex<HashSet<(u64, u64, String)>>,
     let_go: Condvar,
 }
 
@@ -96,6 +98,8 @@ enum Hold {
 /// still locked, then closed; the table's entry last, and its waiters woken).
 pub struct Claim {
     path: PathBuf,
+    /// Its entry in this process's table.
+    entry: (u64, u64, String),
     hold: Option<Hold>,
     /// Dropped to stop the renewing thread.
     renewing: Option<std::sync::mpsc::Sender<()>>,
@@ -121,7 +125,7 @@ impl Drop for Claim {
             None => {}
         }
         let held = HELD.get();
-        lock(&held.keys).remove(&self.path);
+        lock(&held.keys).remove(&self.entry);
         held.let_go.notify_all();
     }
 }
@@ -183,26 +187,28 @@ impl Claims {
         let Some(path) = self.path(key) else {
             return Taken::Unavailable(format!("{key:?} does not name a claim"));
         };
+        let (dev, ino) = match self.ready() {
+            Ok(dir) => dir,
+            Err(why) => return Taken::Unavailable(format!("claims are off here: {why}")),
+        };
+        let entry = (dev, ino, key.to_string());
         let held = HELD.get();
-        if !lock(&held.keys).insert(path.clone()) {
+        if !lock(&held.keys).insert(entry.clone()) {
             return Taken::HeldHere;
         }
-        let taken = self.take_file(&path);
+        let taken = self.take_file(&path, entry.clone());
         if !matches!(taken, Taken::Mine(_)) {
-            lock(&held.keys).remove(&path);
+            lock(&held.keys).remove(&entry);
             held.let_go.notify_all();
         }
         taken
     }
 
-    /// The file's claim (the table's entry is this thread's).
-    fn take_file(&self, path: &Path) -> Taken {
-        let dir = match self.ready() {
-            Ok(dir) => dir,
-            Err(why) => return Taken::Unavailable(format!("claims are off here: {why}")),
-        };
+    /// The file's claim (the table's `entry` is this thread's).
+    fn take_file(&self, path: &Path, entry: (u64, u64, String)) -> Taken {
+        let dir = (entry.0, entry.1);
         if let Err(refused) = self.locks_work(dir) {
-            return self.take_lease(path, &refused);
+            return self.take_lease(path, entry, &refused);
         }
         // A name removed by its last holder between our open and our lock is opened again.
         for _ in 0..4 {
@@ -217,7 +223,7 @@ impl Claims {
                 // (a lock call that did not answer may hold it, and its removal with it).
                 Err(refused) => {
                     lock(LOCKLESS.get()).push(dir);
-                    return self.take_lease(path, &refused);
+                    return self.take_lease(path, entry, &refused);
                 }
             }
             let now = std::fs::symlink_metadata(path).ok();
@@ -226,7 +232,7 @@ impl Claims {
                 .zip(held)
                 .is_some_and(|(a, b)| (a.dev(), a.ino()) == (b.dev(), b.ino()));
             if same {
-                return Taken::Mine(Claim::renewed(path, Hold::Record(file)));
+                return Taken::Mine(Claim::renewed(path, entry, Hold::Record(file)));
             }
         }
         Taken::Unavailable("the claim's file kept changing under us".into())
@@ -257,7 +263,12 @@ impl Claims {
     }
 
     /// The claim as a lease, where the file system refuses locks (`refused`).
-    fn take_lease(&self, path: &Path, refused: &std::io::Error) -> Taken {
+    fn take_lease(
+        &self,
+        path: &Path,
+        entry: (u64, u64, String),
+        refused: &std::io::Error,
+    ) -> Taken {
         crate::diag::detail(
             "claims",
             format!(
@@ -267,7 +278,7 @@ impl Claims {
         );
         let at = path.with_extension("lease");
         match lease::take_at(&at, LEASE_AGE) {
-            Some(lease) => Taken::Mine(Claim::renewed(path, Hold::Lease(Arc::new(lease)))),
+            Some(lease) => Taken::Mine(Claim::renewed(path, entry, Hold::Lease(Arc::new(lease)))),
             None => match seen(&at) {
                 Some(seen) => Taken::HeldThere(Some(seen)),
                 None => Taken::Unavailable("the lease claim could not be made".into()),
@@ -342,12 +353,17 @@ impl Claims {
 impl Claim {
     /// A claim held, renewed every `RENEW` by a thread of its own until dropped (without
     /// a thread, it is not renewed: its waiters build for themselves after `STALLED`).
-    fn renewed(path: &Path, hold: Hold) -> Claim {
+    fn renewed(path: &Path, entry: (u64, u64, String), hold: Hold) -> Claim {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // Whether to go on: a record lock is ours until dropped (a renewal that failed is
+        // tried again a second later); a lease taken over by another is no longer.
         let renew: Box<dyn Fn() -> bool + Send> = match &hold {
             Hold::Record(file) => {
                 let file = file.clone();
-                Box::new(move || file.set_modified(SystemTime::now()).is_ok())
+                Box::new(move || {
+                    let _ = file.set_modified(SystemTime::now());
+                    true
+                })
             }
             Hold::Lease(lease) => {
                 let lease = lease.clone();
@@ -365,14 +381,17 @@ impl Claim {
             });
         Claim {
             path: path.to_path_buf(),
+            entry,
             hold: Some(hold),
             renewing: spawned.is_ok().then_some(tx),
         }
     }
 }
 
-/// A claim's file, this user's regular file (anything else at its name is removed once:
-/// the directory is this user's).
+/// A claim's file, this user's regular file. Anything else at its name (a link, a
+/// directory, a FIFO, another user's file) is removed once (the directory is this user's);
+/// any other failure (no descriptors, a stale handle) is said, and nothing is removed: it
+/// may be another process's claim.
 fn open_claim(path: &Path) -> Result<File, String> {
     let open = || {
         std::fs::OpenOptions::new()
@@ -384,25 +403,31 @@ fn open_claim(path: &Path) -> Result<File, String> {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
     };
-    let ours = |f: &File| {
-        f.metadata()
-            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
-    };
+    let ours = |m: &std::fs::Metadata| m.file_type().is_file() && m.uid() == crate::private::uid();
+    let planted = [
+        libc::ELOOP,
+        libc::EISDIR,
+        libc::ENXIO,
+        libc::EACCES,
+        libc::EPERM,
+    ];
     match open() {
-        Ok(f) if ours(&f) => return Ok(f),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EMFILE | libc::ENFILE | libc::ENOSPC)
-            ) =>
-        {
-            return Err(format!("no claim file: {e}"));
+        Ok(f) => match f.metadata() {
+            Ok(m) if ours(&m) => return Ok(f),
+            Ok(_) => {}
+            Err(e) => return Err(format!("no claim file: {e}")),
+        },
+        Err(e) if e.raw_os_error().is_some_and(|c| planted.contains(&c)) => {
+            let here = std::fs::symlink_metadata(path);
+            if here.as_ref().is_ok_and(ours) {
+                return Err(format!("no claim file: {e}"));
+            }
         }
-        _ => {}
+        Err(e) => return Err(format!("no claim file: {e}")),
     }
     let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
     match open() {
-        Ok(f) if ours(&f) => Ok(f),
+        Ok(f) if f.metadata().is_ok_and(|m| ours(&m)) => Ok(f),
         Ok(_) => Err(format!("{} is not this user's file", path.display())),
         Err(e) => Err(format!("no claim file at {}: {e}", path.display())),
     }

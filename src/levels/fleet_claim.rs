@@ -68,8 +68,17 @@ pub fn turn(
                 return FleetTurn::Answered(start.elapsed());
             }
             Claimed::Taken => return FleetTurn::Mine(FleetClaim::renewed(cfg, key, token)),
-            Claimed::Held | Claimed::No if found() => return FleetTurn::Answered(start.elapsed()),
+            Claimed::Held | Claimed::No | Claimed::Foreign if found() => {
+                return FleetTurn::Answered(start.elapsed())
+            }
             Claimed::No => return FleetTurn::Alone(None),
+            Claimed::Foreign => {
+                return FleetTurn::Alone(Some(
+                    "the store's claim on this kernel is not one of ours (it does not expire \
+                     as ours do): built here"
+                        .into(),
+                ))
+            }
             Claimed::Held => {}
         }
         if bound.is_some_and(|b| start.elapsed() >= b) {

@@ -143,8 +143,8 @@ impl Wait<'_> {
 /// one in the fleet's store (either may be missing: the request builds alone), let go
 /// when dropped, after its answer is kept.
 pub struct Building {
-    _local: Option<Claim>,
-    _fleet: Option<FleetClaim>,
+    _local: Option<Box<Claim>>,
+    _fleet: Option<Box<FleetClaim>>,
 }
 
 impl Building {
@@ -212,7 +212,8 @@ impl Levels {
             });
         };
         levels.push(Box::new(Local(cache.clone())));
-        let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)?;
+        // A refused directory answers nothing: a waiter there would never be answered.
+        let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)? && cache.in_service();
         let fleet = cfg.as_ref().filter(|_| shared).cloned();
         if let Some(cfg) = cfg {
             levels.push(Box::new(Store {
@@ -243,33 +244,39 @@ impl Levels {
         let Some(claims) = &self.claims else {
             return Ok(Turn::Build(Building::alone()));
         };
-        let remembered = |refusal: Refusal, note: String, notes: &mut Vec<String>| {
-            notes.push(note);
+        let start = std::time::Instant::now();
+        // The answer is the failure: counted as remembered, or (a cancel) as a request.
+        let told = |refusal: Refusal| {
             if counted {
-                self.count(Answered::Remembered(&refusal.attempts));
+                self.count(match refusal.attempts.is_empty() {
+                    true => Answered::Refused,
+                    false => Answered::Remembered(&refusal.attempts),
+                });
             }
             Err(refusal)
         };
         if let Some(refusal) = self.remembered((key, target), true, notes) {
-            let note = format!(
+            notes.push(format!(
                 "this kernel failed the same way before with this compiler: not built again \
                  ({SHARE_BUILDS_ENV}=0 builds it anyway)"
-            );
-            return remembered(refusal, note, notes);
+            ));
+            return told(refusal);
         }
-        // Kept by another: an entry of the key in this user's own level, or its failure.
-        let kept = |notes: &mut Vec<String>| -> Option<Option<Refusal>> {
+        // Kept by another: an entry of the key in this user's own level, or its failure;
+        // what a look says is kept once, however many looks say it.
+        let mut seen: Vec<String> = Vec::new();
+        let mut kept = || -> Option<Option<Refusal>> {
+            let mut said = Vec::new();
             let local = self.levels.iter().find(|l| l.own())?;
-            match local.get(key, target, notes).ok().flatten() {
+            let found = match local.get(key, target, &mut said).ok().flatten() {
                 Some(_) => Some(None),
-                None => self.remembered((key, target), false, notes).map(Some),
-            }
+                None => self.remembered((key, target), false, &mut said).map(Some),
+            };
+            said.retain(|n| !seen.contains(n));
+            seen.append(&mut said);
+            found
         };
-        let mut seen = Vec::new();
-        let waited = claims.wait(key, (wait.bound(), wait.cancel), wait.step_aside, || {
-            kept(&mut seen)
-        });
-        seen.dedup();
+        let waited = claims.wait(key, (wait.bound(), wait.cancel), wait.step_aside, &mut kept);
         notes.append(&mut seen);
         let local = match waited {
             Waited::Mine(claim) => Some(claim),
@@ -279,20 +286,20 @@ impl Levels {
             }
             Waited::SteppedAside => return Ok(Turn::Later),
             Waited::Answered(found, waited) => {
-                return self
-                    .waited_for(found, waited, notes)
-                    .or_else(|refusal| remembered(refusal, String::new(), notes))
+                return self.waited_for(found, waited, notes).or_else(told)
             }
-            Waited::Cancelled => return Err(Refusal::cancelled()),
+            Waited::Cancelled => return told(Refusal::cancelled()),
         };
-        let fleet = match self.fleet_turn((key, target), wait, notes) {
+        // The store's wait has what is left of the one bound.
+        let left = wait.bound().map(|b| b.saturating_sub(start.elapsed()));
+        let fleet = match self.fleet_turn((key, target), (left, wait.cancel), notes) {
             Ok(None) => return Ok(Turn::Ready),
             Ok(Some(fleet)) => fleet,
-            Err(refusal) => return remembered(refusal, String::new(), notes),
+            Err(refusal) => return told(refusal),
         };
         Ok(Turn::Build(Building {
-            _local: local,
-            _fleet: fleet,
+            _local: local.map(Box::new),
+            _fleet: fleet.map(Box::new),
         }))
     }
 
@@ -327,13 +334,13 @@ impl Levels {
     fn fleet_turn(
         &self,
         (key, target): (&str, Target<'_>),
-        wait: &Wait<'_>,
+        (bound, cancel): (Option<Duration>, &AtomicBool),
         notes: &mut Vec<String>,
     ) -> std::result::Result<Option<Option<FleetClaim>>, Refusal> {
         let Some(cfg) = &self.fleet else {
             return Ok(Some(None));
         };
-        match fleet_claim::turn(cfg, (key, &failure_key(key)), (wait.bound(), wait.cancel)) {
+        match fleet_claim::turn(cfg, (key, &failure_key(key)), (bound, cancel)) {
             FleetTurn::Mine(claim) => Ok(Some(Some(claim))),
             FleetTurn::Alone(why) => {
                 notes.extend(why);

@@ -5,7 +5,7 @@
 //! again).
 
 use crate::attempt::Attempt;
-use crate::error::BuildError;
+use crate::error::{BuildError, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 /// A failure that repeats, as the levels keep it for its key: the error (with the
@@ -29,7 +29,7 @@ impl Refusal {
     pub fn cancelled() -> Refusal {
         Refusal {
             error: BuildError::new(
-                crate::error::ErrorKind::Cancelled,
+                ErrorKind::Cancelled,
                 "cancelled while waiting for another's build of this kernel",
             ),
             attempts: Vec::new(),
@@ -37,13 +37,77 @@ impl Refusal {
     }
 
     /// Would a build of the same key fail the same way again: every attempt failed in a
-    /// way that repeats (`ErrorKind::is_repeatable`: not a timeout, a cancel, a crash).
+    /// way only the input explains (PTSS, a build the compiler refused, SPIR-V it
+    /// rejected, a kernel or device it does not know), and the compiler said so in its log
+    /// (`classify::compiler_reported`). Never a timeout, a cancel, a crash or a kill, a
+    /// binary that could not be read back, or a failure with nothing from the compiler (a
+    /// driver out of memory): those may not repeat, and the next request builds.
     pub fn repeats(&self) -> bool {
+        let proven = |kind: ErrorKind| {
+            matches!(
+                kind,
+                ErrorKind::ScratchOverflow
+                    | ErrorKind::BuildFailure
+                    | ErrorKind::InvalidSpirv
+                    | ErrorKind::KernelNotFound
+                    | ErrorKind::UnsupportedDevice
+            )
+        };
         !self.attempts.is_empty()
-            && self.error.kind.is_repeatable()
+            && proven(self.error.kind)
+            && crate::classify::compiler_reported(&self.error.log)
             && self
                 .attempts
                 .iter()
-                .all(|a| a.error.as_ref().is_some_and(|e| e.kind.is_repeatable()))
+                .all(|a| a.error.as_ref().is_some_and(|e| proven(e.kind)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::AttemptError;
+
+    fn failed(kind: ErrorKind, log: &str) -> Refusal {
+        let error = BuildError::new(kind, "it failed").with_log(log);
+        let attempt = |flags: &str| Attempt {
+            build_flags: flags.into(),
+            ok: false,
+            spill_size: None,
+            seconds: 1.0,
+            error: Some(AttemptError::from(&error)),
+        };
+        Refusal {
+            attempts: vec![attempt(""), attempt("-cl-intel-256-GRF-per-thread")],
+            error,
+        }
+    }
+
+    #[test]
+    fn only_what_the_compiler_said_of_the_input_repeats() {
+        let said = "error: in kernel 'k': total scratch space exceeds HW supported limit";
+        assert!(failed(ErrorKind::ScratchOverflow, said).repeats());
+        assert!(failed(ErrorKind::BuildFailure, "error: subgroup size 8").repeats());
+        // Nothing from the compiler (a driver out of memory), or not the input's.
+        assert!(!failed(ErrorKind::BuildFailure, "").repeats());
+        for kind in [
+            ErrorKind::Timeout,
+            ErrorKind::Cancelled,
+            ErrorKind::CompilerCrash,
+            ErrorKind::DegenerateBinary,
+            ErrorKind::ToolchainMissing,
+            ErrorKind::Internal,
+            ErrorKind::LinkFailure,
+        ] {
+            assert!(!failed(kind, said).repeats(), "{kind:?}");
+        }
+        // One attempt that may not repeat (its twin was cancelled) makes the whole not.
+        let mut mixed = failed(ErrorKind::ScratchOverflow, said);
+        mixed.attempts[1].error = Some(AttemptError::from(&BuildError::new(
+            ErrorKind::Cancelled,
+            "cancelled",
+        )));
+        assert!(!mixed.repeats());
+        assert!(!Refusal::cancelled().repeats());
     }
 }

@@ -373,17 +373,32 @@ impl Client {
     }
 
     /// Take the claim at `key` for `token` when nobody holds it (`SET NX`), living
-    /// `expiry`; true when taken.
-    pub fn claim(&self, key: &[u8], token: &[u8], expiry: Duration) -> Result<bool, StoreError> {
+    /// `expiry`, and (`take` false) only look: None when taken, else how many milliseconds
+    /// the claim there lives on (`PTTL`: -1 for ever, -2 none).
+    pub fn claim(
+        &self,
+        key: &[u8],
+        token: &[u8],
+        expiry: Duration,
+        take: bool,
+    ) -> Result<Option<i64>, StoreError> {
         let ms = expiry.as_millis().max(1).to_string();
-        let ask: Vec<&[u8]> = vec![b"SET", key, token, b"NX", b"PX", ms.as_bytes()];
+        let set: Vec<&[u8]> = vec![b"SET", key, token, b"NX", b"PX", ms.as_bytes()];
+        let pttl: Vec<&[u8]> = vec![b"PTTL", key];
+        let asks = if take { vec![set, pttl] } else { vec![pttl] };
+        let bad = || StoreError::Wire(WireError::Protocol("not a claim's reply".into()));
         self.with_conn(|conn, _| {
-            match Self::run(conn, std::slice::from_ref(&ask), Budget::SMALL)?.pop() {
-                Some(Reply::Status(_)) => Ok(true),
-                Some(Reply::Nil) => Ok(false),
-                _ => Err(StoreError::Wire(WireError::Protocol(
-                    "not a SET reply".into(),
-                ))),
+            let mut replies = Self::run(conn, &asks, Budget::SMALL)?.into_iter();
+            if take {
+                match replies.next() {
+                    Some(Reply::Status(_)) => return Ok(None),
+                    Some(Reply::Nil) => {}
+                    _ => return Err(bad()),
+                }
+            }
+            match replies.next() {
+                Some(Reply::Int(ms)) => Ok(Some(ms)),
+                _ => Err(bad()),
             }
         })
     }

@@ -296,10 +296,13 @@ pub const CLAIM_PREFIX: &str = "xpu-zebin:claim:v1:";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claimed {
     Taken,
-    /// Another node holds it.
+    /// Another node holds it (a claim that expires within its expiry, as ours do).
     Held,
-    /// This node does not publish (read-only, no signing key), or the store failed (said
-    /// once, then left alone): no claim.
+    /// A claim there that is not one of ours: it lives for ever or longer than a claim
+    /// may (set by hand, or by a stray client): not waited for.
+    Foreign,
+    /// No claim: this node does not publish (read-only, no signing key) and nobody holds
+    /// it, or the store failed (said once, then left alone).
     No,
 }
 
@@ -316,22 +319,20 @@ pub fn take_claim(cfg: &Config, key: &str, token: &str, expiry: Duration) -> Cla
         return Claimed::No;
     }
     let rkey = format!("{CLAIM_PREFIX}{key}");
-    let asked = client::client(&cfg.url, cfg.timeout).and_then(|c| match publishes(cfg) {
-        true => c
-            .claim(rkey.as_bytes(), token.as_bytes(), expiry)
-            .map(|taken| match taken {
-                true => Claimed::Taken,
-                false => Claimed::Held,
-            }),
-        false => c.exists(rkey.as_bytes()).map(|held| match held {
-            true => Claimed::Held,
-            false => Claimed::No,
-        }),
-    });
-    asked.unwrap_or_else(|e| {
-        failed(cfg, &e);
-        Claimed::No
-    })
+    let take = publishes(cfg);
+    let asked = client::client(&cfg.url, cfg.timeout)
+        .and_then(|c| c.claim(rkey.as_bytes(), token.as_bytes(), expiry, take));
+    let most = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+    match asked {
+        Ok(None) => Claimed::Taken,
+        Ok(Some(-2)) => Claimed::No, // gone meanwhile, or never there
+        Ok(Some(ms)) if (0..=most).contains(&ms) => Claimed::Held,
+        Ok(Some(_)) => Claimed::Foreign,
+        Err(e) => {
+            failed(cfg, &e);
+            Claimed::No
+        }
+    }
 }
 
 /// Live `expiry` more, `key`'s claim while it is `token`'s; false when it is not (expired,
