@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import triton
 import triton.language as tl
@@ -283,9 +283,9 @@ def specs() -> List[Dict[str, Any]]:
     ]  # fmt: skip
 
 
-def model_spirv(target: Any) -> List[Dict[str, Any]]:
-    """Every kernel-config pair through Triton's front end for ``target`` (a GPUTarget):
-    dicts with ``spirv``, ``name``, ``build_flags`` and ``config``."""
+def model_spirv(target: Any, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Every kernel-config pair (the first ``limit``) through Triton's front end for
+    ``target`` (a GPUTarget): dicts with ``spirv``, ``name``, ``build_flags`` and ``config``."""
     import os
 
     stub_arch_parser()
@@ -293,7 +293,7 @@ def model_spirv(target: Any) -> List[Dict[str, Any]]:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-model-")
         atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
     kernels = []
-    for fn, constants, warps in _configs():
+    for fn, constants, warps in _configs()[:limit]:
         compiled = triton.compile(source(fn, constants), target=target,
                                   options={"num_warps": warps})  # fmt: skip
         kernels.append({

@@ -133,7 +133,7 @@ def kernels(count: int, into: Path) -> List[Path]:
     import model_kernels
     from xpu_zebin import targets
 
-    made = model_kernels.model_spirv(targets.local().gpu_target())[:count]
+    made = model_kernels.model_spirv(targets.local().gpu_target(), limit=count)
     paths = []
     for i, k in enumerate(made):
         path = into / f"{i:02d}.spv"

@@ -118,6 +118,28 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
 
 
+def test_ranks_script_reports_builds_and_ratios(system_ocloc, tmp_path):
+    """benches/ranks.py on its smallest input (one Triton kernel, one and two ranks, one
+    pair): shared, every run builds the kernel once; every ratio with its interval."""
+    ranks = BENCH.parent / "ranks.py"
+    run = subprocess.run(
+        [sys.executable, str(ranks), "--ocloc", system_ocloc, "--ranks", "1,2", "--kernels", "1",
+         "--pairs", "1", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(run.stdout)["rows"]
+    assert [(r["shape"], r["ranks"]) for r in rows] == [
+        ("sequence", 1), ("sequence", 2), ("batch", 1), ("batch", 2)
+    ]
+    for r in rows:
+        assert r["builds"] == [1], r
+        assert r["builds_unshared"] and min(r["builds_unshared"]) >= 1, r
+        for key in ("ranks_speedup", "cpu_ratio"):
+            assert r[key] > 0 and r[f"{key}_bounds"]["pairs"] == 1, (key, r)
+        assert r["vs_alone"] > 0, r
+
+
 def _holds_its_median(report: dict, key: str, pairs: int) -> None:
     """The ratio ``key`` (rounded to 2 places) with its interval (3 places) and pairs."""
     bounds = report["bounds"][key]
