@@ -284,16 +284,21 @@ def specs() -> List[Dict[str, Any]]:
 
 
 def model_spirv(target: Any, limit: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Every kernel-config pair (the first ``limit``) through Triton's front end for
-    ``target`` (a GPUTarget): dicts with ``spirv``, ``name``, ``build_flags`` and ``config``."""
+    """Every kernel-config pair through Triton's front end for ``target`` (a GPUTarget), or
+    ``limit`` of them spread evenly over the set (small elementwise kernels to attention):
+    dicts with ``spirv``, ``name``, ``build_flags`` and ``config``."""
     import os
 
     stub_arch_parser()
     if "TRITON_CACHE_DIR" not in os.environ:  # this run's own, removed at its end
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpu-zebin-model-")
         atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
+    every = _configs()
+    if limit is not None:
+        count = max(1, min(limit, len(every)))
+        every = [every[i * len(every) // count] for i in range(count)]
     kernels = []
-    for fn, constants, warps in _configs()[:limit]:
+    for fn, constants, warps in every:
         compiled = triton.compile(source(fn, constants), target=target,
                                   options={"num_warps": warps})  # fmt: skip
         kernels.append({

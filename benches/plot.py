@@ -175,6 +175,29 @@ def _autotune(r: dict) -> Tuple[bytes, str]:
     return chart, "\n".join(table)
 
 
+def _ranks(r: dict) -> Tuple[bytes, str]:
+    rows = r["results"]["rows"]
+    labels = [f"{x['shape']}, {x['ranks']} ranks" for x in rows]
+    chart = _bars("N ranks on a cold cache: sharing builds (off / on, higher is better)",
+                  "ratio", labels, [("wall time", [x["ranks_speedup"] for x in rows]),
+                                    ("CPU", [x["cpu_ratio"] for x in rows])],
+                  parity=True)  # fmt: skip
+
+    def said(x: dict, key: str) -> str:
+        b = x[f"{key}_bounds"]
+        return f"{x[key]:.2f} [{b['low']:.2f}-{b['high']:.2f}]"
+
+    table = [
+        "| shape | ranks | builds (shared / not) | wall off/on | CPU off/on | shared "
+        "wall / one rank's |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    table += [f"| {x['shape']} | {x['ranks']} | {x['builds']} / {x['builds_unshared']} | "
+              f"{said(x, 'ranks_speedup')} | {said(x, 'cpu_ratio')} | {x['vs_alone']:.2f} |"
+              for x in rows]  # fmt: skip
+    return chart, "\n".join(table)
+
+
 def _bundle_scale(r: dict) -> Tuple[bytes, str]:
     x = r["results"]
     sizes = [str(s) for s in x["sizes"]]
@@ -202,6 +225,7 @@ FIGURES: Dict[str, Tuple[str, Callable[[dict], Tuple[bytes, str]]]] = {
     "scale": ("The cache at a million entries: `benches/scale.py`", _scale),
     "scale_xfs": ("The same on XFS: `benches/scale.py --xfs`", _scale),
     "bundle_scale": ("A bundle of 100,000 entries: `benches/bundle_scale.py`", _bundle_scale),
+    "ranks": ("One build per kernel for N ranks: `benches/ranks.py`", _ranks),
 }
 
 

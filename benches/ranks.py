@@ -131,6 +131,7 @@ def row(ocloc: str, spirvs: List[Path], shape: str, ranks: int, n_pairs: int,
 def kernels(count: int, into: Path) -> List[Path]:
     """The first `count` model kernels' SPIR-V, written to files."""
     import model_kernels
+
     from xpu_zebin import targets
 
     made = model_kernels.model_spirv(targets.local().gpu_target(), limit=count)

@@ -124,13 +124,17 @@ def test_ranks_script_reports_builds_and_ratios(system_ocloc, tmp_path):
     ranks = BENCH.parent / "ranks.py"
     run = subprocess.run(
         [sys.executable, str(ranks), "--ocloc", system_ocloc, "--ranks", "1,2", "--kernels", "1",
-         "--pairs", "1", "--json"],
+         "--pairs", "1", "--json", "--output", str(tmp_path / "out" / "ranks.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(run.stdout)["rows"]
+    assert _drawn(tmp_path / "out", "ranks")["results"]["rows"] == rows
     assert [(r["shape"], r["ranks"]) for r in rows] == [
-        ("sequence", 1), ("sequence", 2), ("batch", 1), ("batch", 2)
+        ("sequence", 1),
+        ("sequence", 2),
+        ("batch", 1),
+        ("batch", 2),
     ]
     for r in rows:
         assert r["builds"] == [1], r

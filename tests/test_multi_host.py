@@ -154,8 +154,9 @@ def shared_by_three_hosts(cache: Path, spirv_dir: Path, ocloc: str, monkeypatch)
             assert stats["other_hosts"] == HOSTS - 1, stats
             assert c["requests"] == len(answers), stats
             # A kernel another process was building is waited for, not built (issue 64).
-            assert (c["compiles"], c["hits_local"] + c["waits"]) == (len(answers) - hits,
-                                                                     hits), stats
+            assert (c["compiles"], c["hits_local"] + c["waits"]) == (len(answers) - hits, hits), (
+                stats
+            )
             assert c["evictions"] > 0, stats
         # Within a slice: a write that finds another process at the upkeep leaves the
         # cleaning to it, which may have judged the cache just before that write landed;

@@ -293,8 +293,15 @@ def store(tmp_path):
     server = RedisServer(tmp_path / "redis")
     key = tmp_path / "farm.key"
     public = xpu_zebin._core.key_generate(str(key), "farm")
-    yield server, {"XPU_ZEBIN_REMOTE": server.url(), "XPU_ZEBIN_REMOTE_MODE": "read-write",
-                   "XPU_ZEBIN_SIGNING_KEY": str(key), "XPU_ZEBIN_TRUSTED_KEYS": public}
+    yield (
+        server,
+        {
+            "XPU_ZEBIN_REMOTE": server.url(),
+            "XPU_ZEBIN_REMOTE_MODE": "read-write",
+            "XPU_ZEBIN_SIGNING_KEY": str(key),
+            "XPU_ZEBIN_TRUSTED_KEYS": public,
+        },
+    )
     server.stop()
 
 
@@ -303,8 +310,8 @@ def _node_rank(ocloc: str, cache: Path, spirv: Path, env: dict) -> subprocess.Po
     start = cache.parent / "start"
     start.parent.mkdir(parents=True, exist_ok=True)
     start.touch()
-    return subprocess.Popen([sys.executable, "-c", RANK, ocloc, str(cache), str(start), str(spirv)],
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, **env})  # fmt: skip
+    command = [sys.executable, "-c", RANK, ocloc, str(cache), str(start), str(spirv)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
 
 
 def test_two_nodes_share_one_build_through_the_store(system_ocloc, store, tmp_path):
