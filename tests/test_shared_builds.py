@@ -212,8 +212,13 @@ __kernel void simd8(__global float* p) { p[get_global_id(0)] *= 2.0f; }
 
 
 FAILING = """
-import json, sys, xpu_zebin
+import json, os, sys, time, xpu_zebin
 ocloc, cache_dir, spv = sys.argv[1:4]
+if len(sys.argv) > 4:  # a start file: every rank at once
+    print("ready", flush=True)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(sys.argv[4]) and time.monotonic() < deadline:
+        time.sleep(0.005)
 try:
     xpu_zebin.compile(open(spv, "rb").read(), device="pvc", ocloc=ocloc, cache_dir=cache_dir)
 except xpu_zebin.BuildError as e:
@@ -250,6 +255,29 @@ def test_a_failure_that_repeats_is_remembered_across_processes(modern_ocloc, tmp
     off = _fail(modern_ocloc, cache, spirv, XPU_ZEBIN_SHARE_BUILDS="0")
     assert off["kind"] == "build_failure" and off["notes"] == []
     assert xpu_zebin.stats(cache)["counters"]["compiles"] == 2
+
+
+def test_four_ranks_on_a_kernel_that_fails_build_it_once(modern_ocloc, tmp_path):
+    """Four processes started together on a kernel refused in both GRF modes: one builds
+    it; the three others get the same classified error, attempts and log without a build
+    (after waiting for that build, or from what it remembered)."""
+    spirv = tmp_path / "simd8.spv"
+    spirv.write_bytes(_simd8(modern_ocloc))
+    cache, start = tmp_path / "cache", tmp_path / "start"
+    command = [sys.executable, "-c", FAILING, modern_ocloc, str(cache), str(spirv), str(start)]
+    ranks = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    for rank in ranks:
+        assert rank.stdout.readline().strip() == "ready"
+    start.touch()
+    outs = []
+    for rank in ranks:
+        out, _ = rank.communicate(timeout=600)
+        assert rank.returncode == 0, out
+        outs.append(json.loads(out))
+    same = {(o["kind"], o["message"], o["log"], json.dumps(o["attempts"])) for o in outs}
+    assert len(same) == 1 and outs[0]["kind"] == "build_failure", outs
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["requests"], c["compiles"], c["remembered_failures"]) == (4, 1, 3), c
 
 
 def test_a_new_compiler_tries_a_remembered_failure_again(modern_ocloc, system_ocloc, tmp_path):

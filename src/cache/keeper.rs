@@ -81,44 +81,7 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
         kept_up.push(id);
         Turn(id)
     };
-    let path = dir.join("upkeep.lock");
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&path)
-    };
-    let ours = |f: &File| {
-        f.metadata()
-            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid())
-    };
-    // Replaced only when it is provably not this user's lock file (a link, a directory,
-    // another user's file), never on any other failure (no descriptors left): another
-    // process may hold it.
-    let not_a_lock = |e: &std::io::Error| {
-        let planted = [
-            libc::ELOOP,
-            libc::EISDIR,
-            libc::ENXIO,
-            libc::EACCES,
-            libc::EPERM,
-        ];
-        let this_users_file = std::fs::symlink_metadata(&path)
-            .is_ok_and(|m| m.file_type().is_file() && m.uid() == crate::private::uid());
-        e.raw_os_error().is_some_and(|c| planted.contains(&c)) && !this_users_file
-    };
-    let file = match open().map(std::sync::Arc::new) {
-        Ok(f) if ours(&f) => f,
-        Err(e) if !not_a_lock(&e) => return None,
-        _ => {
-            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
-            open().ok().map(std::sync::Arc::new).filter(|f| ours(f))?
-        }
-    };
+    let file = std::sync::Arc::new(open_lock_file(&dir.join("upkeep.lock")).ok()?);
     let lock = match lock_now(id, file.clone()) {
         // A process that could not take the POSIX lock on this file system (a transient
         // refusal, a client mounted otherwise) may hold the lease instead.
@@ -137,6 +100,51 @@ pub fn try_lock(dir: &Path) -> Option<Held> {
         _lock: lock,
         _turn: turn,
     })
+}
+
+/// A lock file (the upkeep lock, a key's claim), this user's regular file, opened without
+/// following a link or blocking. Anything provably not this user's lock file at its name
+/// (a link, a directory, a FIFO, another user's file: planted by a group member) is
+/// replaced, once; any other failure (no descriptors left, a stale handle) is the answer,
+/// and nothing is removed: another process may hold it.
+pub(crate) fn open_lock_file(path: &Path) -> Result<File, String> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
+    };
+    let ours = |m: &std::fs::Metadata| m.file_type().is_file() && m.uid() == crate::private::uid();
+    let planted = [
+        libc::ELOOP,
+        libc::EISDIR,
+        libc::ENXIO,
+        libc::EACCES,
+        libc::EPERM,
+    ];
+    match open() {
+        Ok(f) => match f.metadata() {
+            Ok(m) if ours(&m) => return Ok(f),
+            Ok(_) => {}
+            Err(e) => return Err(format!("no lock file: {e}")),
+        },
+        Err(e) if e.raw_os_error().is_some_and(|c| planted.contains(&c)) => {
+            if std::fs::symlink_metadata(path).as_ref().is_ok_and(ours) {
+                return Err(format!("no lock file: {e}"));
+            }
+        }
+        Err(e) => return Err(format!("no lock file: {e}")),
+    }
+    let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
+    match open() {
+        Ok(f) if f.metadata().is_ok_and(|m| ours(&m)) => Ok(f),
+        Ok(_) => Err(format!("{} is not this user's file", path.display())),
+        Err(e) => Err(format!("no lock file at {}: {e}", path.display())),
+    }
 }
 
 /// A POSIX record lock on `file`, a file of the directory `dir` (its device and inode),

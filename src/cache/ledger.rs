@@ -45,6 +45,9 @@ const WORDS: usize = LAST + OWN_WORDS;
 /// The file's size: whole pages.
 pub const FILE_BYTES: usize = 20480;
 const _: () = assert!(WORDS * 8 <= FILE_BYTES);
+/// Where a pass over the hosts' files is once it read the fold (`hosts/fold.rs`): host
+/// ids are above it (`host_id_for`).
+pub const FOLD_CURSOR: u64 = 1;
 /// One shard is recounted every this many writes (round robin: each shard every 262,144
 /// writes; a write pays a 1024th of a shard's listing).
 pub const RECOUNT_EVERY: u64 = 1024;

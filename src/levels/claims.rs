@@ -24,7 +24,7 @@ use crate::cache::{keeper, lease};
 use crate::sync::{lock, Renewable};
 use std::collections::HashSet;
 use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -212,7 +212,7 @@ impl Claims {
         }
         // A name removed by its last holder between our open and our lock is opened again.
         for _ in 0..4 {
-            let file = match open_claim(path) {
+            let file = match keeper::open_lock_file(path) {
                 Ok(file) => Arc::new(file),
                 Err(why) => return Taken::Unavailable(why),
             };
@@ -248,7 +248,7 @@ impl Claims {
         if lock(LOCKING.get()).contains(&dir) {
             return Ok(());
         }
-        let probe = open_claim(&self.dir.join(PROBE)).map_err(std::io::Error::other);
+        let probe = keeper::open_lock_file(&self.dir.join(PROBE)).map_err(std::io::Error::other);
         let answer = probe.and_then(|file| keeper::lock_now(dir, Arc::new(file)));
         match answer {
             Ok(_) => {
@@ -385,51 +385,6 @@ impl Claim {
             hold: Some(hold),
             renewing: spawned.is_ok().then_some(tx),
         }
-    }
-}
-
-/// A claim's file, this user's regular file. Anything else at its name (a link, a
-/// directory, a FIFO, another user's file) is removed once (the directory is this user's);
-/// any other failure (no descriptors, a stale handle) is said, and nothing is removed: it
-/// may be another process's claim.
-fn open_claim(path: &Path) -> Result<File, String> {
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)
-    };
-    let ours = |m: &std::fs::Metadata| m.file_type().is_file() && m.uid() == crate::private::uid();
-    let planted = [
-        libc::ELOOP,
-        libc::EISDIR,
-        libc::ENXIO,
-        libc::EACCES,
-        libc::EPERM,
-    ];
-    match open() {
-        Ok(f) => match f.metadata() {
-            Ok(m) if ours(&m) => return Ok(f),
-            Ok(_) => {}
-            Err(e) => return Err(format!("no claim file: {e}")),
-        },
-        Err(e) if e.raw_os_error().is_some_and(|c| planted.contains(&c)) => {
-            let here = std::fs::symlink_metadata(path);
-            if here.as_ref().is_ok_and(ours) {
-                return Err(format!("no claim file: {e}"));
-            }
-        }
-        Err(e) => return Err(format!("no claim file: {e}")),
-    }
-    let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
-    match open() {
-        Ok(f) if f.metadata().is_ok_and(|m| ours(&m)) => Ok(f),
-        Ok(_) => Err(format!("{} is not this user's file", path.display())),
-        Err(e) => Err(format!("no claim file at {}: {e}", path.display())),
     }
 }
 

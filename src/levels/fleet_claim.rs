@@ -35,8 +35,9 @@ impl Drop for FleetClaim {
 pub enum FleetTurn {
     /// This node holds the key's claim: it builds and publishes.
     Mine(FleetClaim),
-    /// The store holds the key's entry or failure now (after waiting this long).
-    Answered(Duration),
+    /// The store holds the key's entry, or (`true`) its failure, now (after waiting this
+    /// long).
+    Answered(Duration, bool),
     /// No claim here (a read-only node with no one building it, a store that failed, a
     /// wait past its bound): build alone, for the reason given (None: nothing to say).
     Alone(Option<String>),
@@ -51,26 +52,38 @@ pub fn turn(
     (key, failed): (&str, &str),
     (bound, cancel): (Option<Duration>, &AtomicBool),
 ) -> FleetTurn {
-    let found = || remote::holds(cfg, key) || remote::holds(cfg, failed);
+    // What the store holds now: the entry (false), else the failure (true).
+    let found = || match remote::holds(cfg, key) {
+        true => Some(false),
+        false => remote::holds(cfg, failed).then_some(true),
+    };
     let token: String = crate::cache::lease::random_bytes::<16>("a claim")
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let start = Instant::now();
+    // The caller has just missed the entry: before a wait only the failure is looked for
+    // (an entry there it refused, an untrusted one, is no answer; a build published in
+    // the moment between its look and the claim costs a second build, never a wrong one).
+    let mut waited = false;
     loop {
         if cancel.load(Ordering::Relaxed) {
             return FleetTurn::Cancelled;
         }
-        match remote::take_claim(cfg, key, &token, EXPIRY) {
-            // Published just before its holder let go: answered, the claim let go.
-            Claimed::Taken if found() => {
+        let claimed = remote::take_claim(cfg, key, &token, EXPIRY);
+        let now = match claimed {
+            Claimed::Held => found(),
+            _ if waited => found(),
+            _ => remote::holds(cfg, failed).then_some(true),
+        };
+        if let Some(failed) = now {
+            if claimed == Claimed::Taken {
                 remote::release_claim(cfg, key, &token);
-                return FleetTurn::Answered(start.elapsed());
             }
+            return FleetTurn::Answered(start.elapsed(), failed);
+        }
+        match claimed {
             Claimed::Taken => return FleetTurn::Mine(FleetClaim::renewed(cfg, key, token)),
-            Claimed::Held | Claimed::No | Claimed::Foreign if found() => {
-                return FleetTurn::Answered(start.elapsed())
-            }
             Claimed::No => return FleetTurn::Alone(None),
             Claimed::Foreign => {
                 return FleetTurn::Alone(Some(
@@ -89,6 +102,7 @@ pub fn turn(
             )));
         }
         std::thread::sleep(PAUSE);
+        waited = true;
     }
 }
 

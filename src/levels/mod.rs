@@ -255,7 +255,8 @@ impl Levels {
             }
             Err(refusal)
         };
-        if let Some(refusal) = self.remembered((key, target), true, notes) {
+        // This user's own level here; the store's is seen by its turn (`fleet_turn`).
+        if let Some(refusal) = self.remembered((key, target), false, notes) {
             notes.push(format!(
                 "this kernel failed the same way before with this compiler: not built again \
                  ({SHARE_BUILDS_ENV}=0 builds it anyway)"
@@ -347,8 +348,10 @@ impl Levels {
                 Ok(Some(None))
             }
             FleetTurn::Cancelled => Err(Refusal::cancelled()),
-            FleetTurn::Answered(waited) => {
-                let refusal = self.remembered((key, target), true, notes);
+            FleetTurn::Answered(waited, failed) => {
+                let refusal = failed
+                    .then(|| self.remembered((key, target), true, notes))
+                    .flatten();
                 self.waited_for(refusal, waited, notes).map(|_| None)
             }
         }

@@ -4,7 +4,8 @@
 //! by what it asked (`resp::Budget`), so a lying server cannot fill memory.
 
 use super::address::Address;
-use super::connection::{self, Conn, Late};
+use super::connection::{self, extended, Conn, Late};
+pub use super::connection::{MAX_EXTENSION, MIN_BYTES_PER_SECOND};
 use super::resp::{Budget, Reply, WireError};
 use crate::sync::{lock, Renewable};
 use std::collections::HashMap;
@@ -15,10 +16,6 @@ use std::time::{Duration, Instant};
 /// timeouts, when the timeout is set above 2 s for a slow link): a store that trickles its
 /// reply costs a node seconds, once (then the level leaves it alone).
 pub const MAX_BASE_DEADLINE: Duration = Duration::from_secs(6);
-/// Values are read at this rate at least: a second more of deadline per 32 MiB asked.
-pub const MIN_BYTES_PER_SECOND: f64 = 32.0 * 1024.0 * 1024.0;
-/// The most a value's size adds to an operation's deadline (a size is the server's word).
-pub const MAX_EXTENSION: Duration = Duration::from_secs(60);
 /// A SCAN page's keys, together, and how many.
 const SCAN_PAGE: Budget = Budget {
     bulk_bytes: 16 << 20,
@@ -74,13 +71,6 @@ impl StoreError {
     pub fn about_the_key(&self) -> bool {
         matches!(self, StoreError::Server(m) if m.starts_with("WRONGTYPE"))
     }
-}
-
-/// `deadline` with time for `bytes` more at `MIN_BYTES_PER_SECOND` (never past what an
-/// `Instant` holds: a bound of 2^64 bytes would be centuries).
-pub(super) fn extended(deadline: Instant, bytes: u64) -> Instant {
-    let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1).min(MAX_EXTENSION);
-    deadline.checked_add(more).unwrap_or(deadline)
 }
 
 /// Seconds as people write them: `3`, `0.5`.

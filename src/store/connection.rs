@@ -14,6 +14,18 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Values are read at this rate at least: a second more of deadline per 32 MiB asked.
+pub const MIN_BYTES_PER_SECOND: f64 = 32.0 * 1024.0 * 1024.0;
+/// The most a value's size adds to an operation's deadline (a size is the server's word).
+pub const MAX_EXTENSION: Duration = Duration::from_secs(60);
+
+/// `deadline` with time for `bytes` more at `MIN_BYTES_PER_SECOND` (never past what an
+/// `Instant` holds: a bound of 2^64 bytes would be centuries).
+pub(super) fn extended(deadline: Instant, bytes: u64) -> Instant {
+    let more = Duration::from_secs(bytes / MIN_BYTES_PER_SECOND as u64 + 1).min(MAX_EXTENSION);
+    deadline.checked_add(more).unwrap_or(deadline)
+}
+
 enum Sock {
     Tcp(TcpStream),
     Unix(UnixStream),
@@ -149,7 +161,7 @@ impl Paced for Stream {
     fn expect(&mut self, n: u64) {
         let t = self.timed();
         t.expected = t.expected.saturating_add(n);
-        t.deadline = super::client::extended(t.base, t.expected);
+        t.deadline = extended(t.base, t.expected);
     }
 }
 

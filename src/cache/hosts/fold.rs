@@ -20,8 +20,7 @@ use std::time::Duration;
 pub const FOLDED: &str = "folded.counts";
 /// A host's file is folded once it has not been written for this long.
 pub const FOLD_AFTER: Duration = Duration::from_secs(24 * 3600);
-/// Where a pass is once it read the fold: host ids are above it (`host_id_for`).
-pub const FOLD_CURSOR: u64 = 1;
+pub use crate::cache::ledger::FOLD_CURSOR;
 /// Files folded at most per fold: what one upkeep pays.
 const FOLD_STEP: usize = 64;
 /// The fold's words, then how many files it took last and their ids.

@@ -167,7 +167,7 @@ impl Turn<'_> {
     pub fn read_fold(&self, words: &[u64]) {
         self.dirty(true);
         self.add_to_pass(words);
-        let cursor = crate::cache::hosts::FOLD_CURSOR;
+        let cursor = super::FOLD_CURSOR;
         self.ledger
             .word(W_PASS_AFTER)
             .store(cursor, Ordering::Relaxed);
