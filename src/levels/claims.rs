@@ -9,9 +9,12 @@
 //! - threads of one process: a table of the keys this process holds (a POSIX lock is the
 //!   process's: a second thread would take it again);
 //! - processes and hosts: a POSIX record lock on the key's file, let go when its holder
-//!   ends, however it ends; where the file system refuses locks, a lease naming its holder
-//!   (`cache::lease`: taken over at once when its holder is a process of this host that is
-//!   gone, else when older than `LEASE_AGE`).
+//!   ends, however it ends; where the file system refuses locks (or a lock call does not
+//!   answer: asked once per process, on `claims/probe.lock`), a lease naming its holder,
+//!   `claims/<key>.lease` (`cache::lease`: taken over at once when its holder is a process
+//!   of this host that is gone, else when older than `LEASE_AGE`).
+//!
+//! A waiter with other work first (a batch's queue) steps aside instead of waiting.
 //!
 //! The holder renews its claim (the file's last change) every `RENEW` while it builds; a
 //! waiter that sees no renewal for `STALLED` on its own clock (a holder stopped or hung,
