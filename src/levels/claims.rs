@@ -492,6 +492,34 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any key a caller passes: no panic, a claim only for a key that names a file
+        /// (hex digits), and nothing made outside the claims directory.
+        #[test]
+        fn any_key_is_taken_or_refused_and_stays_inside(key in ".{0,40}|[0-9a-f]{1,140}") {
+            let dir = tempfile::tempdir().unwrap();
+            let claims = Claims::of(dir.path());
+            let plain = !key.is_empty()
+                && key.len() <= 128
+                && key.bytes().all(|b| b.is_ascii_hexdigit());
+            match claims.take(&key) {
+                Taken::Mine(claim) => {
+                    proptest::prop_assert!(plain, "{key:?} was claimed");
+                    drop(claim);
+                }
+                Taken::Unavailable(_) => proptest::prop_assert!(!plain, "{key:?} refused"),
+                Taken::HeldHere | Taken::HeldThere(_) => {
+                    proptest::prop_assert!(false, "{key:?} held by nobody")
+                }
+            }
+            let made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten()
+                .map(|e| e.file_name()).collect();
+            proptest::prop_assert!(made.iter().all(|n| n == "claims"), "{made:?}");
+        }
+    }
+
     #[test]
     fn anything_planted_at_a_claims_name_is_replaced() {
         let dir = tempfile::tempdir().unwrap();

@@ -83,6 +83,35 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// A failure entry is another's bytes: whatever they hold, decoding one never
+        /// panics, and only a whole entry written under its own key is read back.
+        #[test]
+        fn any_bytes_at_a_failure_s_key_are_refused(bytes in proptest::collection::vec(
+            proptest::prelude::any::<u8>(), 0..256)) {
+            let at = crate::levels::failure_key(&"ab".repeat(32));
+            proptest::prop_assert!(crate::cache::decode::<Refusal>(&at, &bytes).is_err());
+        }
+    }
+
+    #[test]
+    fn a_failure_kept_under_one_key_is_refused_under_another() {
+        let said = "error: subgroup size 8";
+        let entry = {
+            let at = crate::levels::failure_key("00");
+            crate::cache::encode(&at, &failed(ErrorKind::BuildFailure, said), &[]).unwrap()
+        };
+        let other = crate::levels::failure_key("01");
+        assert!(crate::cache::decode::<Refusal>(&other, &entry).is_err());
+        let own = crate::levels::failure_key("00");
+        assert!(crate::cache::decode::<Refusal>(&own, &entry)
+            .unwrap()
+            .0
+            .repeats());
+    }
+
     #[test]
     fn only_what_the_compiler_said_of_the_input_repeats() {
         let said = "error: in kernel 'k': total scratch space exceeds HW supported limit";
