@@ -4,11 +4,15 @@ kernels (``model_kernels.py``, SPIR-V from triton-xpu's front end), with builds 
 (the default) against ``XPU_ZEBIN_SHARE_BUILDS=0`` (every rank builds for itself, as
 Triton's and Inductor's caches do), in interleaved pairs (``pairs.py``).
 
-Two shapes of a rank's first step:
+Three shapes of a rank's first step:
 
 - ``sequence``: each kernel in turn (``xpu_zebin.compile``), as a rank's first forward does;
 - ``batch``: the kernels as one batch (``xpu_zebin.compile_many``, one job per rank, so the
-  ranks share the host's cores).
+  ranks share the host's cores);
+- ``autotune``: the first call of an ``@triton.autotune`` kernel through the Triton
+  drop-in at full width (``XPU_ZEBIN_TRITON=1``; ``benches/autotune.py``'s child, its
+  ``--autotune-size`` configs, Triton's cache each rank's own), timed from the ranks'
+  start (their imports alike on both sides).
 
 Reported per shape and N: ``builds`` (the cache's ``compiles``, from ``xpu-zebin stats``:
 shared, exactly the distinct kernels), ``ranks_speedup`` (wall time off / on: the first
@@ -16,7 +20,8 @@ barrier to the last rank's end), ``cpu_ratio`` (CPU seconds of every process of 
 ranks and their compilers, off / on), and ``vs_alone`` (the shared run's wall time over one
 rank's alone, measured in the same run).
 
-    python benches/ranks.py --ocloc <ocloc> [--ranks 1,2,4,8] [--kernels N] [--pairs P] [--json]
+    python benches/ranks.py --ocloc <ocloc> [--ranks 1,2,4,8] [--kernels N] [--pairs P]
+        [--shapes sequence,batch,autotune] [--autotune-size smallest|quick|full] [--json]
 """
 
 from __future__ import annotations
@@ -80,6 +85,15 @@ def _children_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
+def one_run(
+    ocloc: str, spirvs: List[Path], shape: str, ranks: int, shared: bool
+) -> Dict[str, float]:
+    """One run of `shape` (``autotune``'s configs ride in `shape`: ``autotune:SIZE``)."""
+    if shape.startswith("autotune"):
+        return autotune_run(shape.partition(":")[2] or "smallest", ranks, shared)
+    return run(ocloc, spirvs, shape, ranks, shared)
+
+
 def run(ocloc: str, spirvs: List[Path], shape: str, ranks: int, shared: bool) -> Dict[str, float]:
     """One run: `ranks` processes on a fresh cache, started together; wall, CPU, builds."""
     import xpu_zebin
@@ -106,6 +120,41 @@ def run(ocloc: str, spirvs: List[Path], shape: str, ranks: int, shared: bool) ->
         return {"wall_s": wall, "cpu_s": _children_cpu() - cpu, "builds": builds}
 
 
+def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
+    """One run of the autotune shape: `ranks` processes, each an autotuner's first call
+    through the drop-in (``autotune.CHILD``), sharing one cache directory."""
+    import autotune
+
+    import xpu_zebin
+
+    with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-") as work:
+        cache, script = Path(work) / "cache", Path(work) / "child.py"
+        script.write_text(autotune.CHILD)
+        cpu, procs = _children_cpu(), []
+        began = time.perf_counter()
+        for i in range(ranks):
+            here = Path(work) / f"rank-{i}"
+            (here / "tmp").mkdir(parents=True)
+            env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "XPU_ZEBIN_TRITON": "1",
+                   "XPU_ZEBIN_SHARE_BUILDS": "1" if shared else "0",
+                   "XPU_ZEBIN_SIMULATED_DEVICE": "pvc", "TRITON_INTEL_DEVICE_ARCH": "pvc",
+                   "TMPDIR": str(here / "tmp")}  # fmt: skip
+            # What a rank says goes to a file: a pipe read one rank at a time could fill.
+            with open(here / "stderr", "w") as err:
+                command = [sys.executable, str(script), str(autotune.TESTS),
+                           str(here / "triton-cache"), size]  # fmt: skip
+                procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                              env=env))  # fmt: skip
+        for i, p in enumerate(procs):
+            if p.wait(timeout=3600) != 0:
+                said = (Path(work) / f"rank-{i}" / "stderr").read_text()[-2000:]
+                raise RuntimeError(f"an autotuning rank failed: {said}")
+        wall = time.perf_counter() - began
+        _reap(time.monotonic() + 60)
+        builds = xpu_zebin.stats(cache)["counters"]["compiles"]
+        return {"wall_s": wall, "cpu_s": _children_cpu() - cpu, "builds": builds}
+
+
 def row(ocloc: str, spirvs: List[Path], shape: str, ranks: int, n_pairs: int,
         alone_s: float) -> Dict[str, Any]:  # fmt: skip
     """Sharing off against on, in interleaved pairs (off-on, on-off, ...)."""
@@ -114,7 +163,7 @@ def row(ocloc: str, spirvs: List[Path], shape: str, ranks: int, n_pairs: int,
     for i in range(max(1, n_pairs)):
         order = [(True, on), (False, off)] if i % 2 else [(False, off), (True, on)]
         for shared, into in order:
-            into.append(run(ocloc, spirvs, shape, ranks, shared))
+            into.append(one_run(ocloc, spirvs, shape, ranks, shared))
     speed = pairs.summarize([r["wall_s"] for r in off], [r["wall_s"] for r in on])
     cpu = pairs.summarize([r["cpu_s"] for r in off], [r["cpu_s"] for r in on])
     wall_on = statistics.median(r["wall_s"] for r in on)
@@ -149,7 +198,8 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4,8", help="comma-separated rank counts")
     parser.add_argument("--kernels", type=int, default=6)
     parser.add_argument("--pairs", type=int, default=2, help="pairs per row (off-on)")
-    parser.add_argument("--shapes", default="sequence,batch")
+    parser.add_argument("--shapes", default="sequence,batch,autotune")
+    parser.add_argument("--autotune-size", default="quick", choices=("smallest", "quick", "full"))
     parser.add_argument("--json", action="store_true")
     record.add_output_argument(parser)
     args = parser.parse_args()
@@ -161,8 +211,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-spv-") as spv:
         spirvs = kernels(args.kernels, Path(spv))
         rows = []
-        for shape in args.shapes.split(","):
-            alone = run(args.ocloc, spirvs, shape, 1, True)["wall_s"]
+        for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
+            if shape not in ("sequence", "batch", "autotune"):
+                parser.error(f"--shapes: {shape!r} is not sequence, batch or autotune")
+            shape = f"autotune:{args.autotune_size}" if shape == "autotune" else shape
+            alone = one_run(args.ocloc, spirvs, shape, 1, True)["wall_s"]
             for n in counts:
                 rows.append(row(args.ocloc, spirvs, shape, n, args.pairs, alone))
                 if not args.json:

@@ -120,11 +120,14 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
 
 def test_ranks_script_reports_builds_and_ratios(system_ocloc, tmp_path):
     """benches/ranks.py on its smallest input (one Triton kernel, one and two ranks, one
-    pair): shared, every run builds the kernel once; every ratio with its interval."""
+    pair; the autotune shape, an autotuner's first call per rank, is the bench's own, as
+    ``benches/autotune.py``'s child is tested there): shared, every run builds the kernel
+    once; every ratio with its interval."""
     ranks = BENCH.parent / "ranks.py"
     run = subprocess.run(
         [sys.executable, str(ranks), "--ocloc", system_ocloc, "--ranks", "1,2", "--kernels", "1",
-         "--pairs", "1", "--json", "--output", str(tmp_path / "out" / "ranks.json")],
+         "--pairs", "1", "--shapes", "sequence,batch", "--json", "--output",
+         str(tmp_path / "out" / "ranks.json")],
         capture_output=True, text=True, cwd=tmp_path, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
