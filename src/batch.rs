@@ -49,6 +49,15 @@ impl Room<'_> {
     }
 }
 
+/// What a job that stepped aside answers: never seen, the batch drops it and runs the job
+/// again after its queue.
+pub fn stepped_aside() -> BuildError {
+    BuildError::new(
+        ErrorKind::Internal,
+        "stepped aside, to run again after the queue",
+    )
+}
+
 /// Run `work(item, room)` for every item with at most `jobs` at once, largest `cost`
 /// first (the long builds start at once and the short ones fill in around them); results
 /// in input order. `room` says whether a core that frees up may go to a running item's

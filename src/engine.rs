@@ -339,9 +339,7 @@ fn answer(
                 }));
             }
             // Its answer is dropped: the batch runs it again after its queue.
-            Lookup::Later => {
-                return Err(BuildError::new(ErrorKind::Internal, "stepped aside").into())
-            }
+            Lookup::Later => return Err(batch::stepped_aside().into()),
         },
     );
     let no_compiler = slot.missing.as_ref().filter(|_| found.is_some());

@@ -48,16 +48,22 @@ pub fn random_bytes<const N: usize>(salt: &str) -> [u8; N] {
     bytes
 }
 
+/// A fresh token only its maker knows: 16 random bytes in hex (`random_bytes`).
+pub fn random_token(salt: &str) -> String {
+    let bytes: [u8; 16] = random_bytes(salt);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl Holder {
     /// This process, with a fresh token.
     fn me() -> Holder {
         let (host, boot) = here();
-        let bytes: [u8; 16] = random_bytes(&host);
+        let token = random_token(&host);
         Holder {
             host,
             boot,
             pid: std::process::id(),
-            token: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            token,
         }
     }
 

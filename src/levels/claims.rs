@@ -357,7 +357,6 @@ impl Claim {
     /// A claim held, renewed every `RENEW` by a thread of its own until dropped (without
     /// a thread, it is not renewed: its waiters build for themselves after `STALLED`).
     fn renewed(path: &Path, entry: (u64, u64, String), hold: Hold) -> Claim {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
         // Whether to go on: a record lock is ours until dropped (a renewal that failed is
         // tried again a second later); a lease taken over by another is no longer.
         let renew: Box<dyn Fn() -> bool + Send> = match &hold {
@@ -373,22 +372,33 @@ impl Claim {
                 Box::new(move || lease.renew())
             }
         };
-        let spawned = std::thread::Builder::new()
-            .name("xpu-zebin-claim".into())
-            .spawn(move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(RENEW) {
-                    if !renew() {
-                        break;
-                    }
-                }
-            });
         Claim {
             path: path.to_path_buf(),
             entry,
             hold: Some(hold),
-            renewing: spawned.is_ok().then_some(tx),
+            renewing: renewing("xpu-zebin-claim", renew),
         }
     }
+}
+
+/// Call `renew` every `RENEW` on a thread of its own, while it says to go on, until the
+/// sender returned is dropped; None when no thread could be made (then nothing renews,
+/// and the claim's waiters build for themselves after `STALLED`).
+pub(super) fn renewing(
+    name: &str,
+    renew: impl Fn() -> bool + Send + 'static,
+) -> Option<std::sync::mpsc::Sender<()>> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(RENEW) {
+                if !renew() {
+                    break;
+                }
+            }
+        });
+    spawned.is_ok().then_some(tx)
 }
 
 /// The file at `path` as a waiter sees it: device, inode and last change.

@@ -6,7 +6,7 @@
 //! `EXPIRY`, and a waiter takes it. A store that fails is left alone (said once), and the
 //! request builds alone: nothing here fails a compile.
 
-use super::claims::{RENEW, STALLED};
+use super::claims::STALLED;
 use crate::store::remote::{self, Claimed, Config};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -57,10 +57,7 @@ pub fn turn(
         true => Some(false),
         false => remote::holds(cfg, failed).then_some(true),
     };
-    let token: String = crate::cache::lease::random_bytes::<16>("a claim")
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let token = crate::cache::lease::random_token("a claim");
     let start = Instant::now();
     // The caller has just missed the entry: before a wait only the failure is looked for
     // (an entry there it refused, an untrusted one, is no answer; a build published in
@@ -107,23 +104,19 @@ pub fn turn(
 }
 
 impl FleetClaim {
+    /// The claim taken, renewed every `RENEW` until dropped; a renewal that failed (the
+    /// store for a moment) is tried again a second later.
     fn renewed(cfg: &Config, key: &str, token: String) -> FleetClaim {
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
         let (cfg2, key2, token2) = (cfg.clone(), key.to_string(), token.clone());
-        let spawned = std::thread::Builder::new()
-            .name("xpu-zebin-fleet-claim".into())
-            .spawn(move || {
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(RENEW) {
-                    if !remote::renew_claim(&cfg2, &key2, &token2, EXPIRY) {
-                        break;
-                    }
-                }
-            });
+        let renew = move || {
+            let _ = remote::renew_claim(&cfg2, &key2, &token2, EXPIRY);
+            true
+        };
         FleetClaim {
             cfg: cfg.clone(),
             key: key.to_string(),
             token,
-            renewing: spawned.is_ok().then_some(tx),
+            renewing: super::claims::renewing("xpu-zebin-fleet-claim", renew),
         }
     }
 }

@@ -319,11 +319,7 @@ impl Context<'_> {
         match levels.after_miss((key, target), &wait, true, notes) {
             Ok(Turn::Build(building)) => Ok((None, Some(building), false)),
             // Its answer is dropped: the batch runs it again after its queue.
-            Ok(Turn::Later) => Err(crate::error::BuildError::new(
-                crate::error::ErrorKind::Internal,
-                "stepped aside",
-            )
-            .into()),
+            Ok(Turn::Later) => Err(batch::stepped_aside().into()),
             Ok(Turn::Ready) => {
                 let revived = self.load_kept(levels, key, target, cancel, notes)?;
                 let waited = revived.is_some();
