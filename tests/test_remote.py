@@ -419,8 +419,7 @@ def test_a_value_replaced_mid_read_is_read_whole(server, keys, tmp_path, monkeyp
         for p in publishers:
             p.stdin.close()
             p.wait(timeout=60)
-    assert remote.counts().get("untrusted", 0) == 0, remote.counts()
-    assert remote.counts().get("hits") == 400
+    assert remote.counts() == {"published": 2}  # nothing refused, missed or failed
     assert len(seen) == 2  # both values were read: the key was replaced while read
 
 
@@ -430,12 +429,12 @@ def test_the_largest_bound_reads_every_value(server, keys, tmp_path, monkeypatch
     _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"],
           keys["farm_public"])  # fmt: skip
     rkey = remote.NAMESPACES[1] + "bounded"
-    for bound in (2**63 - 1, 2**63, 2**64 - 1):
+    for n, bound in enumerate((2**63 - 1, 2**63, 2**64 - 1), 1):
         monkeypatch.setenv(remote.MAX_BYTES_ENV, str(bound))
         remote.reset()
         assert xpu_zebin._core.remote_publish_signed(rkey, "id", b"value")
         assert xpu_zebin._core.remote_fetch_signed([rkey], "id") == [b"value"]
-        assert remote.counts() == {"published": 1, "hits": 1}, (bound, remote.counts())
+        assert remote.counts() == {"published": n}, (bound, remote.counts())
 
 
 def test_a_mixed_fleet_never_shares_native_code(server, keys, spirvs, system_ocloc,
@@ -539,7 +538,7 @@ def test_tritons_own_cache_through_the_signed_store(server, keys, tmp_path, monk
     with triton_on_cpu(str(tmp_path / "triton-b")):
         b = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 1024})
     assert len(front_end) == 1, "node B ran Triton's front end"
-    assert b.asm["spv"] == a.asm["spv"] and remote.counts().get("hits", 0) >= 3
+    assert b.asm["spv"] == a.asm["spv"] and remote.counts().get("hits") == 1  # one group
     # A flipped byte in the stored SPIR-V: node C compiles the kernel itself.
     client = server.client()
     (spv,) = [k for k in client.keys(fleet_cache.PREFIX + "*") if k.endswith(b".spv")]

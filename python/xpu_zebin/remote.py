@@ -10,7 +10,8 @@ settings, counts, the value's format.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import os
+from typing import Dict, Optional, Tuple, Union
 
 from . import _core
 
@@ -36,14 +37,15 @@ def config() -> Optional[Dict[str, object]]:
     return _core.remote_config()
 
 
-def counts() -> Dict[str, int]:
-    """What the store gave this process: hits, misses, untrusted, too_large, errors,
+def counts(cache_dir: Optional[Union[str, os.PathLike[str]]] = None) -> Dict[str, int]:
+    """What the store gave the cache in ``cache_dir`` (default: the user's), from its
+    ledger, as ``xpu-zebin stats`` counts it: hits, misses, untrusted, too_large, errors,
     published (those that happened)."""
-    return _core.remote_counts()
+    return _core.remote_counts(cache_dir)
 
 
-#: This process forgets what it saw of the store (counts, a store left alone after a
-#: failure, its connections, the warnings it said): a fresh node.
+#: This process forgets what it saw of the store (a store left alone after a failure, its
+#: connections, the warnings it said): a fresh node. Counts are the cache's ledger's.
 reset = _core.remote_reset
 redacted = _core.remote_redacted
 signed_message = _core.remote_signed_message

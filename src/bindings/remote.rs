@@ -136,11 +136,30 @@ pub fn remote_config<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>
     Ok(Some(d))
 }
 
-/// What the store gave this process: hits, misses, untrusted, too_large, errors,
-/// published (only those that happened).
+/// What the store gave the cache in `cache_dir` (default: the user's), from its ledger:
+/// hits, misses, untrusted, too_large, errors, published (only those that happened).
 #[pyfunction]
-pub fn remote_counts() -> BTreeMap<String, u64> {
-    level::counts()
+#[pyo3(signature = (cache_dir=None))]
+pub fn remote_counts(py: Python<'_>, cache_dir: Option<PathBuf>) -> BTreeMap<String, u64> {
+    use crate::cache::Counter;
+    let ledger = py.detach(|| crate::cache::Cache::open(cache_dir.as_deref()).ledger());
+    super::emit_warnings(py);
+    let Some(l) = ledger else {
+        return BTreeMap::new();
+    };
+    let hits = l.counter(Counter::StoreHits) + l.counter(Counter::TritonHits);
+    [
+        ("hits", hits),
+        ("misses", l.counter(Counter::StoreMisses)),
+        ("untrusted", l.counter(Counter::RefusedUntrusted)),
+        ("too_large", l.counter(Counter::StoreTooLarge)),
+        ("errors", l.counter(Counter::StoreErrors)),
+        ("published", l.counter(Counter::StorePublished)),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(k, n)| (k.to_string(), n))
+    .collect()
 }
 
 /// Forget what this process saw of the store, its connections and what it said.
@@ -162,7 +181,10 @@ pub fn remote_fetch_signed<'py>(
     let Some(cfg) = store_config(py)? else {
         return Ok(vec![None; rkeys.len()]);
     };
-    let found = py.detach(|| level::fetch_signed(&cfg, &rkeys, identity, all_or_none));
+    let found = py.detach(|| {
+        let ledger = crate::cache::Cache::open(None).ledger_to_count();
+        level::fetch_signed(&cfg, (&rkeys, identity), all_or_none, ledger.as_deref())
+    });
     super::emit_warnings(py);
     let found = found.map_err(|e| to_pyerr(py, e.into()))?;
     Ok(found
@@ -183,7 +205,10 @@ pub fn remote_publish_signed(
     let Some(cfg) = store_config(py)? else {
         return Ok(false);
     };
-    let done = py.detach(|| level::publish_signed(&cfg, rkey, identity, data));
+    let done = py.detach(|| {
+        let ledger = crate::cache::Cache::open(None).ledger_to_count();
+        level::publish_signed(&cfg, (rkey, identity), data, ledger.as_deref())
+    });
     super::emit_warnings(py);
     done.map_err(|e| to_pyerr(py, e.into()))
 }

@@ -147,10 +147,14 @@ pub enum Counter {
     Waits,
     WaitSavedMicros,
     RememberedFailures,
+    StoreMisses,
+    StoreTooLarge,
+    StoreErrors,
+    StorePublished,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 22] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -169,6 +173,10 @@ impl Counter {
         Counter::Waits,
         Counter::WaitSavedMicros,
         Counter::RememberedFailures,
+        Counter::StoreMisses,
+        Counter::StoreTooLarge,
+        Counter::StoreErrors,
+        Counter::StorePublished,
     ];
 
     pub fn name(self) -> &'static str {
@@ -191,6 +199,10 @@ impl Counter {
             Counter::Waits => "waits",
             Counter::WaitSavedMicros => "wait_saved_microseconds",
             Counter::RememberedFailures => "remembered_failures",
+            Counter::StoreMisses => "misses_store",
+            Counter::StoreTooLarge => "refused_too_large",
+            Counter::StoreErrors => "store_errors",
+            Counter::StorePublished => "published_store",
         }
     }
 }

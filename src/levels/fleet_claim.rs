@@ -7,6 +7,7 @@
 //! request builds alone: nothing here fails a compile.
 
 use super::claims::STALLED;
+use crate::cache::Ledger;
 use crate::store::remote::{self, Claimed, Config};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ pub fn turn(
     cfg: &Config,
     (key, failed): (&str, &str),
     (bound, cancel): (Option<Duration>, &AtomicBool),
+    ledger: Option<&Ledger>,
 ) -> FleetTurn {
     // What the store holds now: the entry (false), else the failure (true).
     let found = || match remote::holds(cfg, key) {
@@ -67,7 +69,7 @@ pub fn turn(
         if cancel.load(Ordering::Relaxed) {
             return FleetTurn::Cancelled;
         }
-        let claimed = remote::take_claim(cfg, key, &token, EXPIRY);
+        let claimed = remote::take_claim(cfg, (key, &token), EXPIRY, ledger);
         let now = match claimed {
             Claimed::Held => found(),
             _ if waited => found(),

@@ -39,8 +39,6 @@ pub(super) trait Level: Send + Sync {
         target: Target<'_>,
         notes: &mut Vec<String>,
     ) -> Result<Option<Vec<u8>>>;
-    /// What `get` gave answered the request (this level's own count of hits, if any).
-    fn answered(&self) {}
     /// What `get` gave (`len` bytes) is not `key`'s entry (`why`): dropped and counted.
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
     /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
@@ -180,14 +178,6 @@ pub(super) struct Store {
     pub(super) cache: Cache,
 }
 
-impl Store {
-    fn count_refused(&self, n: u64) {
-        if let (true, Some(l)) = (n > 0, self.cache.ledger()) {
-            l.count(Counter::RefusedUntrusted, n);
-        }
-    }
-}
-
 impl Level for Store {
     fn hits(&self) -> Counter {
         Counter::StoreHits
@@ -205,18 +195,13 @@ impl Level for Store {
             device: target.device,
             compiler: target.compiler,
         };
-        let (mut found, untrusted) = remote::signed_values(&self.cfg, &[wanted], false)?;
-        self.count_refused(untrusted);
+        let ledger = self.cache.ledger_to_count();
+        let mut found = remote::signed_values(&self.cfg, &[wanted], false, ledger.as_deref())?;
         Ok(found.pop().flatten())
     }
 
-    fn answered(&self) {
-        remote::count_hit();
-    }
-
     fn refuse(&self, _: &str, _: usize, why: &str, _: &mut Vec<String>) {
-        remote::untrusted(why);
-        self.count_refused(1);
+        remote::untrusted(why, self.cache.ledger_to_count().as_deref());
     }
 
     fn put(&self, key: &str, target: Target<'_>, entry: &[u8], fresh: bool) -> Result<Put> {
@@ -225,8 +210,15 @@ impl Level for Store {
         }
         let rkey = format!("{}{key}", format::PREFIX);
         let (device, compiler) = (target.device, target.compiler);
+        let ledger = self.cache.ledger_to_count();
         // A store that could not take it said so (once); a bad signing key is the error.
-        let put = remote::put_signed(&self.cfg, rkey.as_bytes(), key, device, compiler, entry);
+        let put = remote::put_signed(
+            &self.cfg,
+            (rkey.as_bytes(), key),
+            (device, compiler),
+            entry,
+            ledger.as_deref(),
+        );
         Ok(if put? { Put::Yes } else { Put::No })
     }
 }

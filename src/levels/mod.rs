@@ -341,7 +341,9 @@ impl Levels {
         let Some(cfg) = &self.fleet else {
             return Ok(Some(None));
         };
-        match fleet_claim::turn(cfg, (key, &failure_key(key)), (bound, cancel)) {
+        let ledger = self.cache.as_ref().and_then(Cache::ledger_to_count);
+        let failed = failure_key(key);
+        match fleet_claim::turn(cfg, (key, &failed), (bound, cancel), ledger.as_deref()) {
             FleetTurn::Mine(claim) => Ok(Some(Some(claim))),
             FleetTurn::Alone(why) => {
                 notes.extend(why);
@@ -483,7 +485,6 @@ impl Levels {
             for faster in &self.levels[..at] {
                 notes.extend(faster.put(key, target, &raw, false)?.note());
             }
-            level.answered();
             return Ok(Some(Hit {
                 entry,
                 counter: level.hits(),

@@ -11,12 +11,13 @@
 use super::address::redacted;
 use super::client::{self, StoreError};
 use super::format;
+use crate::cache::{Counter, Ledger};
 use crate::diag::warn_once;
 use crate::error::{BuildError, ErrorKind, Result};
 use crate::knobs;
 use crate::signing::{Signer, Trusted, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV};
 use crate::sync::{lock, Renewable};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -93,9 +94,9 @@ pub fn config() -> Result<Option<Config>> {
 
 // --- what this process saw --------------------------------------------------------------
 
+/// Stores this process found failing, left alone until a moment (per address).
 #[derive(Default)]
 struct Seen {
-    counts: BTreeMap<&'static str, u64>,
     down_until: HashMap<String, Instant>,
 }
 
@@ -106,21 +107,15 @@ fn forget_after_fork() {
 static SEEN: Renewable<Mutex<Seen>> =
     Renewable::new(|| Mutex::new(Seen::default()), forget_after_fork);
 
-fn count(what: &'static str) {
-    *lock(SEEN.get()).counts.entry(what).or_default() += 1;
+/// What the store gave a request goes into the ledger of its cache (none: a cache refused
+/// or off, so nothing is counted), as every other answer does.
+fn count(ledger: Option<&Ledger>, c: Counter) {
+    if let Some(l) = ledger {
+        l.count(c, 1);
+    }
 }
 
-/// What the store gave this process: hits, misses, untrusted, too_large, errors,
-/// published.
-pub fn counts() -> BTreeMap<String, u64> {
-    let seen = lock(SEEN.get());
-    seen.counts
-        .iter()
-        .map(|(k, v)| (k.to_string(), *v))
-        .collect()
-}
-
-/// Forget what this process saw, its clients and what it said (each test a fresh node).
+/// Forget the stores left alone, the clients and what was said (each test a fresh node).
 pub fn reset() {
     *lock(SEEN.get()) = Seen::default();
     client::forget_clients();
@@ -135,8 +130,8 @@ pub fn usable(cfg: &Config) -> bool {
 }
 
 /// The store could not be used: one warning, then it is left alone for a while.
-fn failed(cfg: &Config, e: &StoreError) {
-    count("errors");
+fn failed(cfg: &Config, e: &StoreError, ledger: Option<&Ledger>) {
+    count(ledger, Counter::StoreErrors);
     lock(SEEN.get())
         .down_until
         .insert(cfg.url.clone(), Instant::now() + BACKOFF);
@@ -150,8 +145,9 @@ fn failed(cfg: &Config, e: &StoreError) {
     );
 }
 
-pub(crate) fn untrusted(why: &str) {
-    count("untrusted");
+/// An entry of the store refused (`why`), counted and said once.
+pub(crate) fn untrusted(why: &str, ledger: Option<&Ledger>) {
+    count(ledger, Counter::RefusedUntrusted);
     warn_once(
         "remote:untrusted",
         format!(
@@ -159,10 +155,6 @@ pub(crate) fn untrusted(why: &str) {
              (xpu-zebin remote verify lists such entries)"
         ),
     );
-}
-
-pub(crate) fn count_hit() {
-    count("hits");
 }
 
 /// What a value must have been signed as: its store key, entry key, device and compiler.
@@ -177,13 +169,14 @@ pub struct Wanted<'a> {
 /// asked; None otherwise: absent (a miss), untrusted (counted, warned once), or the store
 /// failing (one warning, then left alone). One read for all of them; with `all_or_none`,
 /// all or none. Also how many were untrusted. A malformed `XPU_ZEBIN_TRUSTED_KEYS` is the
-/// error.
+/// error. Misses, refusals and failures are counted in `ledger`.
 pub fn signed_values(
     cfg: &Config,
     wanted: &[Wanted<'_>],
     all_or_none: bool,
-) -> Result<(Vec<Option<Vec<u8>>>, u64)> {
-    let none = || (vec![None; wanted.len()], 0);
+    ledger: Option<&Ledger>,
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let none = || vec![None; wanted.len()];
     let trust = Trusted::from_env()?;
     if trust.is_empty() {
         warn_once(
@@ -204,7 +197,7 @@ pub fn signed_values(
     let values = match read {
         Ok(values) => values,
         Err(StoreError::TooLarge { key, size }) => {
-            count("too_large");
+            count(ledger, Counter::StoreTooLarge);
             warn_once(
                 "remote:large",
                 format!(
@@ -216,48 +209,46 @@ pub fn signed_values(
             return Ok(none());
         }
         Err(e) if e.about_the_key() => {
-            untrusted(&e.to_string());
-            return Ok((vec![None; wanted.len()], 1));
+            untrusted(&e.to_string(), ledger);
+            return Ok(none());
         }
         Err(e) => {
-            failed(cfg, &e);
+            failed(cfg, &e, ledger);
             return Ok(none());
         }
     };
     let mut found = Vec::with_capacity(wanted.len());
-    let mut refused = 0;
     for (value, w) in values.iter().zip(wanted) {
         let entry = match value {
             None => {
-                count("misses");
+                count(ledger, Counter::StoreMisses);
                 None
             }
             Some(v) => match format::signed_entry(&trust, v, w.key, w.device, w.compiler) {
                 Ok(entry) => Some(entry.to_vec()),
                 Err(why) => {
-                    untrusted(&why);
-                    refused += 1;
+                    untrusted(&why, ledger);
                     None
                 }
             },
         };
         if all_or_none && entry.is_none() {
-            return Ok((vec![None; wanted.len()], refused));
+            return Ok(none());
         }
         found.push(entry);
     }
-    Ok((found, refused))
+    Ok(found)
 }
 
 /// `data`, signed as `key`'s built for `device` with `compiler`, at `rkey` with the
-/// store's TTL (a read-write node with a signing key); true when written.
+/// store's TTL (a read-write node with a signing key); true when written (counted in
+/// `ledger`).
 pub fn put_signed(
     cfg: &Config,
-    rkey: &[u8],
-    key: &str,
-    device: &str,
-    compiler: &str,
+    (rkey, key): (&[u8], &str),
+    (device, compiler): (&str, &str),
     data: &[u8],
+    ledger: Option<&Ledger>,
 ) -> Result<bool> {
     if !cfg.read_write || !usable(cfg) {
         return Ok(false);
@@ -278,11 +269,11 @@ pub fn put_signed(
     }
     match client::client(&cfg.url, cfg.timeout).and_then(|c| c.set(rkey, &value, cfg.ttl)) {
         Ok(()) => {
-            count("published");
+            count(ledger, Counter::StorePublished);
             Ok(true)
         }
         Err(e) => {
-            failed(cfg, &e);
+            failed(cfg, &e, ledger);
             Ok(false)
         }
     }
@@ -314,7 +305,12 @@ fn publishes(cfg: &Config) -> bool {
 /// Take `key`'s claim in the store for `token`, living `expiry` unless renewed; only a
 /// node that publishes takes one (its waiters are answered by what it publishes), but any
 /// node learns that another holds it.
-pub fn take_claim(cfg: &Config, key: &str, token: &str, expiry: Duration) -> Claimed {
+pub fn take_claim(
+    cfg: &Config,
+    (key, token): (&str, &str),
+    expiry: Duration,
+    ledger: Option<&Ledger>,
+) -> Claimed {
     if !usable(cfg) {
         return Claimed::No;
     }
@@ -329,7 +325,7 @@ pub fn take_claim(cfg: &Config, key: &str, token: &str, expiry: Duration) -> Cla
         Ok(Some(ms)) if (0..=most).contains(&ms) => Claimed::Held,
         Ok(Some(_)) => Claimed::Foreign,
         Err(e) => {
-            failed(cfg, &e);
+            failed(cfg, &e, ledger);
             Claimed::No
         }
     }
@@ -362,12 +358,13 @@ pub fn holds(cfg: &Config, key: &str) -> bool {
 }
 
 /// Triton's own entries: the bytes at each of `rkeys` when a trusted key signed them for
-/// that key and `identity` (what they were built with); each key read once.
+/// that key and `identity` (what they were built with); each key read once. Their hits
+/// are counted where they are used (`Counter::TritonHits`), the rest in `ledger`.
 pub fn fetch_signed(
     cfg: &Config,
-    rkeys: &[String],
-    identity: &str,
+    (rkeys, identity): (&[String], &str),
     all_or_none: bool,
+    ledger: Option<&Ledger>,
 ) -> Result<Vec<Option<Vec<u8>>>> {
     let mut unique: Vec<&String> = Vec::new();
     for k in rkeys {
@@ -384,7 +381,7 @@ pub fn fetch_signed(
             compiler: identity,
         })
         .collect();
-    let (got, _) = signed_values(cfg, &wanted, all_or_none)?;
+    let got = signed_values(cfg, &wanted, all_or_none, ledger)?;
     let found: Vec<Option<Vec<u8>>> = rkeys
         .iter()
         .map(|k| {
@@ -394,15 +391,17 @@ pub fn fetch_signed(
                 .and_then(|i| got[i].clone())
         })
         .collect();
-    for _ in found.iter().flatten() {
-        count("hits");
-    }
     Ok(found)
 }
 
 /// Triton's entry `data` signed for `rkey` and `identity`, into the store.
-pub fn publish_signed(cfg: &Config, rkey: &str, identity: &str, data: &[u8]) -> Result<bool> {
-    put_signed(cfg, rkey.as_bytes(), rkey, "", identity, data)
+pub fn publish_signed(
+    cfg: &Config,
+    (rkey, identity): (&str, &str),
+    data: &[u8],
+    ledger: Option<&Ledger>,
+) -> Result<bool> {
+    put_signed(cfg, (rkey.as_bytes(), rkey), ("", identity), data, ledger)
 }
 
 /// What the store holds, for `xpu-zebin remote stats | verify | purge`: streamed a SCAN

@@ -67,7 +67,10 @@ def stats_lines(s: dict) -> list:
         f"built again)",
         "large-GRF retries    " + ", ".join(f"{k} {v}" for k, v in retries.items()),
         f"refused entries      untrusted {c['refused_untrusted']}, checksum "
-        f"{c['refused_checksum']}, driver {c['refused_driver']}",
+        f"{c['refused_checksum']}, driver {c['refused_driver']}, too large "
+        f"{c['refused_too_large']}",
+        f"fleet's store        misses {c['misses_store']}, published {c['published_store']}, "
+        f"errors {c['store_errors']}",
         f"evictions            {c['evictions']}"
         + (
             f" (cleaning: shard {k['next_shard']} of {k['shards']} next)"
