@@ -153,7 +153,8 @@ fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
             options: o.clone(),
         })
     };
-    from_the_spirv_on().map_err(|failure| failure.invalid_spirv_first(&req.spirv))
+    // Nothing was built yet: invalid SPIR-V is the answer before anything found here.
+    from_the_spirv_on().map_err(|failure| spirv::invalid_or(&req.spirv, failure))
 }
 
 /// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it.
@@ -299,8 +300,10 @@ fn compile_with(
     room: &Room<'_>,
 ) -> Outcome {
     let slot = prepare(req)?;
-    answer(req, &slot, store, cancel, room)
-        .map_err(|failure| failure.invalid_spirv_first(&req.spirv))
+    answer(req, &slot, store, cancel, room).map_err(|failure| match failure.attempts.is_empty() {
+        true => spirv::invalid_or(&req.spirv, failure),
+        false => failure,
+    })
 }
 
 fn answer(
@@ -349,7 +352,11 @@ fn answer(
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
-        (None, None) => build(req, slot, (&levels, &mut notes), cancel, room)
+        // The full validation, before a compiler sees the SPIR-V.
+        (None, None) => spirv::validate(&req.spirv)
+            .map(drop)
+            .map_err(Box::<Failure>::from)
+            .and_then(|()| build(req, slot, (&levels, &mut notes), cancel, room))
             .map(|(entry, repeatable)| (entry, None, Some(repeatable))),
     };
     let outcome = answered.and_then(|(entry, from, repeatable)| {
@@ -395,8 +402,9 @@ fn answer(
     outcome
 }
 
-/// Build `req` here with its GRF ladder: the entry, and whether it is worth keeping
-/// (`Settled::repeatable`); a failure that repeats is kept in the levels for its key.
+/// Build `req` (its SPIR-V validated) here with its GRF ladder: the entry, and whether it
+/// is worth keeping (`Settled::repeatable`); a failure that repeats is kept in the levels
+/// for its key.
 fn build(
     req: &CompileRequest,
     slot: &Slot,
@@ -404,7 +412,6 @@ fn build(
     cancel: &AtomicBool,
     room: &Room<'_>,
 ) -> Result<(Entry, bool), Box<Failure>> {
-    validated(req)?;
     let plan = Plan {
         ladder: &slot.ladder,
         own_grf: slot.own_grf,

@@ -36,12 +36,10 @@ impl From<BuildError> for Box<Failure> {
 
 impl Failure {
     /// This failure, unless `spirv` is not valid SPIR-V and nothing was built: then that is
-    /// the answer. A lookup reads only the key's part of the SPIR-V (`spirv::scan`), so
-    /// what it finds wrong before a build (a kernel name, the levels' settings, a missing
-    /// compiler or device) yields to invalid input, as when it was validated first.
+    /// the answer (`spirv::invalid_or`).
     pub fn invalid_spirv_first(self: Box<Self>, spirv: &[u8]) -> Box<Failure> {
         match self.attempts.is_empty() {
-            true => crate::spirv::validate(spirv).err().map_or(self, Into::into),
+            true => crate::spirv::invalid_or(spirv, self),
             false => self,
         }
     }

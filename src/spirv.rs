@@ -481,6 +481,14 @@ pub fn scan(bytes: &[u8]) -> Result<SpirvInfo> {
     kernel_info(bytes, version)
 }
 
+/// `other`, unless `bytes` is not valid SPIR-V: then that is the answer. A lookup reads
+/// only the key's part of the SPIR-V (`scan`), so what it finds wrong before a build (a
+/// kernel name, the levels' settings, a missing compiler or device) yields to invalid
+/// input, as when it was validated first.
+pub fn invalid_or<E: From<BuildError>>(bytes: &[u8], other: E) -> E {
+    validate(bytes).err().map_or(other, E::from)
+}
+
 /// Validate `bytes` as a SPIR-V module with at least one OpenCL kernel entry point.
 pub fn validate(bytes: &[u8]) -> Result<SpirvInfo> {
     let version = check_header(bytes)?;

@@ -417,16 +417,22 @@ impl Levels {
         notes: &mut Vec<String>,
     ) -> Result<(Levels, Lookup)> {
         let cache = asked.cache.clone();
-        let refused = || {
-            if counted {
-                Levels::count_refused(cache.as_ref());
-            }
-        };
-        let levels = Levels::open(asked).inspect_err(|_| refused())?;
-        let find = |notes: &mut Vec<String>| {
-            let found = levels.find(0, key, target, Some(fits), notes);
-            found.inspect_err(|_| refused())
-        };
+        let looked = Levels::look(asked, (counted, wait), (key, target), fits, notes);
+        if looked.is_err() && counted {
+            Levels::count_refused(cache.as_ref());
+        }
+        looked
+    }
+
+    fn look(
+        asked: Asked<'_>,
+        (counted, wait): (bool, Option<Wait<'_>>),
+        (key, target): (&str, Target<'_>),
+        fits: Fits<'_>,
+        notes: &mut Vec<String>,
+    ) -> Result<(Levels, Lookup)> {
+        let levels = Levels::open(asked)?;
+        let find = |notes: &mut Vec<String>| levels.find(0, key, target, Some(fits), notes);
         let looked = match (find(notes)?, wait) {
             (Some(hit), _) => Lookup::Hit(hit, false),
             (None, None) => Lookup::Build(Building::alone()),
