@@ -22,6 +22,11 @@ pub struct Attempt {
     pub ok: bool,
     pub spill_size: Option<u64>,
     pub seconds: f64,
+    /// When it started: seconds after its ladder began (two attempts overlapped when the
+    /// second started before the first's `started + seconds`). 0 in entries of releases
+    /// that did not keep it.
+    #[serde(default)]
+    pub started: f64,
     /// Why it failed, when it failed.
     pub error: Option<AttemptError>,
 }
@@ -33,6 +38,7 @@ impl Attempt {
             ok: result.is_ok(),
             spill_size: result.as_ref().ok().map(|b| b.spill().bytes),
             seconds,
+            started: 0.0,
             error: result.as_ref().err().map(AttemptError::from),
         }
     }

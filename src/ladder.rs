@@ -9,6 +9,7 @@ use crate::error::{BuildError, ErrorKind, Result};
 use crate::grf::{self, Pick};
 use crate::spill::Rule;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// A failed compile: the error to raise and the attempts that led to it.
 #[derive(Debug, Clone)]
@@ -54,10 +55,18 @@ pub struct Choice<B> {
     pub notes: Vec<String>,
 }
 
-/// Below this SPIR-V size a build takes tens of milliseconds: a speculative twin would
-/// only cost a cancelled worker (measured: 37 ms per small Triton kernel with it, 23 ms
-/// without), so automatic speculation is for kernels at least this large.
+/// SPIR-V this large takes a second or more to build (measured: a 99 KB Triton matmul
+/// 0.8-1.2 s a GRF mode): its large-GRF twin starts as soon as a core is idle.
 pub const SPECULATE_MIN_SPIRV_BYTES: usize = 32 * 1024;
+
+/// Any other kernel's twin starts once its default build has run this long (a hedge, as
+/// in "The Tail at Scale"): past every small kernel (measured here: small Triton kernels
+/// build in 18-63 ms a GRF mode with either compiler, 80-140 ms as a fresh worker's first
+/// build, IGC starting), short against a build that overflows (the shipped PTSS sample,
+/// 20 KB: 1.8 s with the modern ocloc, 7.8 s with Debian's). A twin that loses is
+/// cancelled; it ran on an idle core.
+pub const SPECULATE_AFTER: Duration = Duration::from_millis(200);
+pub const SPECULATE_AFTER_ENV: &str = "XPU_ZEBIN_SPECULATE_AFTER";
 
 /// When the large-GRF attempt may start before the default one has answered.
 #[derive(Clone, Copy)]
@@ -66,23 +75,45 @@ pub enum Speculation<'a> {
     Never,
     /// Both at once.
     Now,
-    /// As soon as a core is idle (now, or when one frees up while the default attempt
-    /// runs) and `may()` agrees (a batch says no while jobs wait for a core).
-    WhenIdle(&'a (dyn Fn() -> bool + Sync)),
+    /// Once the default attempt has run `after`, as soon as a core is idle (then, or when
+    /// one frees up while the default attempt runs) and `may()` agrees (a batch says no
+    /// while jobs wait for a core).
+    WhenIdle {
+        after: Duration,
+        may: &'a (dyn Fn() -> bool + Sync),
+    },
 }
 
 impl<'a> Speculation<'a> {
-    /// `speculative` as asked (`Some`), else automatic for a kernel large enough to gain.
+    /// `speculative` as asked (`Some`), else automatic: at once for a large kernel, after
+    /// `XPU_ZEBIN_SPECULATE_AFTER` (`SPECULATE_AFTER`; off: never) for any other.
     pub fn choose(
         speculative: Option<bool>,
         input_len: usize,
         may: &'a (dyn Fn() -> bool + Sync),
     ) -> Self {
-        match speculative {
-            Some(true) => Speculation::Now,
-            Some(false) => Speculation::Never,
-            None if input_len >= SPECULATE_MIN_SPIRV_BYTES => Speculation::WhenIdle(may),
-            None => Speculation::Never,
+        // Checked with every knob before the request began (`knobs::check`).
+        let hedge = crate::knobs::seconds_or_off_knob(SPECULATE_AFTER_ENV, Some(SPECULATE_AFTER))
+            .unwrap_or(Some(SPECULATE_AFTER));
+        Speculation::with_hedge(speculative, input_len, may, hedge)
+    }
+
+    /// The rule, with the hedge delay given (None: never by time).
+    fn with_hedge(
+        speculative: Option<bool>,
+        input_len: usize,
+        may: &'a (dyn Fn() -> bool + Sync),
+        hedge: Option<Duration>,
+    ) -> Self {
+        match (speculative, hedge) {
+            (Some(true), _) => Speculation::Now,
+            (Some(false), _) => Speculation::Never,
+            (None, _) if input_len >= SPECULATE_MIN_SPIRV_BYTES => Speculation::WhenIdle {
+                after: Duration::ZERO,
+                may,
+            },
+            (None, Some(after)) => Speculation::WhenIdle { after, may },
+            (None, None) => Speculation::Never,
         }
     }
 }
@@ -175,9 +206,10 @@ fn run<B: Build + Send>(
     let (first, retry) = if speculate {
         run_speculatively(plan, &mut notes, &build, &needs_retry)
     } else {
-        let first = guarded(&build, &ladder[0], &[cancel]);
+        let began = Instant::now();
+        let first = guarded(&build, &ladder[0], &[cancel], began);
         let retry = (ladder.len() == 2 && needs_retry(&first.1))
-            .then(|| guarded(&build, &ladder[1], &[cancel]));
+            .then(|| guarded(&build, &ladder[1], &[cancel], began));
         (first, retry)
     };
     if let (Ok(b), Some(_)) = (&first.1, &retry) {
@@ -214,32 +246,36 @@ fn run_speculatively<B: Build + Send>(
     let (ladder, cancel) = (plan.ladder, plan.cancel);
     let lost = AtomicBool::new(false);
     let first_done = AtomicBool::new(false);
+    let began = Instant::now();
     std::thread::scope(|scope| {
         let twin = scope.spawn(|| -> Option<Tried<B>> {
             let _core = match plan.speculation {
-                Speculation::WhenIdle(may) => {
+                Speculation::WhenIdle { after, may } => {
                     let give_up =
                         || first_done.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed);
                     Some(crate::pool::wait_for_idle_core(
                         crate::batch::default_jobs(),
-                        &give_up,
-                        may,
+                        (&give_up, may),
+                        (began, after),
                     )?)
                 }
                 _ => None,
             };
-            Some(guarded(build, &ladder[1], &[cancel, &lost]))
+            Some(guarded(build, &ladder[1], &[cancel, &lost], began))
         });
-        let first = guarded(build, &ladder[0], &[cancel]);
+        let first = guarded(build, &ladder[0], &[cancel], began);
         first_done.store(true, Ordering::Relaxed);
         crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
         if needs_retry(&first.1) {
             let started = joined(twin, &ladder[1]);
-            if started.is_some() {
-                notes
-                    .push("large-GRF build ran alongside the default one (a core was idle)".into());
+            if let Some((twin, _)) = &started {
+                notes.push(format!(
+                    "large-GRF build ran alongside the default one (started {:.2} s into \
+                     it, on an idle core)",
+                    twin.started
+                ));
             }
-            let retry = started.unwrap_or_else(|| guarded(build, &ladder[1], &[cancel]));
+            let retry = started.unwrap_or_else(|| guarded(build, &ladder[1], &[cancel], began));
             (first, Some(retry))
         } else {
             lost.store(true, Ordering::Relaxed);
@@ -257,14 +293,18 @@ fn panicked<B: Build>(flags: &str, error: BuildError) -> Tried<B> {
     (Attempt::new(flags, 0.0, &result), result)
 }
 
-/// One attempt with `build`; a panic in it is that attempt's `internal_error`.
+/// One attempt with `build`, started when it starts (seconds after the ladder `began`);
+/// a panic in it is that attempt's `internal_error`.
 fn guarded<B: Build>(
     build: &(impl Fn(&str, &[&AtomicBool]) -> Tried<B> + Sync),
     flags: &str,
     cancel: &[&AtomicBool],
+    began: Instant,
 ) -> Tried<B> {
-    crate::sync::catch("a build attempt", || build(flags, cancel))
-        .unwrap_or_else(|e| panicked(flags, e))
+    let started = began.elapsed().as_secs_f64();
+    let (attempt, result) = crate::sync::catch("a build attempt", || build(flags, cancel))
+        .unwrap_or_else(|e| panicked(flags, e));
+    (Attempt { started, ..attempt }, result)
 }
 
 /// The speculative twin's outcome: its attempt if it started; a panic outside the attempt
@@ -321,4 +361,39 @@ fn choose<B>(
         attempts,
         notes: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn after(s: Speculation<'_>) -> Option<Duration> {
+        match s {
+            Speculation::WhenIdle { after, .. } => Some(after),
+            Speculation::Never | Speculation::Now => None,
+        }
+    }
+
+    #[test]
+    fn a_twin_starts_by_size_at_once_else_by_time_unless_asked() {
+        let may = || true;
+        let hedge = Some(SPECULATE_AFTER);
+        let big = SPECULATE_MIN_SPIRV_BYTES;
+        let small = 3424; // a small Triton kernel's SPIR-V
+        let rule = |asked, len, hedge| after(Speculation::with_hedge(asked, len, &may, hedge));
+        assert_eq!(rule(None, big, hedge), Some(Duration::ZERO));
+        assert_eq!(rule(None, big, None), Some(Duration::ZERO));
+        assert_eq!(rule(None, small, hedge), Some(SPECULATE_AFTER));
+        assert_eq!(
+            rule(None, small, Some(Duration::ZERO)),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(rule(None, small, None), None); // off: never by time
+        for len in [small, big] {
+            let now = Speculation::with_hedge(Some(true), len, &may, None);
+            assert!(matches!(now, Speculation::Now));
+            let never = Speculation::with_hedge(Some(false), len, &may, hedge);
+            assert!(matches!(never, Speculation::Never));
+        }
+    }
 }

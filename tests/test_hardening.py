@@ -45,6 +45,9 @@ def test_a_bad_timeout_variable_is_an_error_naming_it(add_spirv, system_ocloc, m
         ("XPU_ZEBIN_ISOLATED", "2"),
         ("XPU_ZEBIN_SHARE_BUILDS", "nan"),
         ("XPU_ZEBIN_SHARE_BUILDS", "2"),
+        ("XPU_ZEBIN_SPECULATE_AFTER", "never"),
+        ("XPU_ZEBIN_SPECULATE_AFTER", "-0.5"),
+        ("XPU_ZEBIN_SPECULATE_AFTER", "inf"),
     ],
 )
 def test_every_knob_is_parsed_and_a_bad_one_named(

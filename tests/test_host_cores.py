@@ -1,6 +1,9 @@
 """Speculation counts the cores of the host, not of one process: a large-GRF twin starts only
 on a core no compiler of any process is using (Dask workers on one node, parallel jobs).
-Each compile here runs in its own process, as a Dask worker's would."""
+A twin starts by size (SPIR-V of 32 KiB or more, at once) or by time (once the default build
+has run ``XPU_ZEBIN_SPECULATE_AFTER``). Each compile here runs in its own process, as a Dask
+worker's would, counting cores in a slots directory of its own (the other test processes'
+compilers do not take its cores)."""
 
 from __future__ import annotations
 
@@ -15,13 +18,20 @@ from typing import Iterator
 import pytest
 from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
 
+import xpu_zebin
+from xpu_zebin import samples
+
 TWIN_NOTE = "large-GRF build ran alongside the default one"
+#: XPU_ZEBIN_SPECULATE_AFTER's default, seconds (src/ladder.rs).
+SPECULATE_AFTER = 0.2
 
 COMPILE = """
 import json, sys, xpu_zebin
-spirv = open(sys.argv[1], "rb").read()
-result = xpu_zebin.compile(spirv, device="pvc", ocloc=sys.argv[2], cache=False)
-print(json.dumps({"flags": result.build_flags, "notes": result.notes}))
+spirvs = [open(path, "rb").read() for path in sys.argv[2:]]
+reqs = [dict(spirv=s, device="pvc", ocloc=sys.argv[1], cache=False) for s in spirvs]
+results = xpu_zebin.compile_many(reqs, jobs=1) if len(reqs) > 1 else [xpu_zebin.compile(**reqs[0])]
+print(json.dumps([{"flags": r.build_flags, "notes": r.notes,
+                   "attempts": [(a.started, a.seconds) for a in r.attempts]} for r in results]))
 """
 
 
@@ -50,20 +60,71 @@ def every_core_taken(slots_dir) -> Iterator[None]:
             f.close()
 
 
-def compile_elsewhere(spirv_path: str, ocloc: str, slots_dir) -> dict:
-    env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots_dir)}
+def compile_elsewhere(spirv_path, ocloc: str, slots_dir, **env) -> dict:
+    """One kernel (a path) compiled in a process of its own; several (a list): one batch,
+    one job at a time."""
+    paths = [spirv_path] if isinstance(spirv_path, str) else spirv_path
+    env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots_dir), **env}
     out = subprocess.run(
-        [sys.executable, "-c", COMPILE, spirv_path, ocloc],
+        [sys.executable, "-c", COMPILE, ocloc, *paths],
         env=env, capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
-    return json.loads(out.stdout.splitlines()[-1])
+    results = json.loads(out.stdout.splitlines()[-1])
+    return results[0] if isinstance(spirv_path, str) else results
 
 
-def test_a_twin_waits_for_a_core_no_process_uses(matmul_path, modern_ocloc, tmp_path):
+def overlapped(attempts: list) -> bool:
+    """Whether the second attempt started before the first ended (their own times)."""
+    (first_start, first_seconds), (second_start, _) = attempts
+    return second_start < first_start + first_seconds
+
+
+@pytest.fixture
+def slots(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("speculation needs two cores; this machine has one")
     slots = tmp_path / "slots"
     slots.mkdir()
+    return slots
+
+
+@pytest.fixture(scope="module")
+def ptss_path(tmp_path_factory) -> str:
+    """The shipped PTSS sample (20 KB of SPIR-V: under the size rule), seconds a GRF mode."""
+    path = tmp_path_factory.mktemp("ptss") / "ptss.spv"
+    path.write_bytes(xpu_zebin.opencl_to_spirv(samples.ptss_overflow_kernel(), device="pvc"))
+    return str(path)
+
+
+def test_a_long_build_gets_its_twin_by_time(ptss_path, modern_ocloc, slots):
+    """The PTSS sample's default build runs past the hedge delay: its large-GRF build
+    starts beside it on the idle core, and the two overlap (the attempts' own start and end
+    times say so, as the notes do)."""
+    got = compile_elsewhere(ptss_path, modern_ocloc, slots)
+    assert got["flags"] == "-cl-intel-256-GRF-per-thread"
+    assert any(TWIN_NOTE in n for n in got["notes"]), got["notes"]
+    assert overlapped(got["attempts"]), got["attempts"]
+
+
+def test_a_small_kernel_or_a_full_batch_starts_no_twin(ptss_path, modern_ocloc, slots, tmp_path):
+    """A small kernel is built long before the hedge delay; a batch with a job waiting for
+    the core keeps it for that job: the PTSS sample is then built in sequence."""
+    small = tmp_path / "add.spv"
+    small.write_bytes(xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc"))
+    alone = compile_elsewhere(str(small), modern_ocloc, slots)
+    assert len(alone["attempts"]) == 1, alone
+    # Built within the delay (80 ms here, IGC starting; a loaded host may take longer, and
+    # then a twin may rightly start): no twin was started, so none was cancelled.
+    if alone["attempts"][0][1] < SPECULATE_AFTER / 2:  # well within, whatever the overheads
+        assert alone["notes"] == [], alone
+    ptss, queued = compile_elsewhere([ptss_path, str(small)], modern_ocloc, slots)
+    assert ptss["flags"] == "-cl-intel-256-GRF-per-thread"
+    assert not any(TWIN_NOTE in n for n in ptss["notes"]), ptss["notes"]
+    assert not overlapped(ptss["attempts"]), ptss["attempts"]
+    assert queued["notes"] == [], queued
+
+
+def test_a_twin_waits_for_a_core_no_process_uses(matmul_path, modern_ocloc, slots):
     with every_core_taken(slots):
         busy_host = compile_elsewhere(matmul_path, modern_ocloc, slots)
     idle_host = compile_elsewhere(matmul_path, modern_ocloc, slots)

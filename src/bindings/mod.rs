@@ -86,17 +86,22 @@ pub struct Attempt {
     spill_size: Option<u64>,
     seconds: f64,
     error: Option<AttemptError>,
+    /// Seconds after its ladder began that it started (attempts overlap when one starts
+    /// before another's `started + seconds`).
+    started: f64,
 }
 
 #[pymethods]
 impl Attempt {
     #[new]
+    #[pyo3(signature = (build_flags, ok, spill_size, seconds, error, started = 0.0))]
     fn new(
         build_flags: String,
         ok: bool,
         spill_size: Option<u64>,
         seconds: f64,
         error: Option<AttemptError>,
+        started: f64,
     ) -> Self {
         Attempt {
             build_flags,
@@ -104,6 +109,7 @@ impl Attempt {
             spill_size,
             seconds,
             error,
+            started,
         }
     }
 
@@ -113,7 +119,7 @@ impl Attempt {
         slf: &Bound<'py, Self>,
     ) -> (
         Bound<'py, pyo3::types::PyType>,
-        (String, bool, Option<u64>, f64, Option<AttemptError>),
+        (String, bool, Option<u64>, f64, Option<AttemptError>, f64),
     ) {
         let a = slf.get();
         (
@@ -124,18 +130,21 @@ impl Attempt {
                 a.spill_size,
                 a.seconds,
                 a.error.clone(),
+                a.started,
             ),
         )
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={})",
+            "Attempt(build_flags={:?}, ok={}, spill_size={:?}, seconds={:.3}, error={}, \
+             started={:.3})",
             self.build_flags,
             self.ok,
             self.spill_size,
             self.seconds,
-            self.error.as_ref().map_or("None".into(), |e| e.__repr__())
+            self.error.as_ref().map_or("None".into(), |e| e.__repr__()),
+            self.started
         )
     }
 }
@@ -147,6 +156,7 @@ pub(crate) fn attempts(list: &[engine::Attempt]) -> Vec<Attempt> {
             ok: a.ok,
             spill_size: a.spill_size,
             seconds: a.seconds,
+            started: a.started,
             error: a.error.as_ref().map(|e| AttemptError {
                 kind: e.kind.name().to_string(),
                 message: e.message.clone(),

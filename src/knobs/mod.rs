@@ -25,6 +25,8 @@ pub enum Kind {
     SpillPolicy,
     /// A whole number of things (jobs).
     Count,
+    /// Seconds, or `off` (never).
+    SecondsOrOff,
 }
 
 impl Kind {
@@ -37,6 +39,7 @@ impl Kind {
             Kind::Text => "text",
             Kind::SpillPolicy => "spill policy",
             Kind::Count => "count",
+            Kind::SecondsOrOff => "seconds or off",
         }
     }
 }
@@ -54,6 +57,7 @@ fn bad(name: &str, value: &str, expected: &str) -> BuildError {
 const BOOL_EXPECTED: &str = "a boolean: 1, true, yes, on or 0, false, no, off";
 const BYTES_EXPECTED: &str = "a whole number of bytes (0 to 18446744073709551615)";
 const SECONDS_EXPECTED: &str = "seconds, a finite number from 0 to 1e9";
+const SECONDS_OR_OFF_EXPECTED: &str = "seconds, a finite number from 0 to 1e9, or off";
 
 /// `1/true/yes/on` or `0/false/no/off`, any case, surrounding blanks ignored.
 pub fn parse_bool(text: &str) -> Option<bool> {
@@ -88,6 +92,14 @@ pub fn parse_seconds(text: &str) -> Option<Duration> {
     let t = text.trim();
     // Rust's float parser takes "inf", "nan" and "infinity": `seconds` rejects them.
     t.parse::<f64>().ok().and_then(seconds)
+}
+
+/// Seconds, or `off` (any case, surrounding blanks ignored): `Some(None)`.
+pub fn parse_seconds_or_off(text: &str) -> Option<Option<Duration>> {
+    match text.trim().eq_ignore_ascii_case("off") {
+        true => Some(None),
+        false => parse_seconds(text).map(Some),
+    }
 }
 
 /// A duration argument (Python's `timeout=`): the same rule, as an `invalid_argument`.
@@ -132,6 +144,7 @@ fn check_one(name: &str, kind: Kind) -> Result<()> {
         Kind::Bool => bool_knob(name, false).map(drop),
         Kind::Bytes => bytes_knob(name, 0).map(drop),
         Kind::Seconds => seconds_knob(name, Duration::ZERO).map(drop),
+        Kind::SecondsOrOff => seconds_or_off_knob(name, None).map(drop),
         // Paths: any bytes Linux allows (a path cannot even hold a NUL).
         Kind::Text | Kind::Count => Ok(()),
         Kind::SpillPolicy => match raw(name)? {
@@ -202,9 +215,31 @@ pub fn seconds_knob(name: &str, default: Duration) -> Result<Duration> {
     }
 }
 
+/// A duration knob that can be turned off: its value (`None`: off), `default` when unset;
+/// `Err` when it does not parse.
+pub fn seconds_or_off_knob(name: &str, default: Option<Duration>) -> Result<Option<Duration>> {
+    match raw(name)? {
+        None => Ok(default),
+        Some(t) => parse_seconds_or_off(&t).ok_or_else(|| bad(name, &t, SECONDS_OR_OFF_EXPECTED)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delay_is_seconds_or_off() {
+        assert_eq!(parse_seconds_or_off(" OFF "), Some(None));
+        assert_eq!(parse_seconds_or_off("0"), Some(Some(Duration::ZERO)));
+        assert_eq!(
+            parse_seconds_or_off("0.25"),
+            Some(Some(Duration::from_millis(250)))
+        );
+        for t in ["offf", "never", "-1", "nan", "inf", "1e10", "", "0.1s"] {
+            assert_eq!(parse_seconds_or_off(t), None, "{t}");
+        }
+    }
 
     #[test]
     fn durations_reject_what_would_overflow_or_mean_nothing() {

@@ -90,6 +90,16 @@ pub const KNOBS: &[Knob] = &[
         "seconds per compiler run (0: no limit; at most 1e9)",
     ),
     engine(
+        "XPU_ZEBIN_SPECULATE_AFTER",
+        Kind::SecondsOrOff,
+        "0.2",
+        "when a kernel's default-GRF build has run this many seconds and a core is idle, its \
+         large-GRF build starts beside it (a hedge: the answer is the same, sooner when the \
+         large GRF is needed); 0: as soon as a core is idle; off: never by time (SPIR-V of \
+         32 KiB or more still starts it on an idle core). `speculative=True` or `False` on a \
+         request overrides it",
+    ),
+    engine(
         "XPU_ZEBIN_SHARE_BUILDS",
         Kind::Bool,
         "true",

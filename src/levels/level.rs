@@ -141,6 +141,7 @@ impl Level for Bundle {
             ok: true,
             spill_size: Some(spill.bytes),
             seconds: 0.0,
+            started: 0.0,
             error: None,
         };
         let record = Record {

@@ -75,6 +75,7 @@ mod tests {
             ok: false,
             spill_size: None,
             seconds: 1.0,
+            started: 0.0,
             error: Some(AttemptError::from(&error)),
         };
         Refusal {

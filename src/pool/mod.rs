@@ -195,6 +195,7 @@ pub(crate) fn forget_after_fork() {
     POOL.renew();
     BUSY_CHANGED.renew();
     BUSY.store(0, Ordering::Relaxed);
+    STARTING.store(0, Ordering::Relaxed);
 }
 
 /// A live idle worker of this kind, if any (idle workers may have ended themselves).
@@ -327,7 +328,7 @@ fn call_with(
     loop {
         let (mut worker, reused) = match take_idle(&spec.key) {
             Some(w) => (w, true),
-            None => match spawn_with_retries(python, spec, cancel, deadline) {
+            None => match starting(|| spawn_with_retries(python, spec, cancel, deadline)) {
                 Ok(w) => {
                     lock(POOL.get()).broken.remove(&spec.key);
                     (w, false)

@@ -2,6 +2,7 @@
 //! speculation asks before it starts a second GRF mode beside a build.
 
 use super::*;
+use std::sync::atomic::AtomicU64;
 
 /// Processes running compilers for this process right now (workers busy with a job and
 /// one-shot ocloc processes). Each also holds a core slot of the host (`cores.rs`) when one
@@ -26,6 +27,43 @@ pub fn notify_busy_changed() {
     changed.1.notify_all();
 }
 
+/// Workers this process is starting now, and when the last start ended (nanoseconds after
+/// `EPOCH`): a hedged twin counts its delay from when the default build's worker was ready,
+/// never through a worker's start-up (a Python process: 0.1-0.3 s, longer than a small
+/// kernel's build).
+pub(super) static STARTING: AtomicUsize = AtomicUsize::new(0);
+static LAST_STARTED: AtomicU64 = AtomicU64::new(0);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// `start()`, counted as a worker starting (see [`STARTING`]); twins waiting are woken
+/// when it ends.
+pub(super) fn starting<T>(start: impl FnOnce() -> T) -> T {
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    STARTING.fetch_add(1, Ordering::Relaxed);
+    let started = start();
+    let nanos = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    LAST_STARTED.fetch_max(nanos, Ordering::Relaxed);
+    STARTING.fetch_sub(1, Ordering::Relaxed);
+    notify_busy_changed();
+    started
+}
+
+/// When a twin that waits `after` behind a build that `began` may start: `after` from the
+/// later of its beginning and the last worker start of this process (None while one is
+/// starting). `after` 0 is at once, start-ups or not.
+fn hedge_from(began: Instant, after: Duration) -> Option<Instant> {
+    if after.is_zero() {
+        return Some(began);
+    }
+    if STARTING.load(Ordering::Relaxed) > 0 {
+        return None;
+    }
+    let last = EPOCH
+        .get()
+        .map(|epoch| *epoch + Duration::from_nanos(LAST_STARTED.load(Ordering::Relaxed)));
+    Some(last.map_or(began, |last| last.max(began)) + after)
+}
+
 /// How long a speculative build waits before taking an idle core, in a process that runs
 /// tasks of a batch spread over several processes (see [`join_multiprocess_batch`]).
 pub const SETTLE: Duration = Duration::from_millis(100);
@@ -40,14 +78,16 @@ pub fn join_multiprocess_batch() {
     SETTLE_TWINS.store(true, Ordering::Relaxed);
 }
 
-/// Wait until one more compiler fits on the cores (of this process, and of the host) and
-/// `may` agrees (in a multi-process batch, no sooner than [`SETTLE`] from now); then take
-/// that core: the returned guard counts as a running compiler until dropped, so two waiters
-/// never take one idle core. `None` once `give_up` says so.
+/// Wait until a build that `began` has run `after` (not counting a worker's start-up,
+/// `hedge_from`), then until one more compiler fits on the cores (of this process, and of
+/// the host) and `may` agrees (in a multi-process batch, no sooner than [`SETTLE`] from
+/// now); then take that core: the returned guard counts as a running compiler until
+/// dropped, so two waiters never take one idle core. `None` once `give_up` says so (a
+/// wake-up, `notify_busy_changed`, has it asked at once).
 pub fn wait_for_idle_core(
     cores: usize,
-    give_up: &dyn Fn() -> bool,
-    may: &dyn Fn() -> bool,
+    (give_up, may): (&dyn Fn() -> bool, &dyn Fn() -> bool),
+    (began, after): (Instant, Duration),
 ) -> Option<BusyGuard> {
     let settle = if SETTLE_TWINS.load(Ordering::Relaxed) {
         SETTLE
@@ -62,8 +102,14 @@ pub fn wait_for_idle_core(
             return None;
         }
         let now = Instant::now();
-        if now < settled {
-            guard = wait_timeout(changed, guard, settled - now);
+        // Woken when a start-up ends; the poll bounds the wait all the same.
+        let Some(hedged) = hedge_from(began, after) else {
+            guard = wait_timeout(changed, guard, POLL_OTHER_PROCESSES);
+            continue;
+        };
+        let not_before = settled.max(hedged);
+        if now < not_before {
+            guard = wait_timeout(changed, guard, not_before - now);
             continue;
         }
         if busy() < cores && may() {
