@@ -248,7 +248,9 @@ fn run_speculatively<B: Build + Send>(
     let first_done = AtomicBool::new(false);
     let began = Instant::now();
     std::thread::scope(|scope| {
-        let twin = scope.spawn(|| -> Option<Tried<B>> {
+        // No thread to be had (a process at its limit): the ladder in sequence.
+        let twin = std::thread::Builder::new().name("xpu-zebin-twin".into());
+        let twin = twin.spawn_scoped(scope, || -> Option<Tried<B>> {
             let _core = match plan.speculation {
                 Speculation::WhenIdle { after, may } => {
                     let give_up =
@@ -263,6 +265,7 @@ fn run_speculatively<B: Build + Send>(
             };
             Some(guarded(build, &ladder[1], &[cancel, &lost], began))
         });
+        let twin = twin.ok();
         let first = guarded(build, &ladder[0], &[cancel], began);
         first_done.store(true, Ordering::Relaxed);
         crate::pool::notify_busy_changed(); // a twin still waiting for a core stops
@@ -307,13 +310,14 @@ fn guarded<B: Build>(
     (Attempt { started, ..attempt }, result)
 }
 
-/// The speculative twin's outcome: its attempt if it started; a panic outside the attempt
-/// itself (waiting for a core) is that attempt's `internal_error`.
+/// The speculative twin's outcome: its attempt if it started (a thread for it was had);
+/// a panic outside the attempt itself (waiting for a core) is that attempt's
+/// `internal_error`.
 fn joined<B: Build>(
-    twin: std::thread::ScopedJoinHandle<'_, Option<Tried<B>>>,
+    twin: Option<std::thread::ScopedJoinHandle<'_, Option<Tried<B>>>>,
     flags: &str,
 ) -> Option<Tried<B>> {
-    twin.join().unwrap_or_else(|_| {
+    twin?.join().unwrap_or_else(|_| {
         let error = BuildError::new(
             ErrorKind::Internal,
             "the speculative large-GRF attempt panicked (a bug in xpu-zebin; please report it)",

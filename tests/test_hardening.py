@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import blake3
+import entries
 import pytest
 
 import xpu_zebin
@@ -145,8 +145,7 @@ def test_a_neighbours_private_directory_is_refused_and_nothing_hangs(add_spirv, 
 
 def _entry(key: str, meta: bytes, binary: bytes) -> bytes:
     """A cache entry as a writer of the cache forges it: checksum over key and body."""
-    body = b"XZCACHE2" + struct.pack("<I", len(meta)) + meta + binary
-    return body + blake3.blake3(key.encode() + body).digest()
+    return entries.sealed(key, meta, binary)
 
 
 def test_a_poisoned_cache_entry_is_rebuilt_never_loaded_here(add_spirv, private_cache):
@@ -156,16 +155,14 @@ def test_a_poisoned_cache_entry_is_rebuilt_never_loaded_here(add_spirv, private_
 
     with xpu_zebin.compile_and_load(add_spirv, "add") as first:
         good = first.native_binary
-    entries = list((private_cache / "zebin-v3").glob("*/*.zeentry"))
-    assert entries
+    files = list((private_cache / "zebin-v3").glob("*/*.zeentry"))
+    assert files
     poisoned = _dangling_kernel_symbol(good)
     replaced = 0
-    for path in entries:
-        data = path.read_bytes()
-        if good not in data:
+    for path in files:
+        meta, binary = entries.opened(path)
+        if binary != good:
             continue
-        (meta_len,) = struct.unpack_from("<I", data, 8)
-        meta = data[12 : 12 + meta_len]
         path.write_bytes(_entry(path.stem, meta, poisoned))
         replaced += 1
     assert replaced == 1
@@ -294,9 +291,7 @@ def test_a_degenerate_zebin_in_ones_own_cache_is_removed_and_rebuilt(
     ask = {"device": "pvc", "ocloc": system_ocloc, "allow_unresolved": allow_unresolved}
     r = xpu_zebin.compile(add_spirv, **ask)
     (entry,) = (private_cache / "zebin-v3").glob("*/*.zeentry")
-    data = entry.read_bytes()
-    (meta_len,) = struct.unpack_from("<I", data, 8)
-    meta, good = data[12 : 12 + meta_len], data[12 + meta_len : -32]
+    meta, good = entries.opened(entry)
     assert good == r.binary and good.count(b".symtab\0") == 1
     entry.write_bytes(_entry(entry.stem, meta, good.replace(b".symtab\0", b".symtad\0")))
     again = xpu_zebin.compile(add_spirv, **ask)
@@ -389,9 +384,7 @@ def test_the_triton_drop_in_never_hands_the_driver_a_poisoned_cached_zebin(
     try:
         utils.load_binary("add", add_spirv, 0, "", True, 0, "pvc")  # builds, caches
         (entry,) = (private_cache / "zebin-v3").glob("*/*.zeentry")
-        data = entry.read_bytes()
-        (meta_len,) = struct.unpack_from("<I", data, 8)
-        meta, good = data[12 : 12 + meta_len], data[12 + meta_len : -32]
+        meta, good = entries.opened(entry)
         assert good[:4] == b"\x7fELF"
         poisoned = _dangling_kernel_symbol(good)
         entry.write_bytes(_entry(entry.stem, meta, poisoned))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import blake3
+import entries
 import pytest
 from test_driver_fallback import StandIn
 from triton_helpers import (
@@ -98,15 +97,12 @@ def _raise_major(zebin: bytes) -> bytes:
 
 def _forge(entry: Path, binary: bytes) -> None:
     """Rewrite a cache entry's binary, its checksum recomputed, as a cache's writer can."""
-    data = entry.read_bytes()
-    (meta_len,) = struct.unpack_from("<I", data, 8)
-    meta = data[12 : 12 + meta_len]
-    body = b"XZCACHE2" + struct.pack("<I", len(meta)) + meta + binary
-    entry.write_bytes(body + blake3.blake3(entry.stem.encode() + body).digest())
+    entries.forge(entry, binary)
 
 
 def _poison(cache: Path, good: bytes, poisoned: bytes) -> Path:
-    (entry,) = [p for p in (cache / "zebin-v3").glob("*/*.zeentry") if good in p.read_bytes()]
+    (entry,) = [p for p in (cache / "zebin-v3").glob("*/*.zeentry")
+                if entries.binary_of(p) == good]  # fmt: skip
     _forge(entry, poisoned)
     return entry
 
@@ -142,7 +138,7 @@ def test_a_poisoned_cache_entry_switches_nothing_off(counting, kernels, private_
     assert pair is not None and not _core.compiler_refused(*pair)
     assert _core.compiler_refusals() == []
     # The forged entry is gone: the fresh build stands in its place.
-    assert bad not in entry.read_bytes() and good in entry.read_bytes()
+    assert entries.binary_of(entry) == good
     # Another kernel, a clean cache: the offline compiler still builds it.
     monkeypatch.setenv("XPU_ZEBIN_CACHE_DIR", str(tmp_path / "clean"))
     handed = _load("softmax_kernel", kernels["softmax_kernel"])

@@ -136,25 +136,28 @@ pub fn remote_config<'py>(py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>
     Ok(Some(d))
 }
 
-/// What the store gave the cache in `cache_dir` (default: the user's), from its ledger:
-/// hits, misses, untrusted, too_large, errors, published (only those that happened).
+/// What the store gave the cache in `cache_dir` (default: the user's), as `stats` counts
+/// it (since its last zero): hits (native requests, and Triton's kernel groups), misses,
+/// untrusted, too_large, errors, published (only those that happened).
 #[pyfunction]
 #[pyo3(signature = (cache_dir=None))]
 pub fn remote_counts(py: Python<'_>, cache_dir: Option<PathBuf>) -> BTreeMap<String, u64> {
     use crate::cache::Counter;
-    let ledger = py.detach(|| crate::cache::Cache::open(cache_dir.as_deref()).ledger());
+    let counters = py.detach(|| crate::cache::Cache::open(cache_dir.as_deref()).counters(false));
     super::emit_warnings(py);
-    let Some(l) = ledger else {
-        return BTreeMap::new();
+    let of = |c: Counter| {
+        counters
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |(_, n)| *n)
     };
-    let hits = l.counter(Counter::StoreHits) + l.counter(Counter::TritonHits);
     [
-        ("hits", hits),
-        ("misses", l.counter(Counter::StoreMisses)),
-        ("untrusted", l.counter(Counter::RefusedUntrusted)),
-        ("too_large", l.counter(Counter::StoreTooLarge)),
-        ("errors", l.counter(Counter::StoreErrors)),
-        ("published", l.counter(Counter::StorePublished)),
+        ("hits", of(Counter::StoreHits) + of(Counter::TritonHits)),
+        ("misses", of(Counter::StoreMisses)),
+        ("untrusted", of(Counter::RefusedUntrusted)),
+        ("too_large", of(Counter::StoreTooLarge)),
+        ("errors", of(Counter::StoreErrors)),
+        ("published", of(Counter::StorePublished)),
     ]
     .into_iter()
     .filter(|(_, n)| *n > 0)

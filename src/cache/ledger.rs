@@ -151,10 +151,12 @@ pub enum Counter {
     StoreTooLarge,
     StoreErrors,
     StorePublished,
+    WrittenBytes,
+    WrittenUncompressedBytes,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 22] = [
+    pub const ALL: [Counter; 24] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -177,6 +179,8 @@ impl Counter {
         Counter::StoreTooLarge,
         Counter::StoreErrors,
         Counter::StorePublished,
+        Counter::WrittenBytes,
+        Counter::WrittenUncompressedBytes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -203,6 +207,8 @@ impl Counter {
             Counter::StoreTooLarge => "refused_too_large",
             Counter::StoreErrors => "store_errors",
             Counter::StorePublished => "published_store",
+            Counter::WrittenBytes => "written_bytes",
+            Counter::WrittenUncompressedBytes => "written_uncompressed_bytes",
         }
     }
 }

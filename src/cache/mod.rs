@@ -7,15 +7,14 @@
 //! entries are moved in a slice at a time (`migrate.rs`). Where hosts share the directory,
 //! each publishes its words there and reads the others' (`hosts.rs`).
 //!
-//! One file per key: `MAGIC | meta length (u32 LE) | meta JSON | binary | checksum`, the
-//! checksum blake3 over the key and everything before it: an entry renamed onto another
-//! key (by anyone who may write the directory) fails it, so it never answers for another
-//! kernel.
+//! One file per key, its bytes an entry (`entry.rs`: compressed, checksummed over its key
+//! so that an entry renamed onto another key never answers for another kernel).
 //! Writes go to a temp file in the same directory and are renamed into place, so readers in
 //! other processes see either nothing or a whole entry. A checksum mismatch means a torn or
 //! tampered entry: it is removed and reported, and the caller recompiles. Nothing here may
 //! fail a compile; every problem comes back as a note.
 
+mod entry;
 mod hosts;
 pub(crate) mod keeper;
 pub(crate) mod lease;
@@ -24,12 +23,12 @@ mod migrate;
 pub mod stats;
 mod upkeep;
 
+pub use entry::{decode, encode, uncompressed_len};
 use ledger::Round;
 pub use ledger::{Counter, Ledger};
 
 use crate::private;
 use crate::sync::{lock, Renewable};
-use serde::{de::DeserializeOwned, Serialize};
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -38,8 +37,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-const MAGIC: &[u8; 8] = b"XZCACHE2";
-const CHECKSUM_BYTES: usize = 32;
 /// Environment variable for the cache directory (default: the user cache dir).
 pub const CACHE_DIR_ENV: &str = "XPU_ZEBIN_CACHE_DIR";
 /// Environment variable for the size bound in bytes (default 1 GiB).
@@ -509,6 +506,13 @@ impl Cache {
             Ok((grown, new)) => match self.in_use() {
                 Some((in_use, _)) => {
                     in_use.ledger.add(upkeep::shard_of(key), grown, new);
+                    // What entries written take on disk against what they hold: the ratio
+                    // `stats` shows (a failure's entry is no kernel's, but counts alike).
+                    let held = uncompressed_len(entry).unwrap_or(entry.len() as u64);
+                    in_use
+                        .ledger
+                        .count(Counter::WrittenBytes, entry.len() as u64);
+                    in_use.ledger.count(Counter::WrittenUncompressedBytes, held);
                     self.upkeep(&in_use)
                 }
                 // No ledger here (a file system without shared maps, a name taken): the
@@ -537,48 +541,6 @@ static LEDGERS: Renewable<Mutex<HashMap<PathBuf, Arc<InUse>>>> =
 
 fn forget_ledgers_after_fork() {
     LEDGERS.renew();
-}
-
-/// The bytes of an entry holding `meta` and `binary`.
-pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
-    let meta = serde_json::to_vec(meta)?;
-    let mut out = Vec::with_capacity(MAGIC.len() + 4 + meta.len() + binary.len() + CHECKSUM_BYTES);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(binary);
-    let sum = checksum(key, &out);
-    out.extend_from_slice(sum.as_bytes());
-    Ok(out)
-}
-
-/// An entry's metadata and binary; `Err` says why the bytes are not the whole entry of
-/// `key`.
-/// blake3 over the key, then the entry's body.
-fn checksum(key: &str, body: &[u8]) -> blake3::Hash {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(key.as_bytes());
-    hasher.update(body);
-    hasher.finalize()
-}
-
-pub fn decode<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
-    let head = MAGIC.len() + 4;
-    if bytes.len() < head + CHECKSUM_BYTES || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("bad header".into());
-    }
-    let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
-    if checksum(key, body).as_bytes() != sum {
-        return Err("checksum mismatch (a torn, altered or renamed entry)".into());
-    }
-    let len = &body[MAGIC.len()..head];
-    let meta_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    if meta_len > body.len() - head {
-        return Err("metadata runs past the end".into());
-    }
-    let meta = serde_json::from_slice(&body[head..head + meta_len])
-        .map_err(|e| format!("metadata: {e}"))?;
-    Ok((meta, body[head + meta_len..].to_vec()))
 }
 
 #[cfg(test)]

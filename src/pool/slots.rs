@@ -28,24 +28,29 @@ pub fn notify_busy_changed() {
 }
 
 /// Workers this process is starting now, and when the last start ended (nanoseconds after
-/// `EPOCH`): a hedged twin counts its delay from when the default build's worker was ready,
-/// never through a worker's start-up (a Python process: 0.1-0.3 s, longer than a small
-/// kernel's build).
+/// `EPOCH`): a hedged twin never counts its delay through a worker's start-up (a Python
+/// process: 0.1-0.3 s, longer than a small kernel's build). Kept for the process, not per
+/// build: any start-up holds every hedge back, and the delay counts from the end of the
+/// last one (a twin late by a start-up, never early).
 pub(super) static STARTING: AtomicUsize = AtomicUsize::new(0);
 static LAST_STARTED: AtomicU64 = AtomicU64::new(0);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 
-/// `start()`, counted as a worker starting (see [`STARTING`]); twins waiting are woken
-/// when it ends.
+/// `start()`, counted as a worker starting (see [`STARTING`]) until it returns or
+/// unwinds; twins waiting are woken when it ends.
 pub(super) fn starting<T>(start: impl FnOnce() -> T) -> T {
-    let epoch = *EPOCH.get_or_init(Instant::now);
+    struct Starting(Instant);
+    impl Drop for Starting {
+        fn drop(&mut self) {
+            let nanos = u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            LAST_STARTED.fetch_max(nanos, Ordering::Relaxed);
+            STARTING.fetch_sub(1, Ordering::Relaxed);
+            notify_busy_changed();
+        }
+    }
     STARTING.fetch_add(1, Ordering::Relaxed);
-    let started = start();
-    let nanos = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    LAST_STARTED.fetch_max(nanos, Ordering::Relaxed);
-    STARTING.fetch_sub(1, Ordering::Relaxed);
-    notify_busy_changed();
-    started
+    let _counted = Starting(*EPOCH.get_or_init(Instant::now));
+    start()
 }
 
 /// When a twin that waits `after` behind a build that `began` may start: `after` from the

@@ -78,6 +78,13 @@ def stats_lines(s: dict) -> list:
             else ""
         ),
         f"saved by hits        {c['saved_microseconds'] / 1e6:.1f} s of compiler",
+        f"entries written      {c['written_bytes'] / (1 << 20):.1f} MiB on disk, holding "
+        f"{c['written_uncompressed_bytes'] / (1 << 20):.1f} MiB uncompressed"
+        + (
+            f" ({c['written_uncompressed_bytes'] / c['written_bytes']:.1f}x)"
+            if c["written_bytes"]
+            else ""
+        ),
     ]
 
 

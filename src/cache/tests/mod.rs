@@ -1,6 +1,16 @@
 use super::*;
 use serde::{de::DeserializeOwned, Serialize};
 
+/// `n` bytes that do not compress (a hash's stream): entries of the sizes a test sets.
+pub(super) fn noise(n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    blake3::Hasher::new()
+        .update(b"noise")
+        .finalize_xof()
+        .fill(&mut out);
+    out
+}
+
 /// What a lookup found.
 pub(super) enum Lookup<M> {
     Hit(M, Vec<u8>),
@@ -80,13 +90,13 @@ fn roundtrip_corruption_and_eviction() {
     // Flip one byte: the entry must be reported and removed, never returned.
     let path = cache.path("k");
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[MAGIC.len() + 6] ^= 0xff;
+    bytes[10] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
     assert!(matches!(cache.get::<String>("k"), Lookup::Corrupt));
     assert!(!path.exists());
     // Eviction keeps the directory under its bound, by the ledger and on disk.
     for i in 0..10 {
-        cache.put(&format!("e{i}"), &"m".to_string(), &[0u8; 3000]);
+        cache.put(&format!("e{i}"), &"m".to_string(), &noise(3000));
     }
     assert!(on_disk(&cache).1 <= 10_000, "{:?}", on_disk(&cache));
     assert_eq!(cache.usage(), on_disk(&cache));
@@ -229,9 +239,7 @@ fn the_least_recently_used_go_first_across_shards() {
     let names: Vec<String> = (0..10).map(|i| format!("lru{i}")).collect();
     let start = SystemTime::now() - Duration::from_secs(1000);
     for (i, name) in names.iter().enumerate() {
-        assert!(cache
-            .put(name, &"m".to_string(), &[i as u8; 1000])
-            .is_none());
+        assert!(cache.put(name, &"m".to_string(), &noise(1000)).is_none());
         let used = start + Duration::from_secs(i as u64 * 10);
         let file = std::fs::File::options().write(true).open(cache.path(name));
         file.unwrap().set_modified(used).unwrap();
@@ -241,7 +249,7 @@ fn the_least_recently_used_go_first_across_shards() {
     assert!(matches!(cache.get::<String>("lru0"), Lookup::Hit(..))); // now the newest
                                                                      // Bounded at ten entries: the eleventh sets off a cleaning down to nine tenths.
     let cache = cache.with_max_bytes(bytes + each / 2);
-    let note = cache.put("lru10", &"m".to_string(), &[10u8; 1000]);
+    let note = cache.put("lru10", &"m".to_string(), &noise(1000));
     assert!(note.is_some_and(|n| n.contains("evicted 2 ")));
     let kept: Vec<bool> = (0..=10)
         .map(|i| cache.path(&format!("lru{i}")).exists())
@@ -265,7 +273,7 @@ fn ties_at_the_cutoff_go_after_every_older_entry() {
         .map(|i| (format!("00tie{i}"), now))
         .chain((0..10).map(|i| (format!("ffold{i}"), now - Duration::from_secs(100))))
     {
-        assert!(cache.put(&name, &"m".to_string(), &[7u8; 1000]).is_none());
+        assert!(cache.put(&name, &"m".to_string(), &noise(1000)).is_none());
         let file = std::fs::File::options().write(true).open(cache.path(&name));
         file.unwrap().set_modified(used).unwrap();
     }
@@ -294,7 +302,7 @@ fn an_older_entry_goes_even_after_a_tied_one_reached_the_target() {
     let now = SystemTime::now();
     let old = now - Duration::from_secs(100);
     let put = |name: &str, len: usize, used: SystemTime| {
-        assert!(cache.put(name, &"m".to_string(), &vec![1u8; len]).is_none());
+        assert!(cache.put(name, &"m".to_string(), &noise(len)).is_none());
         let file = std::fs::File::options().write(true).open(cache.path(name));
         file.unwrap().set_modified(used).unwrap();
         std::fs::metadata(cache.path(name)).unwrap().len()

@@ -1,0 +1,174 @@
+//! An entry's bytes, as every level holds them (the local cache, the fleet's store):
+//! `MAGIC | uncompressed length (u64 LE) | one zstd frame | checksum`, the frame holding
+//! `binary | meta JSON | meta length (u32 LE)`; the checksum is blake3 over the key and
+//! everything before it, so an entry renamed onto another key (by anyone who may write the
+//! directory) fails it and never answers for another kernel.
+//!
+//! Native code and its logs compress about 4x (zstd, as ccache keeps its entries), so a
+//! bounded cache holds four times the kernels and a node pulls a quarter of the bytes from
+//! the store. Inflating is bounded by construction: the length is checked against
+//! `MAX_ENTRY_BYTES` before anything is allocated, the frame must be one whole frame with
+//! nothing after it, its window at most `WINDOW_LOG_MAX`, and what it inflates to is read
+//! at most one byte past its stated length; memory grows only with what really inflates.
+//! The binary is the front of the inflated buffer, so a hit is inflated once and returned
+//! with no second copy.
+//!
+//! Entries of the last format (`XZCACHE2`: `MAGIC | meta length | meta | binary |
+//! checksum`, stored as built) still answer as they are.
+
+use super::MAX_ENTRY_BYTES;
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::{Read, Write};
+
+const MAGIC: &[u8; 8] = b"XZCACHE3";
+/// The last format: uncompressed (read, never written).
+const MAGIC_PLAIN: &[u8; 8] = b"XZCACHE2";
+const CHECKSUM_BYTES: usize = 32;
+/// zstd's level for entries. Measured on Triton kernels here: see `benches/lean.py`.
+const LEVEL: i32 = 3;
+/// The largest window a frame may ask for (4 MiB): the encoder at `LEVEL` uses 2 MiB at
+/// most; a frame asking more is not one of ours, and its window is memory.
+const WINDOW_LOG_MAX: u32 = 22;
+/// What an entry may inflate by before its buffer grows (its first allocation, sized from
+/// the compressed bytes, never from the length it states).
+const FIRST_RATIO: usize = 16;
+
+/// The bytes of an entry holding `meta` and `binary`, compressed.
+pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
+    let meta = serde_json::to_vec(meta)?;
+    let meta_len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
+    let plain = binary.len() + meta.len() + 4;
+    if plain as u64 > MAX_ENTRY_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{plain} bytes, more than an entry may hold ({MAX_ENTRY_BYTES})"
+        )));
+    }
+    let mut out = Vec::with_capacity(MAGIC.len() + 8 + plain / 3 + CHECKSUM_BYTES);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(plain as u64).to_le_bytes());
+    let mut frame = zstd::stream::write::Encoder::new(&mut out, LEVEL)?;
+    frame.set_pledged_src_size(Some(plain as u64))?;
+    frame.write_all(binary)?;
+    frame.write_all(&meta)?;
+    frame.write_all(&meta_len.to_le_bytes())?;
+    frame.finish()?;
+    let sum = checksum(key, &out);
+    out.extend_from_slice(sum.as_bytes());
+    Ok(out)
+}
+
+/// An entry's metadata and binary; `Err` says why the bytes are not the whole entry of
+/// `key`.
+pub fn decode<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+    match bytes.get(..MAGIC.len()) {
+        Some(m) if m == MAGIC => decode_compressed(key, bytes),
+        Some(m) if m == MAGIC_PLAIN => decode_plain(key, bytes),
+        _ => Err("bad header".into()),
+    }
+}
+
+/// How many bytes an entry holds uncompressed (its stated length; the stored length for
+/// one of the last format); None when it is no entry.
+pub fn uncompressed_len(bytes: &[u8]) -> Option<u64> {
+    match bytes.get(..MAGIC.len())? {
+        m if m == MAGIC => Some(u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?)),
+        m if m == MAGIC_PLAIN => Some(bytes.len() as u64),
+        _ => None,
+    }
+}
+
+/// blake3 over the key, then the entry's body.
+fn checksum(key: &str, body: &[u8]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(key.as_bytes());
+    hasher.update(body);
+    hasher.finalize()
+}
+
+/// The body of `bytes` (all but the checksum) when at least `head` bytes long and its
+/// checksum is `key`'s.
+fn verified<'b>(key: &str, bytes: &'b [u8], head: usize) -> Result<&'b [u8], String> {
+    if bytes.len() < head + CHECKSUM_BYTES {
+        return Err("bad header".into());
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+    if checksum(key, body).as_bytes() != sum {
+        return Err("checksum mismatch (a torn, altered or renamed entry)".into());
+    }
+    Ok(body)
+}
+
+fn decode_compressed<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+    let head = MAGIC.len() + 8;
+    let body = verified(key, bytes, head)?;
+    let mut stated = [0u8; 8];
+    stated.copy_from_slice(&body[MAGIC.len()..head]);
+    let stated = u64::from_le_bytes(stated);
+    if !(4..=MAX_ENTRY_BYTES).contains(&stated) {
+        return Err(format!(
+            "states {stated} bytes uncompressed: not an entry (at most {MAX_ENTRY_BYTES})"
+        ));
+    }
+    let mut plain = inflate(&body[head..], stated as usize)?;
+    let end = plain.len() - 4;
+    let meta_len = u32::from_le_bytes([plain[end], plain[end + 1], plain[end + 2], plain[end + 3]]);
+    let Some(split) = end.checked_sub(meta_len as usize) else {
+        return Err("metadata runs past the start".into());
+    };
+    let meta = serde_json::from_slice(&plain[split..end]).map_err(|e| format!("metadata: {e}"))?;
+    plain.truncate(split);
+    Ok((meta, plain))
+}
+
+/// `frame` inflated: one whole zstd frame, nothing after it, inflating to exactly `len`
+/// bytes (read at most one past it, to see a frame that states less than it holds).
+fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    match zstd::zstd_safe::find_frame_compressed_size(frame) {
+        Ok(n) if n == frame.len() => {}
+        Ok(n) => {
+            return Err(format!(
+                "{} bytes after the compressed body",
+                frame.len().saturating_sub(n)
+            ))
+        }
+        Err(_) => return Err("the compressed body is cut short or not zstd".into()),
+    }
+    let inflating = |e: std::io::Error| format!("the compressed body does not inflate: {e}");
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(frame)
+        .map_err(inflating)?
+        .single_frame();
+    decoder.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
+    let mut plain = Vec::with_capacity(len.min(frame.len().saturating_mul(FIRST_RATIO)));
+    decoder
+        .take(len as u64 + 1)
+        .read_to_end(&mut plain)
+        .map_err(inflating)?;
+    if plain.len() > len {
+        return Err(format!(
+            "the compressed body inflates to more than the {len} bytes its header states"
+        ));
+    }
+    if plain.len() < len {
+        return Err(format!(
+            "the compressed body inflates to {} bytes, not the {len} its header states",
+            plain.len()
+        ));
+    }
+    Ok(plain)
+}
+
+fn decode_plain<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+    let head = MAGIC_PLAIN.len() + 4;
+    let body = verified(key, bytes, head)?;
+    let len = &body[MAGIC_PLAIN.len()..head];
+    let meta_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if meta_len > body.len() - head {
+        return Err("metadata runs past the end".into());
+    }
+    let meta = serde_json::from_slice(&body[head..head + meta_len])
+        .map_err(|e| format!("metadata: {e}"))?;
+    Ok((meta, body[head + meta_len..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests;
