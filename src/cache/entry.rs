@@ -8,8 +8,9 @@
 //! bounded cache holds four times the kernels and a node pulls a quarter of the bytes from
 //! the store. Inflating is bounded by construction: the length is checked against
 //! `MAX_ENTRY_BYTES` before anything is allocated, the frame must be one whole frame with
-//! nothing after it, its window at most `WINDOW_LOG_MAX`, and what it inflates to is read
-//! at most one byte past its stated length; memory grows only with what really inflates.
+//! nothing after it, its window at most `WINDOW_LOG_MAX`; a buffer of the stated length is
+//! allocated only when that is at most `MOST_RATIO` times the bytes read, else the frame
+//! is inflated as a stream, read at most one byte past its stated length.
 //! The binary is the front of the inflated buffer, so a hit is inflated once and returned
 //! with no second copy.
 //!
@@ -24,14 +25,19 @@ const MAGIC: &[u8; 8] = b"XZCACHE3";
 /// The last format: uncompressed (read, never written).
 const MAGIC_PLAIN: &[u8; 8] = b"XZCACHE2";
 const CHECKSUM_BYTES: usize = 32;
-/// zstd's level for entries. Measured on Triton kernels here: see `benches/lean.py`.
-const LEVEL: i32 = 3;
-/// The largest window a frame may ask for (4 MiB): the encoder at `LEVEL` uses 2 MiB at
-/// most; a frame asking more is not one of ours, and its window is memory.
+/// zstd's level for entries. Measured on 8 real Triton kernels here (`benches/lean.py`):
+/// 3.28x smaller at level 1, 3.34x at 3, 3.51x at 9, 3.91x at 15, 4.1x at 19; level 15
+/// takes 6 ms a kernel on average (a small one 1-2 ms, a 170 KB matmul about 20 ms), next
+/// to builds of tens of milliseconds to seconds; inflating costs the same at every level.
+const LEVEL: i32 = 15;
+/// The window our frames use and the largest one may ask for (4 MiB): a frame asking more
+/// is not one of ours, and its window is memory.
 const WINDOW_LOG_MAX: u32 = 22;
-/// What an entry may inflate by before its buffer grows (its first allocation, sized from
-/// the compressed bytes, never from the length it states).
-const FIRST_RATIO: usize = 16;
+/// Entries inflate by less than this (Triton kernels 2.7-6x here): one inflated at once,
+/// into a buffer of its stated length, which is then at most this many times the bytes
+/// already read. One that states more (not ours, or a kernel of zeros) is inflated as a
+/// stream, its buffer growing only with what really comes out.
+const MOST_RATIO: usize = 64;
 
 /// The bytes of an entry holding `meta` and `binary`, compressed.
 pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -47,6 +53,7 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(plain as u64).to_le_bytes());
     let mut frame = zstd::stream::write::Encoder::new(&mut out, LEVEL)?;
+    frame.window_log(WINDOW_LOG_MAX)?;
     frame.set_pledged_src_size(Some(plain as u64))?;
     frame.write_all(binary)?;
     frame.write_all(&meta)?;
@@ -134,15 +141,32 @@ fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
         Err(_) => return Err("the compressed body is cut short or not zstd".into()),
     }
     let inflating = |e: std::io::Error| format!("the compressed body does not inflate: {e}");
-    let mut decoder = zstd::stream::read::Decoder::with_buffer(frame)
+    let mut plain = Vec::new();
+    if len <= frame.len().saturating_mul(MOST_RATIO) {
+        let mut at_once = zstd::bulk::Decompressor::new().map_err(inflating)?;
+        at_once.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
+        plain.reserve_exact(len);
+        // A frame that holds more than `len` fails here (no room for it): it is then
+        // inflated as a stream below, to say why.
+        match at_once.decompress_to_buffer(frame, &mut plain) {
+            Ok(_) => return checked_len(plain, len),
+            Err(_) => plain.clear(),
+        }
+    }
+    let mut stream = zstd::stream::read::Decoder::with_buffer(frame)
         .map_err(inflating)?
         .single_frame();
-    decoder.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
-    let mut plain = Vec::with_capacity(len.min(frame.len().saturating_mul(FIRST_RATIO)));
-    decoder
+    stream.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
+    plain.reserve(len.min(frame.len().saturating_mul(MOST_RATIO)));
+    stream
         .take(len as u64 + 1)
         .read_to_end(&mut plain)
         .map_err(inflating)?;
+    checked_len(plain, len)
+}
+
+/// `plain` when it is `len` bytes; else why not.
+fn checked_len(plain: Vec<u8>, len: usize) -> Result<Vec<u8>, String> {
     if plain.len() > len {
         return Err(format!(
             "the compressed body inflates to more than the {len} bytes its header states"
