@@ -160,6 +160,7 @@ def _batch_json(args: list, env: dict) -> list:
     for r in reports:
         for a in r["attempts"]:
             a.pop("seconds")
+            a.pop("started")  # a time too: when it began
     return reports
 
 

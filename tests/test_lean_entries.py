@@ -56,8 +56,10 @@ def test_entries_are_compressed_and_old_ones_still_answer(add_spirv, system_oclo
 
 
 HOSTILE = {
-    "bomb": lambda frame: (1000, _bomb(), "inflates to more than the 1000 bytes"),
-    "length_lies": lambda frame: (200 << 20, frame, "not the 209715200 its header states"),
+    # 1 GiB of zeros stated as 1000 bytes, or stated truthfully (more than an entry).
+    "bomb": lambda frame: (1000, _bomb(), "its frame states 1073741824 bytes, its header 1000"),
+    "truthful_bomb": lambda frame: (1 << 30, _bomb(), "not an entry here"),
+    "length_lies": lambda frame: (200 << 20, frame, "more than an entry inflates"),
     "trailing": lambda frame: (None, frame + b"junk", "4 bytes after the compressed body"),
     "cut_short": lambda frame: (None, frame[:-5], "cut short or not zstd"),
 }
@@ -95,7 +97,7 @@ def test_a_hostile_compressed_entry_is_refused_in_bounded_memory(
 
 
 def test_a_signed_bomb_in_the_store_is_refused(server, keys, add_spirv, system_ocloc,  # noqa: F811
-                                               tmp_path, monkeypatch):  # fmt: skip
+                                               tmp_path, monkeypatch, caplog):  # fmt: skip
     """The signature covers what is stored: a trusted signer's bomb is still refused."""
     _node(monkeypatch, tmp_path, "a", server.url(), "read-write", keys["farm"])
     xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
@@ -110,6 +112,7 @@ def test_a_signed_bomb_in_the_store_is_refused(server, keys, add_spirv, system_o
     got = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
     assert got.source == "compiled"
     assert remote.counts().get("untrusted") == 1, remote.counts()
+    assert "its header 1000" in caplog.text, caplog.text  # refused for what it holds
 
 
 def test_a_cache_at_its_bound_holds_more_kernels(system_ocloc, tmp_path, monkeypatch):

@@ -6,11 +6,12 @@
 //!
 //! Native code and its logs compress about 4x (zstd, as ccache keeps its entries), so a
 //! bounded cache holds four times the kernels and a node pulls a quarter of the bytes from
-//! the store. Inflating is bounded by construction: the length is checked against
-//! `MAX_ENTRY_BYTES` before anything is allocated, the frame must be one whole frame with
-//! nothing after it, its window at most `WINDOW_LOG_MAX`; a buffer of the stated length is
-//! allocated only when that is at most `MOST_RATIO` times the bytes read, else the frame
-//! is inflated as a stream, read at most one byte past its stated length.
+//! the store. Inflating is bounded by construction: before anything is allocated, the
+//! stated length is checked against the level's bound (`MAX_ENTRY_BYTES`; the store's
+//! `XPU_ZEBIN_REMOTE_MAX_BYTES`) and against `MOST_RATIO` times the bytes read, and the
+//! frame must be one whole frame with nothing after it, stating that same length; it is
+//! then inflated at once into a buffer of that length, which a frame holding more does not
+//! fit (zstd stops at the buffer's end).
 //! The binary is the front of the inflated buffer, so a hit is inflated once and returned
 //! with no second copy.
 //!
@@ -19,7 +20,7 @@
 
 use super::MAX_ENTRY_BYTES;
 use serde::{de::DeserializeOwned, Serialize};
-use std::io::{Read, Write};
+use std::io::Write;
 
 const MAGIC: &[u8; 8] = b"XZCACHE3";
 /// The last format: uncompressed (read, never written).
@@ -30,16 +31,16 @@ const CHECKSUM_BYTES: usize = 32;
 /// takes 6 ms a kernel on average (a small one 1-2 ms, a 170 KB matmul about 20 ms), next
 /// to builds of tens of milliseconds to seconds; inflating costs the same at every level.
 const LEVEL: i32 = 15;
-/// The window our frames use and the largest one may ask for (4 MiB): a frame asking more
-/// is not one of ours, and its window is memory.
-const WINDOW_LOG_MAX: u32 = 22;
-/// Entries inflate by less than this (Triton kernels 2.7-6x here): one inflated at once,
-/// into a buffer of its stated length, which is then at most this many times the bytes
-/// already read. One that states more (not ours, or a kernel of zeros) is inflated as a
-/// stream, its buffer growing only with what really comes out.
-const MOST_RATIO: usize = 64;
+/// Entries above this many bytes are compressed at level 3: level 15 makes about 8 MB a
+/// second here, level 3 about 170.
+const LEVEL_15_MOST: usize = 8 << 20;
+/// The window our frames use (4 MiB): the encoder's memory.
+const WINDOW_LOG: u32 = 22;
+/// Entries inflate by far less than this (Triton kernels 2.7-6.6x here): one that states
+/// more is not one of ours (a bomb), refused before anything is allocated.
+const MOST_RATIO: u64 = 1024;
 
-/// The bytes of an entry holding `meta` and `binary`, compressed.
+/// The bytes of an entry holding `meta` and `binary`, compressed (what every level keeps).
 pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
     let meta = serde_json::to_vec(meta)?;
     let meta_len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
@@ -52,8 +53,9 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
     let mut out = Vec::with_capacity(MAGIC.len() + 8 + plain / 3 + CHECKSUM_BYTES);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(plain as u64).to_le_bytes());
-    let mut frame = zstd::stream::write::Encoder::new(&mut out, LEVEL)?;
-    frame.window_log(WINDOW_LOG_MAX)?;
+    let level = if plain <= LEVEL_15_MOST { LEVEL } else { 3 };
+    let mut frame = zstd::stream::write::Encoder::new(&mut out, level)?;
+    frame.window_log(WINDOW_LOG)?;
     frame.set_pledged_src_size(Some(plain as u64))?;
     frame.write_all(binary)?;
     frame.write_all(&meta)?;
@@ -64,11 +66,35 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
     Ok(out)
 }
 
+/// The same entry uncompressed (the last format): for one made to be read at once and
+/// never kept (a bundle's hit, as the levels see it), so nothing is compressed for it.
+pub fn encode_plain<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
+    let meta = serde_json::to_vec(meta)?;
+    let meta_len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
+    let mut out = Vec::with_capacity(MAGIC_PLAIN.len() + 4 + meta.len() + binary.len() + 32);
+    out.extend_from_slice(MAGIC_PLAIN);
+    out.extend_from_slice(&meta_len.to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(binary);
+    let sum = checksum(key, &out);
+    out.extend_from_slice(sum.as_bytes());
+    Ok(out)
+}
+
 /// An entry's metadata and binary; `Err` says why the bytes are not the whole entry of
 /// `key`.
 pub fn decode<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+    decode_within(key, bytes, MAX_ENTRY_BYTES)
+}
+
+/// `decode`, for a level whose entries hold at most `most` bytes uncompressed.
+pub fn decode_within<M: DeserializeOwned>(
+    key: &str,
+    bytes: &[u8],
+    most: u64,
+) -> Result<(M, Vec<u8>), String> {
     match bytes.get(..MAGIC.len()) {
-        Some(m) if m == MAGIC => decode_compressed(key, bytes),
+        Some(m) if m == MAGIC => decode_compressed(key, bytes, most.min(MAX_ENTRY_BYTES)),
         Some(m) if m == MAGIC_PLAIN => decode_plain(key, bytes),
         _ => Err("bad header".into()),
     }
@@ -105,18 +131,30 @@ fn verified<'b>(key: &str, bytes: &'b [u8], head: usize) -> Result<&'b [u8], Str
     Ok(body)
 }
 
-fn decode_compressed<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M, Vec<u8>), String> {
+fn decode_compressed<M: DeserializeOwned>(
+    key: &str,
+    bytes: &[u8],
+    most: u64,
+) -> Result<(M, Vec<u8>), String> {
     let head = MAGIC.len() + 8;
     let body = verified(key, bytes, head)?;
     let mut stated = [0u8; 8];
     stated.copy_from_slice(&body[MAGIC.len()..head]);
     let stated = u64::from_le_bytes(stated);
-    if !(4..=MAX_ENTRY_BYTES).contains(&stated) {
+    let frame = &body[head..];
+    if !(4..=most).contains(&stated) {
         return Err(format!(
-            "states {stated} bytes uncompressed: not an entry (at most {MAX_ENTRY_BYTES})"
+            "states {stated} bytes uncompressed: not an entry here (at most {most})"
         ));
     }
-    let mut plain = inflate(&body[head..], stated as usize)?;
+    if stated > (frame.len() as u64).saturating_mul(MOST_RATIO) {
+        return Err(format!(
+            "states {stated} bytes from {} compressed: more than an entry inflates \
+             ({MOST_RATIO}x)",
+            frame.len()
+        ));
+    }
+    let mut plain = inflate(frame, stated as usize)?;
     let end = plain.len() - 4;
     let meta_len = u32::from_le_bytes([plain[end], plain[end + 1], plain[end + 2], plain[end + 3]]);
     let Some(split) = end.checked_sub(meta_len as usize) else {
@@ -127,9 +165,11 @@ fn decode_compressed<M: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<(M,
     Ok((meta, plain))
 }
 
-/// `frame` inflated: one whole zstd frame, nothing after it, inflating to exactly `len`
-/// bytes (read at most one past it, to see a frame that states less than it holds).
+/// `frame` inflated: one whole zstd frame, nothing after it, stating `len` bytes and
+/// inflating to exactly that, at once into a buffer of that length (a frame holding more
+/// does not fit it: zstd stops there).
 fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    let cut = || "the compressed body is cut short or not zstd".to_string();
     match zstd::zstd_safe::find_frame_compressed_size(frame) {
         Ok(n) if n == frame.len() => {}
         Ok(n) => {
@@ -138,40 +178,25 @@ fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
                 frame.len().saturating_sub(n)
             ))
         }
-        Err(_) => return Err("the compressed body is cut short or not zstd".into()),
+        Err(_) => return Err(cut()),
+    }
+    match zstd::zstd_safe::get_frame_content_size(frame) {
+        Ok(Some(n)) if n == len as u64 => {}
+        Ok(Some(n)) => return Err(format!("its frame states {n} bytes, its header {len}")),
+        Ok(None) => return Err("its frame does not state its length: not one of ours".into()),
+        Err(_) => return Err(cut()),
     }
     let inflating = |e: std::io::Error| format!("the compressed body does not inflate: {e}");
-    let mut plain = Vec::new();
-    if len <= frame.len().saturating_mul(MOST_RATIO) {
-        let mut at_once = zstd::bulk::Decompressor::new().map_err(inflating)?;
-        at_once.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
-        plain.reserve_exact(len);
-        // A frame that holds more than `len` fails here (no room for it): it is then
-        // inflated as a stream below, to say why.
-        match at_once.decompress_to_buffer(frame, &mut plain) {
-            Ok(_) => return checked_len(plain, len),
-            Err(_) => plain.clear(),
-        }
-    }
-    let mut stream = zstd::stream::read::Decoder::with_buffer(frame)
-        .map_err(inflating)?
-        .single_frame();
-    stream.window_log_max(WINDOW_LOG_MAX).map_err(inflating)?;
-    plain.reserve(len.min(frame.len().saturating_mul(MOST_RATIO)));
-    stream
-        .take(len as u64 + 1)
-        .read_to_end(&mut plain)
+    let mut at_once = zstd::bulk::Decompressor::new().map_err(inflating)?;
+    let mut plain = Vec::with_capacity(len);
+    at_once
+        .decompress_to_buffer(frame, &mut plain)
         .map_err(inflating)?;
     checked_len(plain, len)
 }
 
-/// `plain` when it is `len` bytes; else why not.
+/// `plain` when it is `len` bytes (never more: its buffer holds no more); else why not.
 fn checked_len(plain: Vec<u8>, len: usize) -> Result<Vec<u8>, String> {
-    if plain.len() > len {
-        return Err(format!(
-            "the compressed body inflates to more than the {len} bytes its header states"
-        ));
-    }
     if plain.len() < len {
         return Err(format!(
             "the compressed body inflates to {} bytes, not the {len} its header states",

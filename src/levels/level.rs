@@ -31,6 +31,11 @@ pub(super) trait Level: Send + Sync {
     fn keeps_failures(&self) -> bool {
         false
     }
+    /// The most bytes an entry of this level may hold uncompressed (a value of the store is
+    /// bounded by its `XPU_ZEBIN_REMOTE_MAX_BYTES`, inflated too).
+    fn most_inflated(&self) -> u64 {
+        cache::MAX_ENTRY_BYTES
+    }
     /// The bytes this level holds for `key` built for `target`, not yet checked; why
     /// none could be read goes into `notes`. An error is a bad setting of the level's.
     fn get(
@@ -151,7 +156,8 @@ impl Level for Bundle {
             recovered: false,
             log: String::new(),
         };
-        match cache::encode(key, &record, &build.native) {
+        // Read at once and never kept here: not compressed for that.
+        match cache::encode_plain(key, &record, &build.native) {
             Ok(entry) => Ok(Some(entry)),
             Err(e) => {
                 self.refuse(key, 0, &e.to_string(), notes);
@@ -182,6 +188,10 @@ pub(super) struct Store {
 impl Level for Store {
     fn hits(&self) -> Counter {
         Counter::StoreHits
+    }
+
+    fn most_inflated(&self) -> u64 {
+        self.cfg.max_bytes
     }
 
     fn keeps_failures(&self) -> bool {

@@ -374,7 +374,7 @@ impl Levels {
             let Some(raw) = level.get(&at, target, notes).ok().flatten() else {
                 continue;
             };
-            match cache::decode::<Refusal>(&at, &raw) {
+            match cache::decode_within::<Refusal>(&at, &raw, level.most_inflated()) {
                 Ok((refusal, _)) if refusal.repeats() => return Some(refusal),
                 Ok(_) => level.refuse(&at, raw.len(), "not a failure that repeats", notes),
                 Err(why) => level.refuse(&at, raw.len(), &why, notes),
@@ -467,7 +467,7 @@ impl Levels {
             let Some(raw) = level.get(key, target, notes)? else {
                 continue;
             };
-            let checked = cache::decode::<Record>(key, &raw)
+            let checked = cache::decode_within::<Record>(key, &raw, level.most_inflated())
                 .map(|(record, binary)| Entry { record, binary })
                 .and_then(|entry| match (level.own(), fits) {
                     (false, Some(fits)) => fits

@@ -62,18 +62,30 @@ fn an_entry_of_the_last_format_still_answers() {
 #[test]
 fn a_hostile_body_is_refused_with_its_reason() {
     let plain = noise(1000);
-    // A bomb: 64 MiB of zeros stated as 1000 bytes (at most 1001 are ever inflated).
-    let bomb = frame(&vec![0u8; 64 << 20]);
-    assert!(refused(&sealed(1000, &bomb)).contains("inflates to more than the 1000"));
+    // A bomb: 64 MiB of zeros stated as 1000 bytes; told truthfully, more than any entry.
+    let zeros = frame(&vec![0u8; 64 << 20]);
+    let bomb = refused(&sealed(1000, &zeros));
+    assert!(
+        bomb.contains("its frame states 67108864 bytes, its header 1000"),
+        "{bomb}"
+    );
+    let truthful = refused(&sealed(64 << 20, &zeros));
+    assert!(
+        truthful.contains("more than an entry inflates"),
+        "{truthful}"
+    );
     // A length that lies the other way.
     let lie = refused(&sealed(5000, &frame(&plain)));
     assert!(
-        lie.contains("inflates to 1000 bytes, not the 5000"),
+        lie.contains("its frame states 1000 bytes, its header 5000"),
         "{lie}"
     );
-    // A length no entry may have: refused before anything is allocated.
+    // A length no entry may have, or not here: refused before anything is allocated.
     let huge = refused(&sealed(u64::MAX, &frame(&plain)));
-    assert!(huge.contains("not an entry"), "{huge}");
+    assert!(huge.contains("not an entry here"), "{huge}");
+    let entry = encode(KEY, &"m", &plain).unwrap();
+    let small = decode_within::<IgnoredAny>(KEY, &entry, 100).expect_err("over the bound");
+    assert!(small.contains("(at most 100)"), "{small}");
     let mut trailing = frame(&plain);
     trailing.extend_from_slice(b"junk");
     assert!(refused(&sealed(1000, &trailing)).contains("4 bytes after the compressed body"));
@@ -86,24 +98,32 @@ fn a_hostile_body_is_refused_with_its_reason() {
     short.extend_from_slice(&1000u32.to_le_bytes());
     let past = refused(&sealed(6, &frame(&short)));
     assert!(past.contains("metadata runs past the start"), "{past}");
-    let mut flipped = encode(KEY, &"m", &plain).unwrap();
+    let mut flipped = entry;
     flipped[MAGIC.len() + 10] ^= 0xff;
     assert!(refused(&flipped).contains("checksum mismatch"));
 }
 
-/// Inflated as a stream (it states far more than its bytes: zeros), a frame asking a
-/// window larger than ours is refused before its window is allocated.
+/// A frame that does not state its length (ours always do) is not inflated at all.
 #[test]
-fn a_frame_asking_a_window_larger_than_ours_is_refused() {
-    let plain = vec![0u8; 1 << 20];
-    let mut wide = Vec::new();
-    let mut encoder = zstd::stream::write::Encoder::new(&mut wide, 3).unwrap();
+fn a_frame_without_its_length_is_refused() {
+    let plain = noise(1 << 12);
+    let mut lengthless = Vec::new();
+    let mut encoder = zstd::stream::write::Encoder::new(&mut lengthless, 3).unwrap();
     encoder.include_contentsize(false).unwrap();
-    encoder.window_log(27).unwrap();
     encoder.write_all(&plain).unwrap();
     encoder.finish().unwrap();
-    let why = refused(&sealed(plain.len() as u64, &wide));
-    assert!(why.contains("does not inflate"), "{why}");
+    let why = refused(&sealed(plain.len() as u64, &lengthless));
+    assert!(why.contains("does not state its length"), "{why}");
+}
+
+/// What a bundle's hit is made into (never kept): the last format, read as ever.
+#[test]
+fn a_plain_entry_reads_as_a_compressed_one() {
+    let binary = noise(3000);
+    let plain = encode_plain(KEY, &"m", &binary).unwrap();
+    assert!(plain.starts_with(MAGIC_PLAIN) && plain.len() > binary.len());
+    let (meta, back): (String, Vec<u8>) = decode(KEY, &plain).unwrap();
+    assert_eq!((meta.as_str(), back), ("m", binary));
 }
 
 proptest! {
