@@ -198,6 +198,24 @@ def _ranks(r: dict) -> Tuple[bytes, str]:
     return chart, "\n".join(table)
 
 
+def _lean(r: dict) -> Tuple[bytes, str]:
+    x = r["results"]
+    rows = x["rows"]
+    chart = _bars("Entries compressed: stored / uncompressed bytes (higher is better)", "ratio",
+                  [row["kernel"][:40] for row in rows],
+                  [("smaller on disk", [row["ratio"] for row in rows])])  # fmt: skip
+    table = ["| kernel | uncompressed | on disk | ratio |", "| --- | --- | --- | --- |"]
+    table += [f"| {row['kernel']} | {row['uncompressed_bytes']:,} | {row['stored_bytes']:,} | "
+              f"{row['ratio']:.2f} |" for row in rows]  # fmt: skip
+    b, us = x["hit_cost_bounds"], x["hit_microseconds"]
+    table += ["", "| measure | value |", "| --- | --- |",
+              f"| Triton kernels together, smaller on disk (goal 3.5) | {x['triton_ratio']:.2f} |",
+              f"| a warm hit, compressed / uncompressed (goal 1.25) | {x['hit_cost_ratio']:.2f} "
+              f"[{b['low']:.2f}-{b['high']:.2f}] ({us['compressed']:.0f} / "
+              f"{us['uncompressed']:.0f} us) |"]  # fmt: skip
+    return chart, "\n".join(table)
+
+
 def _bundle_scale(r: dict) -> Tuple[bytes, str]:
     x = r["results"]
     sizes = [str(s) for s in x["sizes"]]
@@ -226,6 +244,7 @@ FIGURES: Dict[str, Tuple[str, Callable[[dict], Tuple[bytes, str]]]] = {
     "scale_xfs": ("The same on XFS: `benches/scale.py --xfs`", _scale),
     "bundle_scale": ("A bundle of 100,000 entries: `benches/bundle_scale.py`", _bundle_scale),
     "ranks": ("One build per kernel for N ranks: `benches/ranks.py`", _ranks),
+    "lean": ("Lean entries: `benches/lean.py`", _lean),
 }
 
 

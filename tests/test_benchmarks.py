@@ -118,6 +118,22 @@ def test_fleet_script_reports_ratios(system_ocloc, tmp_path):
     assert _drawn(tmp_path / "out", "fleet")["results"] == report
 
 
+def test_lean_script_reports_sizes_and_the_hit_cost(system_ocloc, tmp_path):
+    """benches/lean.py on its smallest input (the samples and one Triton kernel, the
+    floor's pairs): every kernel's bytes on disk and uncompressed, and the hit's cost."""
+    run = subprocess.run(
+        [sys.executable, str(BENCH.parent / "lean.py"), "--ocloc", system_ocloc, "--kernels",
+         "1", "--budget", "0", "--json", "--output", str(tmp_path / "out" / "lean.json")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert _drawn(tmp_path / "out", "lean")["results"] == report
+    assert [r["triton"] for r in report["rows"]] == [False, False, True]
+    assert all(r["stored_bytes"] < r["uncompressed_bytes"] for r in report["rows"])
+    assert report["hit_cost_bounds"]["pairs"] >= 2 and report["hit_cost_ratio"] > 0
+
+
 def test_ranks_script_reports_builds_and_ratios(system_ocloc, tmp_path):
     """benches/ranks.py on its smallest input (one Triton kernel, one and two ranks, one
     pair; the autotune shape, an autotuner's first call per rank, is the bench's own, as
