@@ -80,7 +80,12 @@ def child(mode: str, count: int, ocloc: str, kernels_file: str) -> None:
         for k in kernels:
             r = xpu_zebin.compile(k["spirv"], device="pvc", ocloc=ocloc, kernel_name=k["name"])
             sources[r.source] = sources.get(r.source, 0) + 1
-        print(json.dumps({"seconds": time.perf_counter() - started, "sources": sources}))
+        seconds = time.perf_counter() - started
+        # What the node kept: from the store, the entries it pulled (compressed), each as
+        # the store held it (less its signed header), and what they hold uncompressed.
+        c = xpu_zebin.stats()["counters"]
+        print(json.dumps({"seconds": seconds, "sources": sources, "kept_bytes": c["written_bytes"],
+                          "kept_uncompressed_bytes": c["written_uncompressed_bytes"]}))  # fmt: skip
         return
     import model_kernels
     import triton
@@ -209,6 +214,8 @@ def native_cases(nodes: Nodes, repeat: int) -> Dict[str, Any]:
         "kernels": sum(shared_runs[0]["sources"].values()),
         "b_scratch_s": round(_median(nodes.runs["b0"]), 2),
         "b_remote_s": round(_median(shared_runs), 3),
+        "b_pulled_bytes": shared_runs[0]["kept_bytes"],
+        "b_pulled_uncompressed_bytes": shared_runs[0]["kept_uncompressed_bytes"],
         "b_sources": shared_runs[0]["sources"],
     }
 

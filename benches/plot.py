@@ -108,6 +108,8 @@ def _fleet(r: dict) -> Tuple[bytes, str]:
              f"| node B from scratch / from the store "
              f"| {x['b_scratch_s']} s / {x['b_remote_s']} s |",
              f"| `fleet_speedup` (target: at least 150) | {_ratio(x, 'fleet_speedup')} |",
+             *([f"| bytes node B pulled (uncompressed) | {x['b_pulled_bytes']:,} "
+                f"({x['b_pulled_uncompressed_bytes']:,}) |"] if "b_pulled_bytes" in x else []),
              f"| `triton_fleet_speedup` (Triton's front end skipped) "
              f"| {_ratio(x, 'triton_fleet_speedup')} |",
              f"| `vs_triton_remote` (against Triton's own Redis cache; target: at most 1.0) "
