@@ -89,9 +89,6 @@ def refused_ocloc(tmp_path, system_ocloc, monkeypatch) -> StandIn:
     stand_in = StandIn(tmp_path / "other-release", system_ocloc)
     monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(stand_in.path))
     monkeypatch.setenv("TRITON_INTEL_DEVICE_ARCH", "pvc")
-    # Its runs are counted: no large-GRF twin by time (a one-shot run through a wrapper
-    # takes long enough to start one, and it would be one more run).
-    monkeypatch.setenv("XPU_ZEBIN_SPECULATE_AFTER", "off")
     return stand_in
 
 

@@ -65,6 +65,7 @@ def compile_elsewhere(spirv_path, ocloc: str, slots_dir, **env) -> dict:
     one job at a time."""
     paths = [spirv_path] if isinstance(spirv_path, str) else spirv_path
     env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots_dir), **env}
+    env.pop("XPU_ZEBIN_SPECULATE_AFTER", None)  # the default (conftest turns it off)
     out = subprocess.run(
         [sys.executable, "-c", COMPILE, ocloc, *paths],
         env=env, capture_output=True, text=True, timeout=600, check=True,

@@ -84,8 +84,6 @@ def counting(tmp_path, system_ocloc, monkeypatch) -> Counting:
     ocloc = Counting(tmp_path / "counting", system_ocloc)
     monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(ocloc.path))
     monkeypatch.setenv("TRITON_INTEL_DEVICE_ARCH", "pvc")
-    # Its runs are counted: no large-GRF twin by time (it would be one more run).
-    monkeypatch.setenv("XPU_ZEBIN_SPECULATE_AFTER", "off")
     return ocloc
 
 
