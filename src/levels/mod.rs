@@ -417,36 +417,30 @@ impl Levels {
         notes: &mut Vec<String>,
     ) -> Result<(Levels, Lookup)> {
         let cache = asked.cache.clone();
-        let looked = Levels::look(asked, (counted, wait), (key, target), fits, notes);
+        let looked = (|| {
+            let levels = Levels::open(asked)?;
+            let find = |notes: &mut Vec<String>| levels.find(0, key, target, Some(fits), notes);
+            let looked = match (find(notes)?, wait) {
+                (Some(hit), _) => Lookup::Hit(hit, false),
+                (None, None) => Lookup::Build(Building::alone()),
+                (None, Some(wait)) => match levels.after_miss((key, target), &wait, counted, notes)
+                {
+                    Ok(Turn::Build(building)) => Lookup::Build(building),
+                    Ok(Turn::Later) => Lookup::Later,
+                    Ok(Turn::Ready) => match find(notes)? {
+                        Some(hit) => Lookup::Hit(hit, true),
+                        None => Lookup::Build(Building::alone()),
+                    },
+                    Err(refusal) => Lookup::Failed(refusal),
+                },
+            };
+            Ok((levels, looked))
+        })();
+        // Counted once the lookup is over, whichever step refused it.
         if looked.is_err() && counted {
             Levels::count_refused(cache.as_ref());
         }
         looked
-    }
-
-    fn look(
-        asked: Asked<'_>,
-        (counted, wait): (bool, Option<Wait<'_>>),
-        (key, target): (&str, Target<'_>),
-        fits: Fits<'_>,
-        notes: &mut Vec<String>,
-    ) -> Result<(Levels, Lookup)> {
-        let levels = Levels::open(asked)?;
-        let find = |notes: &mut Vec<String>| levels.find(0, key, target, Some(fits), notes);
-        let looked = match (find(notes)?, wait) {
-            (Some(hit), _) => Lookup::Hit(hit, false),
-            (None, None) => Lookup::Build(Building::alone()),
-            (None, Some(wait)) => match levels.after_miss((key, target), &wait, counted, notes) {
-                Ok(Turn::Build(building)) => Lookup::Build(building),
-                Ok(Turn::Later) => Lookup::Later,
-                Ok(Turn::Ready) => match find(notes)? {
-                    Some(hit) => Lookup::Hit(hit, true),
-                    None => Lookup::Build(Building::alone()),
-                },
-                Err(refusal) => Lookup::Failed(refusal),
-            },
-        };
-        Ok((levels, looked))
     }
 
     /// The first level's entry of `key` that is whole and `key`'s, from the level at

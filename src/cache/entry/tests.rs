@@ -1,18 +1,9 @@
 use super::*;
+use crate::cache::tests::noise;
 use proptest::prelude::*;
 use serde::de::IgnoredAny;
 
 const KEY: &str = "0123abcd";
-
-/// Bytes that compress like native code does not (a hash's stream), `n` of them.
-fn noise(n: usize) -> Vec<u8> {
-    let mut out = vec![0u8; n];
-    blake3::Hasher::new()
-        .update(b"noise")
-        .finalize_xof()
-        .fill(&mut out);
-    out
-}
 
 /// `MAGIC | stated | frame` with a valid checksum: what anyone who may write the directory
 /// can make (the checksum is integrity, not trust).
