@@ -87,7 +87,7 @@ pub struct Slot {
 /// The slot that answers `req`: a request `compile` would refuse is refused here, its
 /// SPIR-V validated in full (a slot adopts and shares entries: not a hit's hot path).
 pub fn slot(req: &CompileRequest) -> Result<Slot, BuildError> {
-    validated(req)?;
+    spirv::validate(&req.spirv)?;
     prepare(req).map_err(|f| f.error)
 }
 
@@ -109,7 +109,7 @@ fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     // The settings' errors come first, as ever; from here on, invalid SPIR-V comes first.
     let from_the_spirv_on = || -> Result<Slot, Box<Failure>> {
         // The key's part of the SPIR-V: a hit hands no byte to a compiler. The full
-        // validation runs before any does (`validated`).
+        // validation runs before any does (`answer`, when it builds).
         let module = spirv::scan(&req.spirv)?;
         let kernel = module.select_kernel(o.kernel_name.as_deref())?;
         let own_grf = module.grf_request(&kernel);
@@ -155,11 +155,6 @@ fn prepare(req: &CompileRequest) -> Result<Slot, Box<Failure>> {
     };
     // Nothing was built yet: invalid SPIR-V is the answer before anything found here.
     from_the_spirv_on().map_err(|failure| spirv::invalid_or(&req.spirv, failure))
-}
-
-/// The full validation of `req`'s SPIR-V (`spirv::validate`), before a compiler sees it.
-fn validated(req: &CompileRequest) -> Result<(), BuildError> {
-    spirv::validate(&req.spirv).map(|_| ())
 }
 
 /// Remove the cache entry that would answer `req` (a build the driver refused: bytes read
@@ -300,10 +295,8 @@ fn compile_with(
     room: &Room<'_>,
 ) -> Outcome {
     let slot = prepare(req)?;
-    answer(req, &slot, store, cancel, room).map_err(|failure| match failure.attempts.is_empty() {
-        true => spirv::invalid_or(&req.spirv, failure),
-        false => failure,
-    })
+    answer(req, &slot, store, cancel, room)
+        .map_err(|failure| failure.invalid_spirv_first(&req.spirv))
 }
 
 fn answer(

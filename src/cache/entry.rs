@@ -42,8 +42,7 @@ const MOST_RATIO: u64 = 1024;
 
 /// The bytes of an entry holding `meta` and `binary`, compressed (what every level keeps).
 pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
-    let meta = serde_json::to_vec(meta)?;
-    let meta_len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
+    let (meta, meta_len) = meta_json(meta)?;
     let plain = binary.len() + meta.len() + 4;
     if plain as u64 > MAX_ENTRY_BYTES {
         return Err(std::io::Error::other(format!(
@@ -69,8 +68,7 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
 /// The same entry uncompressed (the last format): for one made to be read at once and
 /// never kept (a bundle's hit, as the levels see it), so nothing is compressed for it.
 pub fn encode_plain<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
-    let meta = serde_json::to_vec(meta)?;
-    let meta_len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
+    let (meta, meta_len) = meta_json(meta)?;
     let mut out = Vec::with_capacity(MAGIC_PLAIN.len() + 4 + meta.len() + binary.len() + 32);
     out.extend_from_slice(MAGIC_PLAIN);
     out.extend_from_slice(&meta_len.to_le_bytes());
@@ -79,6 +77,13 @@ pub fn encode_plain<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io
     let sum = checksum(key, &out);
     out.extend_from_slice(sum.as_bytes());
     Ok(out)
+}
+
+/// An entry's metadata as JSON, and its length as both formats write it.
+fn meta_json<M: Serialize>(meta: &M) -> std::io::Result<(Vec<u8>, u32)> {
+    let meta = serde_json::to_vec(meta)?;
+    let len = u32::try_from(meta.len()).map_err(std::io::Error::other)?;
+    Ok((meta, len))
 }
 
 /// An entry's metadata and binary; `Err` says why the bytes are not the whole entry of
@@ -192,11 +197,7 @@ fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
     at_once
         .decompress_to_buffer(frame, &mut plain)
         .map_err(inflating)?;
-    checked_len(plain, len)
-}
-
-/// `plain` when it is `len` bytes (never more: its buffer holds no more); else why not.
-fn checked_len(plain: Vec<u8>, len: usize) -> Result<Vec<u8>, String> {
+    // Never more than `len`: the buffer holds no more.
     if plain.len() < len {
         return Err(format!(
             "the compressed body inflates to {} bytes, not the {len} its header states",
