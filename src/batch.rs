@@ -13,10 +13,12 @@ pub fn default_jobs() -> usize {
 }
 
 /// What a job may do with the batch around it: take a free core for a speculative build
-/// (`may_speculate`: no queued job waits for one), or step aside while another process
+/// (`may_speculate`: the batch runs fewer jobs than the host has cores, or no queued job
+/// waits for one), or step aside while another process
 /// builds its key (`step_aside`: other jobs are queued, so N processes given one batch
 /// split its builds instead of waiting on each other's).
 pub struct Room<'a> {
+    may_speculate: &'a (dyn Fn() -> bool + Sync),
     queue_empty: &'a (dyn Fn() -> bool + Sync),
     /// A job stepped aside once comes back in the last round, and waits.
     last_round: bool,
@@ -27,15 +29,18 @@ impl Room<'_> {
     /// The room of a request alone: every free core its own, nothing to step aside for.
     pub fn alone() -> Room<'static> {
         Room {
+            may_speculate: &|| true,
             queue_empty: &|| true,
             last_round: true,
             stepped_aside: AtomicBool::new(false),
         }
     }
 
-    /// Whether a free core may go to a speculative build: no queued job waits for it.
+    /// Whether a free core may go to a speculative build: the batch never fills the host
+    /// (a core beyond its jobs is never one a queued job would take: `jobs=1` builds as a
+    /// loop of compiles does), or no queued job waits for it.
     pub fn may_speculate(&self) -> &(dyn Fn() -> bool + Sync) {
-        self.queue_empty
+        self.may_speculate
     }
 
     /// Whether this job may step aside now (it then returns at once, and its answer is
@@ -61,7 +66,8 @@ pub fn stepped_aside() -> BuildError {
 /// Run `work(item, room)` for every item with at most `jobs` at once, largest `cost`
 /// first (the long builds start at once and the short ones fill in around them); results
 /// in input order. `room` says whether a core that frees up may go to a running item's
-/// speculative build (only once no queued item waits for it), and lets a job step aside
+/// speculative build (when the batch runs fewer jobs than the host has cores, or once no
+/// queued item waits for it), and lets a job step aside
 /// (its key built by another process): it runs again after the queue. Once `cancel` is
 /// set, items not started get `failed(cancelled error)`; an item whose work panics gets
 /// `failed(internal error)`, and the others go on. `on_done(index)` is called as each
@@ -84,6 +90,8 @@ pub fn run<T: Sync, R: Send>(
     // one here, at the latest: it goes on looking before it stops).
     let later = Mutex::new(Vec::new());
     let workers = jobs.max(1).min(items.len().max(1));
+    let fewer_than_cores = workers < default_jobs();
+    let may_speculate = || fewer_than_cores || queue_empty();
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
@@ -96,6 +104,7 @@ pub fn run<T: Sync, R: Send>(
                     },
                 };
                 let room = Room {
+                    may_speculate: &may_speculate,
                     queue_empty: &queue_empty,
                     last_round,
                     stepped_aside: AtomicBool::new(false),
@@ -161,6 +170,49 @@ mod tests {
         assert_eq!(*crate::sync::lock(&runs), [1, 2, 3, 4, 1]);
         // Alone, a job never steps aside.
         assert!(!Room::alone().step_aside());
+    }
+
+    #[test]
+    fn a_twin_takes_a_core_only_the_batch_leaves_idle() {
+        let cores = default_jobs();
+        let cancel = AtomicBool::new(false);
+        // One job at a time: the other cores are never the queue's.
+        let items = [1u32, 2, 3];
+        let may = run(
+            &items,
+            1,
+            |_| 0,
+            &cancel,
+            &|_| {},
+            |_, r| (r.may_speculate())(),
+            |_| false,
+        );
+        assert_eq!(may, vec![cores > 1, cores > 1, true]);
+        // As many jobs as cores, one more queued: the jobs started first keep their cores
+        // for it (each looks once every job has started, and none ends before all looked).
+        let items: Vec<usize> = (0..=cores).collect();
+        let (started, looked) = (
+            std::sync::Barrier::new(cores),
+            std::sync::Barrier::new(cores),
+        );
+        let may = run(
+            &items,
+            cores,
+            |&i| usize::MAX - i,
+            &cancel,
+            &|_| {},
+            |&i, r| {
+                if i == cores {
+                    return (r.may_speculate())();
+                }
+                started.wait();
+                let may = (r.may_speculate())();
+                looked.wait();
+                may
+            },
+            |_| false,
+        );
+        assert_eq!(may, (0..=cores).map(|i| i == cores).collect::<Vec<_>>());
     }
 
     #[test]

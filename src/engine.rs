@@ -264,6 +264,20 @@ impl Slot {
         ))
     }
 
+    /// What this slot's request may wait for another's build of its key; None without a
+    /// compiler here (nothing to claim or wait for: only the bundles answer).
+    fn wait<'w>(
+        &self,
+        cancel: &'w AtomicBool,
+        step_aside: &'w dyn Fn() -> bool,
+    ) -> Option<Wait<'w>> {
+        self.missing.is_none().then_some(Wait {
+            limits: (self.job.timeout, self.ladder.len()),
+            cancel,
+            step_aside,
+        })
+    }
+
     /// What this slot's answer says beside its entry.
     fn answering(&self) -> Answering<'_> {
         Answering {
@@ -313,13 +327,8 @@ fn answer(
     let mut notes = Vec::new();
     let (key, target) = (slot.key.as_str(), slot.target());
     let asked = slot.asked(req, store);
-    // Without a compiler here, nothing to claim or wait for: only the bundles answer.
     let step_aside = || room.step_aside();
-    let wait = slot.missing.is_none().then_some(Wait {
-        limits: (slot.job.timeout, slot.ladder.len()),
-        cancel,
-        step_aside: &step_aside,
-    });
+    let wait = slot.wait(cancel, &step_aside);
     let looked = Levels::ask(asked, (counted, wait), (key, target), fits, &mut notes)?;
     let (levels, (found, building, waited)) = (
         looked.0,
@@ -345,12 +354,16 @@ fn answer(
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
-        // The full validation, before a compiler sees the SPIR-V.
-        (None, None) => spirv::validate(&req.spirv)
-            .map(drop)
-            .map_err(Box::<Failure>::from)
-            .and_then(|()| build(req, slot, (&levels, &mut notes), cancel, room))
-            .map(|(entry, repeatable)| (entry, None, Some(repeatable))),
+        // A failure that repeats is kept for its key, as an entry is (`keep`, below).
+        (None, None) => build(req, slot, cancel, room)
+            .inspect_err(|f| {
+                let refusal = Refusal::of(&f.error, &f.attempts);
+                notes.extend(levels.remember((key, target), &refusal))
+            })
+            .map(|(entry, repeatable, said)| {
+                notes.extend(said);
+                (entry, None, Some(repeatable))
+            }),
     };
     let outcome = answered.and_then(|(entry, from, repeatable)| {
         let Entry { record, binary } = entry;
@@ -395,16 +408,16 @@ fn answer(
     outcome
 }
 
-/// Build `req` (its SPIR-V validated) here with its GRF ladder: the entry, and whether it
-/// is worth keeping (`Settled::repeatable`); a failure that repeats is kept in the levels
-/// for its key.
+/// Build `req` here with its GRF ladder, its SPIR-V validated in full first (before a
+/// compiler sees it): the entry, whether it is worth keeping (`Settled::repeatable`), and
+/// what the ladder says.
 fn build(
     req: &CompileRequest,
     slot: &Slot,
-    (levels, notes): (&Levels, &mut Vec<String>),
     cancel: &AtomicBool,
     room: &Room<'_>,
-) -> Result<(Entry, bool), Box<Failure>> {
+) -> Result<(Entry, bool, Vec<String>), Box<Failure>> {
+    spirv::validate(&req.spirv)?;
     let plan = Plan {
         ladder: &slot.ladder,
         own_grf: slot.own_grf,
@@ -420,16 +433,9 @@ fn build(
         plan,
         |flags, cancel| slot.job.attempt(&req.spirv, flags, cancel),
         |built: Built, _| Ok(built.binary),
-    )
-    .inspect_err(|f| {
-        notes.extend(levels.remember(
-            (&slot.key, slot.target()),
-            &Refusal::of(&f.error, &f.attempts),
-        ))
-    })?;
-    notes.extend(settled.notes);
+    )?;
     let (record, binary) = (settled.record, settled.product);
-    Ok((Entry { record, binary }, settled.repeatable))
+    Ok((Entry { record, binary }, settled.repeatable, settled.notes))
 }
 
 pub use crate::batch::default_jobs;
