@@ -7,6 +7,9 @@ Reported:
 - per kernel, the entry's bytes on disk (compressed, as every level keeps it) against the
   bytes it holds uncompressed (what the last format stored); ``triton_ratio``: the Triton
   kernels' uncompressed bytes over their stored bytes, together (goal: at least 3.5);
+- ``bundle``: the same kernels' zebins as one bundle, its files' and its packed archive's
+  bytes as this package writes bundles (every file compressed) against the last format
+  (files as built); ``ratio``: plain over lean (goal: at least 3);
 - ``hit_cost_ratio``: a warm local hit (the entry in the page cache) of the largest Triton
   kernel's compressed entry against the same entry in the last, uncompressed format
   (still read as it is), in interleaved pairs (``pairs.py``), each side the median of 11
@@ -31,7 +34,7 @@ import blake3
 import zstandard
 
 import xpu_zebin
-from xpu_zebin import samples
+from xpu_zebin import bundle, samples
 
 # No GPU here: Triton's target is the simulated PVC's (the real driver's).
 os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
@@ -114,6 +117,44 @@ def hit_cost(ocloc: str, k: Dict[str, Any], root: Path, budget: float) -> pairs.
     return pairs.measure(hit(plain), hit(k["cache"]), floor=6, budget_s=budget)
 
 
+def bundle_sizes(made: List[Dict[str, Any]], root: Path) -> Dict[str, Any]:
+    """The same kernels' zebins as one bundle, as this package writes it (every file
+    compressed) and as the last format stored it (files as built): bytes on disk, the
+    directory's files and the packed archive."""
+    built = []
+    for i, k in enumerate(made):
+        binary = entries_of(k["path"])[1]
+        kernel = xpu_zebin.zebin_info(binary)["kernels"][0]["name"]
+        entry = {"key": f"{i:064x}", "kernel": kernel, "target": "t" * 64, "build_flags": "",
+                 "spill_bytes": 0, "n_spills": 0, "compiler": "c", "file": "", "blake3": "",
+                 "size": 0}  # fmt: skip
+        built.append((entry, binary))
+    lean = root / "bundle-lean"
+    header = {"format": "", "package": xpu_zebin.__version__}
+    manifest = xpu_zebin._core.bundle_write(str(lean), header, built, [], [])
+    plain = root / "bundle-plain"
+    (plain / "native").mkdir(parents=True)
+    for entry, (_, binary) in zip(manifest["entries"], built):
+        (plain / entry["file"]).write_bytes(binary)
+        entry.pop("stored")
+    (plain / "manifest.json").write_text(json.dumps({**manifest, "format": "xpu-zebin-bundle/1"}))
+    sizes = {}
+    for name, d in (("lean", lean), ("plain", plain)):
+        files = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+        bundle.pack(d, root / f"{name}.tar")
+        sizes[name] = {"files_bytes": files, "archive_bytes": (root / f"{name}.tar").stat().st_size}
+    assert bundle.verify(lean)["bad"] == []
+    ratio = {k: round(sizes["plain"][k] / sizes["lean"][k], 2) for k in sizes["lean"]}
+    return {**sizes, "ratio": ratio["files_bytes"], "archive_ratio": ratio["archive_bytes"]}
+
+
+def entries_of(path: Path):
+    """(meta, binary) of a cache entry of the current format."""
+    plain = zstandard.ZstdDecompressor().decompress(path.read_bytes()[16:-32])
+    (meta_len,) = struct.unpack("<I", plain[-4:])
+    return plain[-4 - meta_len : -4], plain[: -4 - meta_len]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ocloc", default=None)
@@ -131,6 +172,7 @@ def main() -> int:
         held = sum(r["uncompressed_bytes"] for r in triton)
         ratio = held / sum(r["stored_bytes"] for r in triton)
         largest = max((k for k in made if k["triton"]), key=lambda k: k["path"].stat().st_size)
+        bundled = bundle_sizes(made, Path(root))
         cost = hit_cost(ocloc, largest, Path(root), args.budget)
     # The ratio is baseline / package: uncompressed hit seconds over compressed; its
     # inverse is what a compressed hit costs against today's.
@@ -139,6 +181,7 @@ def main() -> int:
     results = {
         "rows": rows,
         "triton_ratio": round(ratio, 2),
+        "bundle": bundled,
         "hit_kernel": largest["name"],
         "hit_cost_ratio": round(1 / cost.median, 3),
         "hit_cost_bounds": bounds,
@@ -148,6 +191,7 @@ def main() -> int:
         },
     }
     print(
+        f"a bundle of them: {bundled['ratio']}x smaller (archive {bundled['archive_ratio']}x); "
         f"Triton kernels: {ratio:.2f}x smaller on disk; a warm hit of {largest['name']} costs "
         f"{results['hit_cost_ratio']}x [{bounds['low']}-{bounds['high']}] ({cost.pairs} pairs)",
         file=sys.stderr,

@@ -13,6 +13,7 @@ pub mod bounded;
 pub mod bundle;
 pub mod cache;
 pub mod classify;
+pub mod compressed;
 pub mod cores;
 pub mod crash_watch;
 pub mod diag;
@@ -46,9 +47,9 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::bundle::{
         bundle_checksum, bundle_copy, bundle_entries_for, bundle_find, bundle_key, bundle_lookup,
-        bundle_pack, bundle_read, bundle_search_path, bundle_sign, bundle_triton_entries,
-        bundle_unpack, bundle_usable, bundle_verify, bundle_write, bundles_dir, compiler_identity,
-        TritonEntries,
+        bundle_native, bundle_pack, bundle_read, bundle_search_path, bundle_sign,
+        bundle_triton_entries, bundle_unpack, bundle_usable, bundle_verify, bundle_write,
+        bundles_dir, compiler_identity, TritonEntries,
     };
     #[pymodule_export]
     use crate::bindings::level_zero::{

@@ -49,3 +49,20 @@ def forge(path: Path, binary: bytes) -> None:
     """Rewrite the entry at `path` with another binary, as a writer of the cache can."""
     meta, _ = opened(path)
     path.write_bytes(sealed(path.stem, meta, binary))
+
+
+def held(path: Path) -> bytes:
+    """What a bundle's file holds: inflated when stored compressed (as this package writes
+    bundles, src/bundle/stored.rs), else as it is (format 1)."""
+    data = path.read_bytes()
+    if data.startswith(b"\x28\xb5\x2f\xfd"):
+        return zstandard.ZstdDecompressor().decompress(data)
+    return data
+
+
+def forge_file(path: Path, record: dict, data: bytes) -> None:
+    """Write ``data`` at ``path`` as it is, listed so in its manifest ``record`` (size and
+    checksum made to match, stored as a bundle of format 1 stores files): a forger's file."""
+    path.write_bytes(data)
+    record.pop("stored", None)
+    record.update(size=len(data), blake3=blake3.blake3(data).hexdigest())

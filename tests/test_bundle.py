@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import entries
 import pytest
 from triton_helpers import SOFTMAX_SIG, RecordingUtils, softmax_kernel, triton_on_cpu
 
@@ -46,7 +47,7 @@ def _bmg(profile: targets.TargetProfile) -> targets.TargetProfile:
 
 def _native_of(manifest: dict, out: Path, kernel: str, target: str) -> bytes:
     entry = next(e for e in manifest["entries"] if (e["kernel"], e["target"]) == (kernel, target))
-    return (out / entry["file"]).read_bytes()
+    return entries.held(out / entry["file"])
 
 
 def test_target_profile_of_the_local_device_round_trips(tmp_path):
@@ -162,7 +163,7 @@ def test_triton_kernels_precompiled_and_loaded_native_by_the_driver(
                 name = compiled.metadata.name
                 module, *_ = utils.load_binary(name, compiled.asm["spv"], 0, "", True, 0)
                 _, native, _flags, is_spv, _ = utils.calls[-1]
-                assert is_spv is False and native == (out / entry["file"]).read_bytes()
+                assert is_spv is False and native == entries.held(out / entry["file"])
                 module.close()
         finally:
             xt.uninstall()
@@ -342,7 +343,7 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
         assert r.returncode == 0 and "2 native entries, 0 failures" in r.stdout, r.stderr
         monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(out))
         utils = xt.install(RecordingUtils(), backend=False)
-        natives = {(out / e["file"]).read_bytes() for e in bundle.info(out)["entries"]}
+        natives = {entries.held(out / e["file"]) for e in bundle.info(out)["entries"]}
         try:
             for c in compiled:
                 module, *_ = utils.load_binary(c.metadata.name, c.asm["spv"], 0, "", True, 0)
@@ -362,11 +363,6 @@ def test_yesterdays_triton_cache_becomes_todays_bundle(pvc, modern_ocloc, tmp_pa
     os.mkfifo(hostile / "b.spv")
     (hostile / "c.json").write_text('{"name": "../../c"}')
     assert xt.kernels_in_cache(tmp_path / "hostile") == []  # and it returned
-
-
-def blake3_of(data: bytes) -> str:
-    """The checksum a manifest records (computed by the package's own reader)."""
-    return xpu_zebin._core.bundle_checksum(data)
 
 
 def _triton_source(block: int):
@@ -427,7 +423,7 @@ def test_triton_finds_a_bundles_kernels_compiled_after_import(
             for native in (False, True)
         )  # fmt: skip
         assert spv_hit.asm["spv"][:4] == b"\x03\x02\x23\x07"
-        assert native_hit.asm["spv"] == (out / zebin_entry["file"]).read_bytes()
+        assert native_hit.asm["spv"] == entries.held(out / zebin_entry["file"])
         monkeypatch.setenv("XPU_ZEBIN_BUNDLE", str(installed / "model.bundle"))
         monkeypatch.setenv("XPU_ZEBIN_OCLOC", str(tmp_path / "no-ocloc-here"))
         utils = xt.install(RecordingUtils(), backend=False)
@@ -438,7 +434,7 @@ def test_triton_finds_a_bundles_kernels_compiled_after_import(
                 module.close()
                 _, native, _flags, spv, _ = utils.calls[-1]
                 wanted = load_entry if is_spv else zebin_entry
-                assert spv is False and native == (out / wanted["file"]).read_bytes()
+                assert spv is False and native == entries.held(out / wanted["file"])
         finally:
             xt.uninstall()
         metadata = {"name": spv_hit.name, "build_flags": ""}
@@ -465,23 +461,23 @@ def test_triton_entries_are_not_installed_for_another_triton_build_or_forged(
     spv_entry = next(t for t in data["triton_cache"] if not t["native"])
     meta = next(f for f in spv_entry["files"] if f["name"].endswith(".json"))
     meta_path = out / "triton" / spv_entry["target"] / spv_entry["hash"] / meta["name"]
-    original = meta_path.read_bytes()
-    forged_meta = json.dumps({**json.loads(original), "generate_native_code": True}).encode()
-    meta_path.write_bytes(forged_meta)
-    meta.update(size=len(forged_meta), blake3=blake3_of(forged_meta))
+    original, listed = meta_path.read_bytes(), dict(meta)
+    forged_meta = json.dumps({**json.loads(entries.held(meta_path)), "generate_native_code": True})
+    entries.forge_file(meta_path, meta, forged_meta.encode())
     (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="another kind of binary"):
         xt.import_triton_entries(out, pvc)
     meta_path.write_bytes(original)
-    meta.update(size=len(original), blake3=blake3_of(original))
+    meta.clear()
+    meta.update(listed)
     # Native code that is none of the bundle's native entries, in an entry that says it is
     # SPIR-V (checksums made to match): Triton would load it with no trial of its own.
     victim = next(t for t in data["triton_cache"] if not t["native"])
     spv = next(f for f in victim["files"] if f["name"].endswith(".spv"))
-    zebin = bytearray((out / manifest["entries"][0]["file"]).read_bytes())
+    zebin = bytearray(entries.held(out / manifest["entries"][0]["file"]))
     zebin[len(zebin) // 2] ^= 0xFF
-    (out / "triton" / victim["target"] / victim["hash"] / spv["name"]).write_bytes(bytes(zebin))
-    spv.update(size=len(zebin), blake3=blake3_of(bytes(zebin)))
+    spv_path = out / "triton" / victim["target"] / victim["hash"] / spv["name"]
+    entries.forge_file(spv_path, spv, bytes(zebin))
     (out / "manifest.json").write_text(json.dumps(data))
     assert "neither SPIR-V nor" in bundle.verify(out)["bad"][0][1]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="neither SPIR-V nor"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import entries
 import pytest
 from triton_helpers import SOFTMAX_SIG, softmax_kernel, triton_on_cpu
 
@@ -17,10 +18,6 @@ import xpu_zebin.triton as xt
 from xpu_zebin import bundle, samples, targets
 
 CONFIGS = [{"constexprs": {"BLOCK": b}, "num_warps": 4} for b in (256, 1024)]
-
-
-def _checksum(data: bytes) -> str:
-    return xpu_zebin._core.bundle_checksum(data)
 
 
 @pytest.fixture
@@ -56,8 +53,7 @@ def model(built_model, tmp_path):
 def _rewrite(out, data, entry, name, new: bytes) -> None:
     """Replace a Triton entry's file, its checksum made to match (a forger's bundle)."""
     f = next(f for f in entry["files"] if f["name"].endswith(name))
-    (out / "triton" / entry["target"] / entry["hash"] / f["name"]).write_bytes(new)
-    f.update(size=len(new), blake3=_checksum(new))
+    entries.forge_file(out / "triton" / entry["target"] / entry["hash"] / f["name"], f, new)
     (out / "manifest.json").write_text(json.dumps(data))
 
 
@@ -97,7 +93,7 @@ def test_triton_metadata_holds_what_triton_writes(model, pvc, field, value):
     entry = next(t for t in data["triton_cache"] if t["target"] == pvc.id)
     meta_file = next(f for f in entry["files"] if f["name"].endswith(".json"))
     meta_path = model / "triton" / entry["target"] / entry["hash"] / meta_file["name"]
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(entries.held(meta_path))
     if field == "name":  # the manifest says the same name, so only the metadata check tells
         entry["kernel"] = value
     _rewrite(model, data, entry, ".json", json.dumps({**meta, field: value}).encode())
@@ -113,7 +109,7 @@ def test_a_native_binary_belongs_to_its_own_config(model, pvc):
     first, second = sorted(natives, key=lambda t: t["config"])
     other = next(e for e in data["entries"] if e["key"] == second["native_key"])
     assert first["native_key"] != second["native_key"]
-    _rewrite(model, data, first, ".spv", (model / other["file"]).read_bytes())
+    _rewrite(model, data, first, ".spv", entries.held(model / other["file"]))
     assert "native entry of its own config" in bundle.verify(model)["bad"][0][1]
     with pytest.raises(xpu_zebin.InvalidArgumentError, match="native entry of its own config"):
         xt.import_triton_entries(model, pvc)

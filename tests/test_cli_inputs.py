@@ -23,6 +23,12 @@ MEMORY_LIMIT = 1 << 30
 DEADLINE = 60
 
 
+def blake3_of(data: bytes) -> str:
+    import blake3
+
+    return blake3.blake3(data).hexdigest()
+
+
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
@@ -119,44 +125,56 @@ def test_standard_input_is_read_bounded(tmp_path):
 
 BUNDLE_SCRIPT = textwrap.dedent(
     """
-    import json, logging, os, sys
+    import json, logging, sys
     from pathlib import Path
     import xpu_zebin
     from xpu_zebin.bundle import importing
 
     bundle = Path(sys.argv[1])
-    files = ["good", "fifo", "dir", "zero", "huge"]
     target = type("T", (), {"id": "t", "any_driver": lambda self: self})()
     importing.targets.local = lambda: target
-    importing._core.bundle_entries_for = lambda b, ids: [
-        (f"native/{n}.zebin", n, "") for n in files]
     asked = []
     xpu_zebin.compile_and_load_many = lambda reqs: asked.extend(reqs) or [
         xpu_zebin.BuildError("not loaded") for _ in reqs]
     logging.basicConfig(format="%(levelname)s %(message)s")
     importing.try_local_entries(bundle)
-    print(json.dumps([r["binary"].decode() for r in asked]))
+    print(json.dumps([len(r["binary"]) for r in asked]))
     """
 )
 
 
 def test_an_installed_bundles_entries_are_read_bounded(tmp_path):
-    """The entries of an imported bundle tried here: each is read as a regular file, at most
-    as large as the engine reads one; a FIFO, a directory, a link to a device or an
-    oversized file in their place is not tried (a warning), never waited on."""
+    """The entries of an imported bundle tried here: each is read as a regular file of the
+    size its manifest lists, at most as large as the engine reads one, and checked; a FIFO,
+    a directory, a link to a device or an oversized file in their place is not tried (a
+    warning), never waited on."""
+    import xpu_zebin
+    from xpu_zebin import samples
+
+    spirv = xpu_zebin.opencl_to_spirv(samples.ADD_KERNEL, device="pvc")
+    zebin = xpu_zebin.compile(spirv, device="pvc", cache=False).binary
     native = tmp_path / "b" / "native"
     native.mkdir(parents=True)
-    (native / "good.zebin").write_bytes(b"zebin")
-    os.mkfifo(native / "fifo.zebin")
-    (native / "dir.zebin").mkdir()
-    (native / "zero.zebin").symlink_to("/dev/zero")
-    _sparse(native / "huge.zebin", (256 << 20) + 1)
+    entries = []
+    for i, name in enumerate(["add", "fifo", "dir", "zero", "huge"]):
+        key = f"{i:x}" * 64
+        entries.append({"key": key, "kernel": name, "target": "t", "build_flags": "",
+                        "spill_bytes": 0, "n_spills": 0, "compiler": "",
+                        "file": f"native/{key}.zebin", "blake3": blake3_of(zebin),
+                        "size": len(zebin)})  # fmt: skip
+    (native / f"{'0' * 64}.zebin").write_bytes(zebin)  # as a bundle of format 1 keeps it
+    os.mkfifo(native / f"{'1' * 64}.zebin")
+    (native / f"{'2' * 64}.zebin").mkdir()
+    (native / f"{'3' * 64}.zebin").symlink_to("/dev/zero")
+    _sparse(native / f"{'4' * 64}.zebin", (256 << 20) + 1)
+    manifest = {"format": "xpu-zebin-bundle/1", "package": "test", "entries": entries}
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(manifest))
     run = subprocess.run(
         [sys.executable, "-c", BUNDLE_SCRIPT, str(tmp_path / "b")],
         capture_output=True, text=True, timeout=DEADLINE, preexec_fn=_limit_memory,
     )  # fmt: skip
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-    assert json.loads(run.stdout) == ["zebin"]
+    assert json.loads(run.stdout) == [len(zebin)]
     warned = [line for line in run.stderr.splitlines() if line.startswith("WARNING")]
     assert len(warned) == 5, run.stderr  # four not tried, one did not load
     for name in ("fifo", "dir", "zero", "huge"):

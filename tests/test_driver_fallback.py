@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import entries
 import pytest
 import triton
 import triton.language as tl
@@ -338,7 +339,7 @@ def test_precompile_refuses_a_compiler_the_targets_driver_refuses(
     assert refused_ocloc.compiles == compiles + 1
     ((entry,),) = [manifest["entries"]]
     assert entry["compiler"] == f"level-zero driver {local.driver}"
-    native = (tmp_path / "b" / entry["file"]).read_bytes()
+    native = entries.held(tmp_path / "b" / entry["file"])
     assert _major(native) == "1"
     xpu_zebin.compile_and_load(native, "add_kernel", is_spv=False, cache=False).close()
     # The system compiler for the same profile: nothing to refuse.
@@ -460,10 +461,10 @@ def _refused_bundle(refused_ocloc: StandIn, out: Path) -> tuple:
     spv_entry = next(t for t in manifest["triton_cache"] if not t["native"])
     spirv = next((out / "triton" / spv_entry["target"] / spv_entry["hash"]).glob("*.spv"))
     ours = next(e for e in manifest["entries"] if "make_zebin" in e["config"])
-    assert _major((out / ours["file"]).read_bytes()) == "9"
+    assert _major(entries.held(out / ours["file"])) == "9"
     options = backends["intel"].compiler(local.gpu_target()).parse_options({"num_warps": 4})
     meta = {"name": "softmax_kernel", "build_flags": "", "target": local.gpu_target()}
-    return spirv.read_bytes(), options, meta
+    return entries.held(spirv), options, meta
 
 
 def test_make_zebin_does_not_answer_with_a_bundle_entry_the_driver_refuses(

@@ -199,13 +199,12 @@ def test_import_triton_entries_keeps_only_what_loads_here(system_ocloc, tmp_path
     native = next(t for t in data["triton_cache"] if t["native"])
     f = next(f for f in native["files"] if not f["name"].endswith(".json"))
     path = out / "triton" / native["target"] / native["hash"] / f["name"]
-    good = path.read_bytes()
+    good = entries.held(path)
     forged = _raise_major(good)
     same = [e for e in data["entries"] if e["blake3"] == f["blake3"]]  # each path's entry
     assert same
     for where, record in ((path, f), *((out / e["file"], e) for e in same)):
-        where.write_bytes(forged)
-        record.update(size=len(forged), blake3=_core.bundle_checksum(forged))
+        entries.forge_file(where, record, forged)
     (out / "manifest.json").write_text(json.dumps(data))
     put = []
     monkeypatch.setattr(xt.cache_entries, "put", lambda t, files: put.append(t["hash"]))

@@ -94,8 +94,8 @@ pub fn bundle_read<'py>(py: Python<'py>, dir: PathBuf) -> PyResult<Bound<'py, Py
 }
 
 /// The bundle's native entries for the target profiles `target_ids` (its manifest
-/// checked), as `(file, kernel, build_flags)`: what this machine may load, without the
-/// rest of a large manifest in Python.
+/// checked), as `(key, kernel, build_flags)`: what this machine may load, without the
+/// rest of a large manifest in Python (`bundle_native` reads one).
 #[pyfunction]
 pub fn bundle_entries_for(
     py: Python<'_>,
@@ -108,8 +108,23 @@ pub fn bundle_entries_for(
     let mine = manifest.entries.into_iter();
     Ok(mine
         .filter(|e| target_ids.contains(&e.target_id))
-        .map(|e| (e.file, e.kernel, e.build_flags))
+        .map(|e| (e.key, e.kernel, e.build_flags))
         .collect())
+}
+
+/// The zebin of the bundle's native entry `key`, checked (its file as stored and what it
+/// holds, a zebin of its kernel); `InvalidArgumentError` says why it is not.
+#[pyfunction]
+pub fn bundle_native<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    key: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let zebin = py.detach(|| bundle::native(&dir, key)).map_err(|why| {
+        let e = crate::error::BuildError::new(crate::error::ErrorKind::InvalidArgument, why);
+        to_pyerr(py, e.into())
+    })?;
+    Ok(PyBytes::new(py, &zebin))
 }
 
 /// Every entry checked: `{"ok": [keys], "bad": [(key, why)]}` (`ok` empty with

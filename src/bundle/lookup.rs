@@ -141,6 +141,18 @@ pub fn unusable(dir: &Path, triton: Option<&str>) -> Option<String> {
     }
 }
 
+/// The zebin of the native entry `key` of the bundle at `dir`, checked as a lookup checks
+/// it (whoever asks has chosen the bundle: its Triton release and signer are not asked).
+pub fn native(dir: &Path, key: &str) -> std::result::Result<Vec<u8>, String> {
+    let indexed = read_indexed(dir).map_err(|e| e.message)?;
+    let manifest = indexed.manifest.as_ref().map_err(|e| e.message.clone())?;
+    let found = key_bytes(key).and_then(|k| indexed.by_key.get(&k));
+    match found.and_then(|&i| manifest.entries.get(i)) {
+        Some(entry) => entry_bytes(dir, entry),
+        None => Err(format!("{}: no entry {key:?}", dir.display())),
+    }
+}
+
 /// Look `key` up in `dirs` (the first bundle with a good entry answers) for `kernel` on
 /// the target profile `target_id`; a bundle that cannot be read, or that was made from
 /// another Triton's SPIR-V than `triton` (this process's, when it has one), is skipped, and
@@ -236,6 +248,7 @@ mod tests {
             file: String::new(),
             blake3: String::new(),
             size: 0,
+            stored: None,
         };
         let header = Manifest {
             triton: triton.map(str::to_string),

@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-pub const FORMAT: &str = "xpu-zebin-bundle/1";
+/// The format this package writes: every file compressed (`stored.rs`).
+pub const FORMAT: &str = "xpu-zebin-bundle/2";
+/// The formats it reads: the last one's files are stored as they are.
+const FORMATS: [&str; 2] = ["xpu-zebin-bundle/1", FORMAT];
 const MANIFEST: &str = "manifest.json";
 /// Room for some 200,000 native entries with a Triton entry each (about 1.4 KB the pair,
 /// as written); parsed, the records take about as much again.
@@ -44,10 +47,24 @@ pub struct Entry {
     pub n_spills: i64,
     /// The compiler that built it (`ocloc` identity).
     pub compiler: String,
-    /// `native/<key>.zebin`, and its blake3 and size.
+    /// `native/<key>.zebin`, and the blake3 and size of the zebin it holds.
     pub file: String,
     pub blake3: String,
     pub size: u64,
+    /// The file's own bytes, compressed (None: the zebin as it is, a bundle of format 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<Stored>,
+}
+
+impl Entry {
+    /// Its file, as the manifest lists it.
+    pub(super) fn listed(&self) -> Listed<'_> {
+        Listed {
+            size: self.size,
+            blake3: &self.blake3,
+            stored: self.stored.as_ref(),
+        }
+    }
 }
 
 /// A kernel that could not be built for a target: listed, never loaded.
@@ -257,11 +274,11 @@ fn read_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
 pub fn read(dir: &Path) -> Result<Manifest> {
     let bytes = read_file(&dir.join(MANIFEST), MAX_MANIFEST_BYTES).map_err(|e| bad(dir, e))?;
     let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(dir, e))?;
-    if manifest.format != FORMAT {
+    if !FORMATS.contains(&manifest.format.as_str()) {
         return Err(bad(
             dir,
             format!(
-                "format {:?}, this package reads {FORMAT:?}",
+                "format {:?}, this package reads {FORMATS:?}",
                 manifest.format
             ),
         ));
@@ -272,7 +289,7 @@ pub fn read(dir: &Path) -> Result<Manifest> {
             "its key is not 64 lowercase hex digits"
         } else if e.file != format!("native/{}.zebin", e.key) {
             "its file is not native/<key>.zebin"
-        } else if !is_key(&e.blake3) {
+        } else if !is_key(&e.blake3) || e.stored.as_ref().is_some_and(|s| !is_key(&s.blake3)) {
             "its blake3 is not 64 lowercase hex digits"
         } else if !seen.insert(e.key.as_str()) {
             "its key is listed twice"
@@ -314,19 +331,21 @@ fn native_dir(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-/// An entry's bytes, if they are what the manifest says: its size, its checksum, a zebin
-/// that holds its kernel.
+/// An entry's zebin, if it is what the manifest says: its size and checksum as stored and
+/// as it holds them, a zebin that holds its kernel.
 pub fn entry_bytes(dir: &Path, entry: &Entry) -> std::result::Result<Vec<u8>, String> {
+    entry_member(dir, entry).map(Member::into_plain)
+}
+
+/// `entry_bytes`, with the file's bytes as stored.
+fn entry_member(dir: &Path, entry: &Entry) -> std::result::Result<Member, String> {
     native_dir(dir).map_err(|e| e.message)?;
-    let bytes = read_file(&dir.join(&entry.file), MAX_ENTRY_BYTES.min(entry.size))
-        .map_err(|e| format!("{} cannot be read: {e}", entry.file))?;
-    if bytes.len() as u64 != entry.size || blake3::hash(&bytes).to_hex().as_str() != entry.blake3 {
-        return Err(format!("{} does not match its checksum", entry.file));
-    }
-    crate::zebin::parse(&bytes)
+    let member = stored::read(&dir.join(&entry.file), &entry.listed())
+        .map_err(|why| format!("{} {why}", entry.file))?;
+    crate::zebin::parse(member.plain())
         .and_then(|info| info.kernel_spill(&entry.kernel))
         .map_err(|e| format!("{}: {e}", entry.file))?;
-    Ok(bytes)
+    Ok(member)
 }
 
 /// Write `bytes` to `path` atomically (a temp file in `dir`, renamed), readable by all: a
@@ -478,10 +497,12 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
         !built_slots.contains(&s) && !failed_slots.contains(&s)
     });
     for (mut entry, bytes) in last_of_each(built, |(e, _)| e.key.clone()) {
+        let (stored, listed) = stored::store(&bytes).map_err(io)?;
         entry.file = format!("native/{}.zebin", entry.key);
         entry.blake3 = blake3::hash(&bytes).to_hex().to_string();
         entry.size = bytes.len() as u64;
-        persist(&native, &dir.join(&entry.file), &bytes).map_err(io)?;
+        entry.stored = Some(listed);
+        persist(&native, &dir.join(&entry.file), &stored).map_err(io)?;
         manifest.entries.push(entry);
     }
     let by_slot = |f: &Unbuilt| slot(&f.kernel, &f.config, &f.target_id);
@@ -515,23 +536,26 @@ fn last_of_each<T, K: std::hash::Hash + Eq>(items: Vec<T>, id: impl Fn(&T) -> K)
         .collect()
 }
 
-/// Copy the bundle at `src` into `dest` (a new directory): its manifest and every entry,
-/// each read checked (size, checksum, a zebin holding its kernel), nothing else.
+/// Copy the bundle at `src` into `dest` (a new directory): its manifest and every file it
+/// lists, each read checked (sizes, checksums, a zebin holding its kernel) and copied as
+/// it is stored (its manifest, and so its signature, stay as they are), nothing else.
 pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
-    let mut manifest = read(src)?;
+    let manifest = read(src)?;
     check_trusted(src, &manifest)?;
     let io = |e: std::io::Error| bad(dest, e);
     std::fs::create_dir(dest).map_err(io)?;
     std::fs::create_dir(dest.join("native")).map_err(io)?;
     for e in &manifest.entries {
-        let bytes = entry_bytes(src, e).map_err(|why| bad(src, why))?;
-        persist(&dest.join("native"), &dest.join(&e.file), &bytes).map_err(io)?;
+        let member = entry_member(src, e).map_err(|why| bad(src, why))?;
+        persist(&dest.join("native"), &dest.join(&e.file), &member.stored).map_err(io)?;
     }
     let natives = Natives::of(&manifest.entries);
-    for mut t in std::mem::take(&mut manifest.triton_cache) {
-        let files = triton_files(src, &natives, &t).map_err(|why| bad(src, why))?;
-        triton::write_entry(dest, &mut t, &files)?;
-        manifest.triton_cache.push(t);
+    for t in &manifest.triton_cache {
+        let files = triton::triton_members(src, &natives, t).map_err(|why| bad(src, why))?;
+        let here = triton::make_entry_dir(dest, t)?;
+        for (name, member) in files {
+            persist(&here, &here.join(name), &member.stored).map_err(io)?;
+        }
     }
     persist_manifest(dest, &manifest).map_err(io)?;
     Ok(manifest.entries.len())
@@ -571,8 +595,12 @@ pub fn verify(dir: &Path) -> Result<Verified> {
 mod archive;
 mod lookup;
 pub mod search;
+mod stored;
 mod triton;
 
+pub use stored::Stored;
+use stored::{Listed, Member};
+
 pub use archive::{pack, unpack};
-pub use lookup::{lookup, unusable, Found, Lookup};
+pub use lookup::{lookup, native, unusable, Found, Lookup};
 pub use triton::{triton_files, Natives, TritonEntry, TritonFile};

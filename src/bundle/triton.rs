@@ -7,7 +7,8 @@
 //! else; a native binary must be one of the bundle's own checked native entries for that
 //! kernel and target (Triton loads it with no trial of its own).
 
-use super::{bad, is_key, persist, read_file, Entry, MAX_ENTRY_BYTES};
+use super::stored::{self, Listed, Member, Stored};
+use super::{bad, is_key, persist, Entry};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -41,6 +42,20 @@ pub struct TritonFile {
     pub size: u64,
     #[serde(default)]
     pub blake3: String,
+    /// The file's own bytes, compressed (None: as it is, a bundle of format 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<Stored>,
+}
+
+impl TritonFile {
+    /// As the manifest lists it.
+    pub(super) fn listed(&self) -> Listed<'_> {
+        Listed {
+            size: self.size,
+            blake3: &self.blake3,
+            stored: self.stored.as_ref(),
+        }
+    }
 }
 
 /// A name Triton gives its cache files (`<kernel>.<ext>`): no path, no hidden file, no
@@ -76,7 +91,9 @@ pub(super) fn malformed(entry: &TritonEntry) -> Option<&'static str> {
         Some("a file name is not a plain Triton cache file name")
     } else if stem.is_empty() || given != wanted {
         Some("its files are not <name>.json and <name>.spv")
-    } else if entry.files.iter().any(|f| !is_key(&f.blake3)) {
+    } else if (entry.files.iter())
+        .any(|f| !is_key(&f.blake3) || f.stored.as_ref().is_some_and(|s| !is_key(&s.blake3)))
+    {
         Some("a file's blake3 is not 64 lowercase hex digits")
     } else {
         None
@@ -165,6 +182,19 @@ pub fn triton_files(
     natives: &Natives,
     entry: &TritonEntry,
 ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
+    let members = triton_members(dir, natives, entry)?;
+    Ok(members
+        .into_iter()
+        .map(|(name, m)| (name, m.into_plain()))
+        .collect())
+}
+
+/// `triton_files`, each with its bytes as stored.
+pub(super) fn triton_members(
+    dir: &Path,
+    natives: &Natives,
+    entry: &TritonEntry,
+) -> std::result::Result<Vec<(String, Member)>, String> {
     let here = entry_dir(dir, entry)?;
     let name = |f: &TritonFile| {
         format!(
@@ -176,27 +206,24 @@ pub fn triton_files(
     };
     let mut files = Vec::new();
     for f in &entry.files {
-        let bytes = read_file(&here.join(&f.name), MAX_ENTRY_BYTES.min(f.size))
-            .map_err(|e| format!("{} cannot be read: {e}", name(f)))?;
-        let sum = blake3::hash(&bytes).to_hex().to_string();
-        if bytes.len() as u64 != f.size || sum != f.blake3 {
-            return Err(format!("{} does not match its checksum", name(f)));
-        }
+        let member = stored::read(&here.join(&f.name), &f.listed())
+            .map_err(|why| format!("{} {why}", name(f)))?;
+        let (bytes, sum) = (member.plain(), f.blake3.as_str());
         let holds_kernel = || {
-            crate::zebin::parse(&bytes)
+            crate::zebin::parse(bytes)
                 .and_then(|info| info.kernel_spill(&entry.kernel))
                 .is_ok()
         };
-        if f.name.ends_with(".spv") && !binary_allowed(natives, entry, &bytes, &sum, holds_kernel) {
+        if f.name.ends_with(".spv") && !binary_allowed(natives, entry, bytes, sum, holds_kernel) {
             return Err(not_allowed(&name(f), entry));
         }
         if f.name.ends_with(".spv") && bytes.starts_with(SPIRV_MAGIC) {
             // The same validator as any SPIR-V: Triton hands it to the driver's JIT.
-            crate::spirv::validate(&bytes)
+            crate::spirv::validate(bytes)
                 .and_then(|module| module.select_kernel(Some(&entry.kernel)))
                 .map_err(|e| format!("{} is not valid SPIR-V of its kernel: {e}", name(f)))?;
         }
-        files.push((f.name.clone(), bytes));
+        files.push((f.name.clone(), member));
     }
     Ok(files)
 }
@@ -223,13 +250,8 @@ pub(super) fn not_allowed(name: &str, entry: &TritonEntry) -> String {
     )
 }
 
-/// Write a Triton entry's files under `dir/triton/<target>/<hash>/` and fill in their sizes
-/// and checksums.
-pub(super) fn write_entry(
-    dir: &Path,
-    entry: &mut TritonEntry,
-    files: &[(String, Vec<u8>)],
-) -> Result<()> {
+/// `dir/triton/<target>/<hash>/`, made where missing (`entry_dir`'s checks).
+pub(super) fn make_entry_dir(dir: &Path, entry: &TritonEntry) -> Result<PathBuf> {
     let io = |e: std::io::Error| bad(dir, e);
     if !is_key(&entry.hash) || !is_key(&entry.target_id) {
         return Err(bad(
@@ -247,20 +269,35 @@ pub(super) fn write_entry(
             std::fs::create_dir(&d).map_err(io)?;
         }
     }
-    let here = entry_dir(dir, entry).map_err(|why| bad(dir, why))?;
-    entry.files = files
-        .iter()
-        .map(|(name, bytes)| TritonFile {
+    entry_dir(dir, entry).map_err(|why| bad(dir, why))
+}
+
+/// Write a Triton entry's files, compressed, under `dir/triton/<target>/<hash>/` and fill
+/// in their sizes and checksums.
+pub(super) fn write_entry(
+    dir: &Path,
+    entry: &mut TritonEntry,
+    files: &[(String, Vec<u8>)],
+) -> Result<()> {
+    let io = |e: std::io::Error| bad(dir, e);
+    let here = make_entry_dir(dir, entry)?;
+    let mut stored = Vec::with_capacity(files.len());
+    entry.files.clear();
+    for (name, bytes) in files {
+        let (on_disk, listed) = stored::store(bytes).map_err(io)?;
+        entry.files.push(TritonFile {
             name: name.clone(),
             size: bytes.len() as u64,
             blake3: blake3::hash(bytes).to_hex().to_string(),
-        })
-        .collect();
+            stored: Some(listed),
+        });
+        stored.push(on_disk);
+    }
     if let Some(why) = malformed(entry) {
         return Err(bad(dir, format!("Triton entry {}: {why}", entry.hash)));
     }
-    for (name, bytes) in files {
-        persist(&here, &here.join(name), bytes).map_err(io)?;
+    for ((name, _), on_disk) in files.iter().zip(&stored) {
+        persist(&here, &here.join(name), on_disk).map_err(io)?;
     }
     Ok(())
 }

@@ -407,6 +407,25 @@ fn seen(path: &Path) -> Option<(u64, u64, SystemTime)> {
     Some((m.dev(), m.ino(), m.modified().ok()?))
 }
 
+/// What a request that missed everywhere may wait for another's build: as long as its
+/// own build may take (`limits`: its time limit per attempt, None: none, and its attempts),
+/// until `cancel`; it steps aside instead when `step_aside()` says it has other work first.
+pub struct Wait<'a> {
+    pub limits: (Option<Duration>, usize),
+    pub cancel: &'a AtomicBool,
+    pub step_aside: &'a dyn Fn() -> bool,
+}
+
+impl Wait<'_> {
+    /// The longest wait: the request's own build's bound and the time to see a holder
+    /// stalled; None when its builds have no time limit (the holder's life bounds it).
+    pub(super) fn bound(&self) -> Option<Duration> {
+        let (timeout, rungs) = self.limits;
+        let rungs = u32::try_from(rungs.max(1)).unwrap_or(u32::MAX);
+        Some(timeout?.checked_mul(rungs)?.saturating_add(STALLED))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ use crate::error::Result;
 use crate::options::Options;
 use crate::store::remote;
 pub use crate::zebin::Fits;
+pub use claims::Wait;
 use claims::{Claim, Claims, Waited};
 use fleet_claim::{FleetClaim, FleetTurn};
 pub use level::Target;
@@ -115,29 +116,16 @@ pub struct Levels {
     claims: Option<Claims>,
     /// The fleet's store, for its claims (with `claims` only).
     fleet: Option<remote::Config>,
+    /// Whether this user's own level keeps fresh builds compressed (`COMPRESS_ENV`).
+    compress_own: bool,
 }
 
 /// Whether builds are shared: one build per key, failures that repeat remembered.
 pub const SHARE_BUILDS_ENV: &str = "XPU_ZEBIN_SHARE_BUILDS";
 
-/// What a request that missed everywhere may wait for another's build: as long as its
-/// own build may take (`limits`: its time limit per attempt, None: none, and its attempts),
-/// until `cancel`; it steps aside instead when `step_aside()` says it has other work first.
-pub struct Wait<'a> {
-    pub limits: (Option<Duration>, usize),
-    pub cancel: &'a AtomicBool,
-    pub step_aside: &'a dyn Fn() -> bool,
-}
-
-impl Wait<'_> {
-    /// The longest wait: the request's own build's bound and the time to see a holder
-    /// stalled; None when its builds have no time limit (the holder's life bounds it).
-    fn bound(&self) -> Option<Duration> {
-        let (timeout, rungs) = self.limits;
-        let rungs = u32::try_from(rungs.max(1)).unwrap_or(u32::MAX);
-        Some(timeout?.checked_mul(rungs)?.saturating_add(claims::STALLED))
-    }
-}
+/// Whether the local cache keeps the entries this host builds compressed (the default:
+/// about 4x smaller) or as built (the cheapest warm hit); the store's are compressed.
+pub const COMPRESS_ENV: &str = "XPU_ZEBIN_CACHE_COMPRESS";
 
 /// A request's hold on its key while it builds: the claim in the cache directory and the
 /// one in the fleet's store (either may be missing: the request builds alone), let go
@@ -209,8 +197,10 @@ impl Levels {
                 cache: None,
                 claims: None,
                 fleet: None,
+                compress_own: true,
             });
         };
+        let compress_own = crate::knobs::bool_knob(COMPRESS_ENV, true)?;
         levels.push(Box::new(Local(cache.clone())));
         // A refused directory answers nothing: a waiter there would never be answered.
         let shared = crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)? && cache.in_service();
@@ -226,6 +216,7 @@ impl Levels {
             claims: shared.then(|| Claims::of(cache.dir())),
             fleet,
             cache: Some(cache),
+            compress_own,
         })
     }
 
@@ -509,6 +500,11 @@ impl Levels {
     ) -> Result<Vec<String>> {
         let (record, binary) = built;
         let entry = cache::encode(key, record, binary);
+        // This user's own level, when it keeps entries as built.
+        let as_built = match self.compress_own {
+            true => None,
+            false => cache::encode_plain(key, record, binary).ok(),
+        };
         let scope = match (repeatable, linked) {
             (false, _) => Keep::Nowhere,
             (true, false) => Keep::Here,
@@ -524,8 +520,12 @@ impl Levels {
             (_, Err(e)) => notes.push(format!("not cached: {e}")),
             (_, Ok(entry)) => {
                 for level in &self.levels {
+                    let bytes = match (level.own(), &as_built) {
+                        (true, Some(plain)) => plain,
+                        _ => &entry,
+                    };
                     if scope == Keep::Everywhere || level.own() {
-                        notes.extend(level.put(key, target, &entry, true)?.note());
+                        notes.extend(level.put(key, target, bytes, true)?.note());
                     }
                 }
             }

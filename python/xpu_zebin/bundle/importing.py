@@ -16,9 +16,9 @@ import xpu_zebin
 from xpu_zebin import _core
 
 from .. import targets
-from .._files import read_regular, same_regular_files
+from .._files import same_regular_files
 from ..errors import BuildError, InvalidArgumentError
-from .format import MAX_ENTRY_BYTES, MAX_MANIFEST_BYTES, PathLike, as_directory
+from .format import MAX_MANIFEST_BYTES, PathLike, as_directory
 
 logger = logging.getLogger("xpu_zebin.bundle")
 
@@ -187,15 +187,15 @@ def try_local_entries(bundle: Path) -> set:
 
 
 def _try_entries(bundle: Path, entries: list, loaded: set) -> None:
-    """Try ``entries`` (file, kernel, build flags) here in workers; the checksums of those
+    """Try ``entries`` (key, kernel, build flags) here in workers; the checksums of those
     that loaded go to ``loaded``."""
     tried, binaries = [], []
-    for file, kernel, flags in entries:
-        try:  # the installed copy's own files: a FIFO or link swapped in is refused
-            binaries.append(read_regular(bundle / file, MAX_ENTRY_BYTES, follow_links=False))
+    for key, kernel, flags in entries:
+        try:  # the installed copy's own files, read and checked as a lookup reads them
+            binaries.append(_core.bundle_native(os.fspath(bundle), key))
             tried.append((kernel, flags))
-        except OSError as why:
-            logger.warning("%s: %s not tried here: %s", bundle, kernel, why.strerror or why)
+        except BuildError as why:
+            logger.warning("%s: %s not tried here: %s", bundle, kernel, why)
     requests = [
         {"binary": b, "kernel_name": kernel, "is_spv": False, "build_flags": flags}
         for (kernel, flags), b in zip(tried, binaries)

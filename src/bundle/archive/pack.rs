@@ -3,6 +3,7 @@
 
 use super::layout::{header, triton_path};
 use super::{MAX_MEMBERS, MAX_TOTAL_BYTES};
+use crate::bundle::stored::{self, Listed};
 use crate::bundle::MAX_ENTRY_BYTES;
 use crate::bundle::{
     bad, native_dir, publish, read, triton, Manifest, Natives, TritonEntry, MANIFEST,
@@ -44,8 +45,7 @@ struct Member<'a> {
     path: String,
     /// Where it is on disk (its directories checked: no link).
     file: PathBuf,
-    size: u64,
-    blake3: &'a str,
+    listed: Listed<'a>,
     check: Check<'a>,
 }
 
@@ -68,8 +68,7 @@ fn members<'a>(dir: &Path, manifest: &'a Manifest) -> Result<Vec<Member<'a>>> {
         out.push(Member {
             path: e.file.clone(),
             file: dir.join(&e.file),
-            size: e.size,
-            blake3: &e.blake3,
+            listed: e.listed(),
             check: Check::Zebin(&e.kernel),
         });
     }
@@ -79,8 +78,7 @@ fn members<'a>(dir: &Path, manifest: &'a Manifest) -> Result<Vec<Member<'a>>> {
             out.push(Member {
                 path: triton_path(t, &f.name),
                 file: here.join(&f.name),
-                size: f.size,
-                blake3: &f.blake3,
+                listed: f.listed(),
                 check: match f.name.ends_with(".spv") {
                     true => Check::TritonBinary(t),
                     false => Check::Nothing,
@@ -104,7 +102,7 @@ pub fn pack(dir: &Path, out: &Path) -> Result<usize> {
     let headers = members
         .iter()
         .fold(1u64, |n, m| n + if m.path.len() >= 100 { 2 } else { 1 });
-    let total = members.iter().fold(0u64, |t, m| t.saturating_add(m.size));
+    let total = (members.iter()).fold(0u64, |t, m| t.saturating_add(m.listed.on_disk().0));
     if headers > MAX_MEMBERS || total > MAX_TOTAL_BYTES {
         return Err(bad(
             dir,
@@ -164,35 +162,59 @@ fn append_member(
         |e: &dyn std::fmt::Display| bad(dir, format!("{} cannot be read: {e}", m.path));
     let mut file = crate::private::open_file(&m.file, false, false).map_err(|e| unreadable(&e))?;
     let len = file.metadata().map_err(|e| unreadable(&e))?.len();
-    if len != m.size || len > MAX_ENTRY_BYTES {
+    let (size, sum) = m.listed.on_disk();
+    if len != size || len > MAX_ENTRY_BYTES {
         let why = format!(
-            "{} is {len} bytes, its manifest says {} (at most {MAX_ENTRY_BYTES})",
-            m.path, m.size
+            "{} is {len} bytes, its manifest says {size} (at most {MAX_ENTRY_BYTES})",
+            m.path
         );
         return Err(bad(dir, why));
     }
     check(&mut file, m, natives).map_err(|why| bad(dir, why))?;
     file.rewind().map_err(|e| unreadable(&e))?;
     let mut reader = Hashing {
-        inner: BufReader::with_capacity(1 << 16, file).take(m.size),
+        inner: BufReader::with_capacity(1 << 16, file).take(size),
         hasher: blake3::Hasher::new(),
         count: 0,
         failed: None,
     };
-    let copied = tar.append_data(&mut header(m.size), &m.path, &mut reader);
+    let copied = tar.append_data(&mut header(size), &m.path, &mut reader);
     if let Some(e) = reader.failed.take() {
         return Err(unreadable(&e));
     }
     copied.map_err(|e| cannot_write(out, e))?;
     // A file that changed since it was opened is caught here (the archive is dropped).
-    if reader.count != m.size || reader.hasher.finalize().to_hex().as_str() != m.blake3 {
+    if reader.count != size || reader.hasher.finalize().to_hex().as_str() != sum {
         return Err(bad(dir, format!("{} does not match its checksum", m.path)));
     }
     Ok(())
 }
 
-/// The checks of `m` beyond size and checksum, reading only what they need of `file`.
+/// The checks of `m` beyond size and checksum, reading only what they need of `file`; a
+/// file stored compressed is read whole (one at a time, within `MAX_ENTRY_BYTES`),
+/// inflated and checked as every reader of a bundle checks it, then as a plain one is.
 fn check(file: &mut File, m: &Member, natives: &Natives) -> std::result::Result<(), String> {
+    if m.listed.stored.is_some() {
+        let member = stored::read(&m.file, &m.listed).map_err(|why| format!("{} {why}", m.path))?;
+        let holds_kernel = |kernel: &str| {
+            crate::zebin::parse(member.plain())
+                .and_then(|info| info.kernel_spill(kernel))
+                .map(|_| ())
+                .map_err(|e| format!("{}: {}", m.path, e.message))
+        };
+        return match m.check {
+            Check::Zebin(kernel) => holds_kernel(kernel),
+            Check::TritonBinary(entry) => {
+                let zebin = || holds_kernel(&entry.kernel).is_ok();
+                match triton::binary_allowed(natives, entry, member.plain(), m.listed.blake3, zebin)
+                {
+                    true => Ok(()),
+                    false => Err(triton::not_allowed(&m.path, entry)),
+                }
+            }
+            Check::Nothing => Ok(()),
+        };
+    }
     let holds_kernel = |file: &mut File, kernel: &str| {
         crate::zebin::parse_reader(BufReader::new(file))
             .and_then(|info| info.kernel_spill(kernel))
@@ -209,7 +231,7 @@ fn check(file: &mut File, m: &Member, natives: &Natives) -> std::result::Result<
                 .and_then(|_| file.rewind());
             read.map_err(|e| format!("{} cannot be read: {e}", m.path))?;
             let zebin = || holds_kernel(file, &entry.kernel).is_ok();
-            match triton::binary_allowed(natives, entry, &head, m.blake3, zebin) {
+            match triton::binary_allowed(natives, entry, &head, m.listed.blake3, zebin) {
                 true => Ok(()),
                 false => Err(triton::not_allowed(&m.path, entry)),
             }

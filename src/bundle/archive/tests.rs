@@ -191,6 +191,7 @@ fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
                 file,
                 blake3,
                 size: native_len,
+                stored: None,
             }
         })
         .collect();
@@ -202,6 +203,7 @@ fn bundle_of(dir: &Path, natives: usize, native_len: u64) -> Manifest {
             name: name.to_string(),
             size: bytes.len() as u64,
             blake3: sparse_file(&here.join(name), bytes, bytes.len() as u64),
+            stored: None,
         }
     });
     let manifest = Manifest {
