@@ -13,8 +13,8 @@ pub fn default_jobs() -> usize {
 }
 
 /// What a job may do with the batch around it: take a free core for a speculative build
-/// (`may_speculate`: the batch runs fewer jobs than the host has cores, or no queued job
-/// waits for one), or step aside while another process
+/// (`may_speculate`: the batch's jobs and a twin each fit in the host's cores, or no
+/// queued job waits for one), or step aside while another process
 /// builds its key (`step_aside`: other jobs are queued, so N processes given one batch
 /// split its builds instead of waiting on each other's).
 pub struct Room<'a> {
@@ -36,9 +36,11 @@ impl Room<'_> {
         }
     }
 
-    /// Whether a free core may go to a speculative build: the batch never fills the host
-    /// (a core beyond its jobs is never one a queued job would take: `jobs=1` builds as a
-    /// loop of compiles does), or no queued job waits for it.
+    /// Whether a free core may go to a speculative build: every job of the batch may have
+    /// its twin within the host's cores (a build has at most one twin, so the batch never
+    /// runs more compilers than cores, and a core a twin takes is never one a queued job
+    /// needs: `jobs=1` on two cores builds as a loop of compiles does), or no queued job
+    /// waits for it.
     pub fn may_speculate(&self) -> &(dyn Fn() -> bool + Sync) {
         self.may_speculate
     }
@@ -66,7 +68,7 @@ pub fn stepped_aside() -> BuildError {
 /// Run `work(item, room)` for every item with at most `jobs` at once, largest `cost`
 /// first (the long builds start at once and the short ones fill in around them); results
 /// in input order. `room` says whether a core that frees up may go to a running item's
-/// speculative build (when the batch runs fewer jobs than the host has cores, or once no
+/// speculative build (when every job may have a twin within the host's cores, or once no
 /// queued item waits for it), and lets a job step aside
 /// (its key built by another process): it runs again after the queue. Once `cancel` is
 /// set, items not started get `failed(cancelled error)`; an item whose work panics gets
@@ -90,8 +92,8 @@ pub fn run<T: Sync, R: Send>(
     // one here, at the latest: it goes on looking before it stops).
     let later = Mutex::new(Vec::new());
     let workers = jobs.max(1).min(items.len().max(1));
-    let fewer_than_cores = workers < default_jobs();
-    let may_speculate = || fewer_than_cores || queue_empty();
+    let twins_fit = workers.saturating_mul(2) <= default_jobs();
+    let may_speculate = || twins_fit || queue_empty();
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
@@ -176,7 +178,7 @@ mod tests {
     fn a_twin_takes_a_core_only_the_batch_leaves_idle() {
         let cores = default_jobs();
         let cancel = AtomicBool::new(false);
-        // One job at a time: the other cores are never the queue's.
+        // One job at a time: a twin fits beside it, on a core the queue never takes.
         let items = [1u32, 2, 3];
         let may = run(
             &items,
@@ -188,6 +190,8 @@ mod tests {
             |_| false,
         );
         assert_eq!(may, vec![cores > 1, cores > 1, true]);
+        // More jobs than half the cores: a twin each would not fit, so queued jobs keep
+        // the cores (the case below, every core a job, is one).
         // As many jobs as cores, one more queued: the jobs started first keep their cores
         // for it (each looks once every job has started, and none ends before all looked).
         let items: Vec<usize> = (0..=cores).collect();

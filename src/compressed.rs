@@ -18,9 +18,19 @@ const LEVEL: i32 = 15;
 const LEVEL_15_MOST: usize = 8 << 20;
 /// The window our frames use (4 MiB): the encoder's memory.
 const WINDOW_LOG: u32 = 22;
-/// What we keep inflates by far less than this (Triton kernels 2.7-6.6x here): a frame
-/// that states more is not one of ours (a bomb), refused before anything is allocated.
-pub const MOST_RATIO: u64 = 1024;
+/// What we keep inflates by far less than this (Triton kernels 2.7-6.6x here, 7.7x the
+/// most at level 19): a frame that states more is not one of ours (a bomb), refused before
+/// anything is allocated; so a small file never costs a reader much memory (256 MiB takes
+/// 4 MiB of it).
+pub const MOST_RATIO: u64 = 64;
+/// Whether `plain` bytes kept as `stored` bytes of frame inflate within `MOST_RATIO`: what
+/// inflates more is kept as it is instead, so no reader refuses what a writer kept.
+pub fn within_ratio(stored: usize, plain: usize) -> bool {
+    (plain as u64) <= (stored as u64).saturating_mul(MOST_RATIO)
+}
+
+/// How every zstd frame starts (a skippable frame, or anything else, is not one of ours).
+const FRAME_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 /// `parts`, one after the other, as one frame appended to `out`.
 pub fn compress_into(out: &mut Vec<u8>, parts: &[&[u8]]) -> std::io::Result<()> {
@@ -58,6 +68,9 @@ pub fn check_stated(stated: u64, stored: usize, most: u64) -> Result<(), String>
 /// does not fit it: zstd stops there). The caller has bounded `len` (`check_stated`).
 pub fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
     let cut = || "the compressed body is cut short or not zstd".to_string();
+    if !frame.starts_with(&FRAME_MAGIC) {
+        return Err(cut());
+    }
     match zstd::zstd_safe::find_frame_compressed_size(frame) {
         Ok(n) if n == frame.len() => {}
         Ok(n) => {

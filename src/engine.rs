@@ -299,8 +299,8 @@ pub fn compile(req: &CompileRequest, store: bool, cancel: &AtomicBool) -> Outcom
 /// The request goes down once: its slot (`prepare`), the levels' answer, else a build
 /// with the GRF ladder kept in the levels (`Levels::keep` decides where); then it is
 /// answered (`Compiled::new`) and counted, once, where the request's cache is.
-/// `room.may_speculate()` is false while more requests wait for a core, so a speculative
-/// build would take it from them (unless the request asked for speculation explicitly);
+/// `room.may_speculate()` is false while more requests of a batch wait for a core a
+/// speculative build would take from them (unless the request asked for it explicitly);
 /// in a batch, a request whose key another process builds steps aside (`room`).
 fn compile_with(
     req: &CompileRequest,

@@ -19,7 +19,7 @@ import zstandard
 from test_remote import RedisServer, _node, keys, server  # noqa: F401  (fixtures)
 
 import xpu_zebin
-from xpu_zebin import remote, samples
+from xpu_zebin import bundle, remote, samples
 
 
 def _entry_file(cache: Path) -> Path:
@@ -115,6 +115,26 @@ def test_a_signed_bomb_in_the_store_is_refused(server, keys, add_spirv, system_o
     assert "bytes, not 1000" in caplog.text, caplog.text  # refused for what it holds
 
 
+def test_a_node_keeping_entries_as_built_shares_them_compressed(
+    server,
+    keys,
+    add_spirv,
+    system_ocloc,
+    tmp_path,
+    monkeypatch,  # noqa: F811
+):
+    _node(monkeypatch, tmp_path, "a", server.url(), "read-only", keys["farm"])
+    monkeypatch.setenv("XPU_ZEBIN_CACHE_COMPRESS", "0")
+    xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
+    assert _entry_file(tmp_path / "cache-a").read_bytes().startswith(b"XZCACHE2")
+    monkeypatch.setenv("XPU_ZEBIN_OCLOC", system_ocloc)
+    monkeypatch.setenv("XPU_ZEBIN_REMOTE_MODE", "read-write")
+    assert remote.publish(add_spirv, "pvc", xpu_zebin.Options())
+    (name,) = server.client().keys(remote.PREFIX + "*")
+    _, value = remote.unpack(server.client().get(name))
+    assert value.startswith(b"XZCACHE3"), value[:8]
+
+
 def test_a_cache_at_its_bound_holds_more_kernels(system_ocloc, tmp_path, monkeypatch):
     """The bound counts bytes on disk: with entries compressed, a cache bounded at four
     uncompressed entries keeps about as many more as the ratio says."""
@@ -164,13 +184,21 @@ def lean_bundle(tmp_path_factory, system_ocloc):
     return out, zebin
 
 
-def test_a_bundle_keeps_its_files_compressed(lean_bundle):
+def test_a_bundle_keeps_its_files_compressed(lean_bundle, tmp_path):
     out, zebin = lean_bundle
-    (listed,) = json.loads((out / "manifest.json").read_text())["entries"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    (listed,) = manifest["entries"]
     stored = (out / listed["file"]).read_bytes()
     assert listed["size"] == len(zebin) and listed["stored"]["size"] == len(stored) < len(zebin)
     assert zstandard.ZstdDecompressor().decompress(stored) == zebin
     assert xpu_zebin._core.bundle_native(str(out), "a" * 64) == zebin
+    # Format 1 kept files as built: a manifest of it listing compressed files is not one.
+    old = tmp_path / "old"
+    (old / "native").mkdir(parents=True)
+    (old / listed["file"]).write_bytes(stored)
+    (old / "manifest.json").write_text(json.dumps({**manifest, "format": "xpu-zebin-bundle/1"}))
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="lists compressed files"):
+        bundle.info(old)
 
 
 @pytest.mark.parametrize("how", sorted(HOSTILE))

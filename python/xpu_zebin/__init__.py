@@ -274,7 +274,7 @@ def compile_many(
     Each request is a dict of :func:`compile`'s arguments (``spirv`` and ``device``
     required, ``options`` and option keywords as for :func:`compile`). A failure is
     returned in its slot as the :class:`BuildError`, never raised, so one bad kernel does
-    not sink the batch. ``jobs`` bounds the parallel compilers (default: cores). With
+    not sink the batch. ``jobs`` bounds the parallel builds (default: cores). With
     ``executor`` (any ``concurrent.futures.Executor``: a process pool, Ray's or Dask's),
     each request runs there as a :func:`compile` call instead; with ``client`` (a
     ``distributed.Client``), each is a task on that Dask cluster, and a worker lost

@@ -283,6 +283,15 @@ pub fn read(dir: &Path) -> Result<Manifest> {
             ),
         ));
     }
+    // Format 1 stored its files as built: one that says otherwise is not of format 1.
+    let stores = manifest.entries.iter().any(|e| e.stored.is_some())
+        || (manifest.triton_cache.iter()).any(|t| t.files.iter().any(|f| f.stored.is_some()));
+    if stores && manifest.format != FORMAT {
+        return Err(bad(
+            dir,
+            format!("format {:?} lists compressed files", manifest.format),
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     for e in &manifest.entries {
         let why = if !is_key(&e.key) {
@@ -501,7 +510,7 @@ pub fn write(dir: &Path, header: Manifest, additions: Additions) -> Result<Manif
         entry.file = format!("native/{}.zebin", entry.key);
         entry.blake3 = blake3::hash(&bytes).to_hex().to_string();
         entry.size = bytes.len() as u64;
-        entry.stored = Some(listed);
+        entry.stored = listed;
         persist(&native, &dir.join(&entry.file), &stored).map_err(io)?;
         manifest.entries.push(entry);
     }
@@ -536,68 +545,14 @@ fn last_of_each<T, K: std::hash::Hash + Eq>(items: Vec<T>, id: impl Fn(&T) -> K)
         .collect()
 }
 
-/// Copy the bundle at `src` into `dest` (a new directory): its manifest and every file it
-/// lists, each read checked (sizes, checksums, a zebin holding its kernel) and copied as
-/// it is stored (its manifest, and so its signature, stay as they are), nothing else.
-pub fn copy_verified(src: &Path, dest: &Path) -> Result<usize> {
-    let manifest = read(src)?;
-    check_trusted(src, &manifest)?;
-    let io = |e: std::io::Error| bad(dest, e);
-    std::fs::create_dir(dest).map_err(io)?;
-    std::fs::create_dir(dest.join("native")).map_err(io)?;
-    for e in &manifest.entries {
-        let member = entry_member(src, e).map_err(|why| bad(src, why))?;
-        persist(&dest.join("native"), &dest.join(&e.file), &member.stored).map_err(io)?;
-    }
-    let natives = Natives::of(&manifest.entries);
-    for t in &manifest.triton_cache {
-        let files = triton::triton_members(src, &natives, t).map_err(|why| bad(src, why))?;
-        let here = triton::make_entry_dir(dest, t)?;
-        for (name, member) in files {
-            persist(&here, &here.join(name), &member.stored).map_err(io)?;
-        }
-    }
-    persist_manifest(dest, &manifest).map_err(io)?;
-    Ok(manifest.entries.len())
-}
-
-/// What `verify` found: entries whose bytes are what the manifest says, and the others.
-#[derive(Debug, Default, Serialize)]
-pub struct Verified {
-    pub ok: Vec<String>,
-    pub bad: Vec<(String, String)>,
-}
-
-/// Check every entry of the bundle.
-pub fn verify(dir: &Path) -> Result<Verified> {
-    let manifest = read(dir)?;
-    let mut report = Verified::default();
-    if let Err(e) = check_trusted(dir, &manifest) {
-        report.bad.push(("signature".into(), e.message));
-    }
-    for e in &manifest.entries {
-        match entry_bytes(dir, e) {
-            Ok(_) => report.ok.push(e.key.clone()),
-            Err(why) => report.bad.push((e.key.clone(), why)),
-        }
-    }
-    let natives = Natives::of(&manifest.entries);
-    for t in &manifest.triton_cache {
-        let name = format!("triton:{}:{}", &t.target_id[..12], t.hash);
-        match triton_files(dir, &natives, t) {
-            Ok(_) => report.ok.push(name),
-            Err(why) => report.bad.push((name, why)),
-        }
-    }
-    Ok(report)
-}
-
 mod archive;
+mod checked;
 mod lookup;
 pub mod search;
 mod stored;
 mod triton;
 
+pub use checked::{copy_verified, verify, Verified};
 pub use stored::Stored;
 use stored::{Listed, Member};
 

@@ -49,15 +49,19 @@ impl Member {
     }
 }
 
-/// `plain` as the bundle stores it, and how the manifest lists that.
-pub fn store(plain: &[u8]) -> std::io::Result<(Vec<u8>, Stored)> {
+/// `plain` as the bundle stores it, and how the manifest lists that (None: as it is, when
+/// it would inflate more than a reader takes).
+pub fn store(plain: &[u8]) -> std::io::Result<(Vec<u8>, Option<Stored>)> {
     let mut out = Vec::with_capacity(plain.len() / 3 + 64);
     crate::compressed::compress_into(&mut out, &[plain])?;
+    if !crate::compressed::within_ratio(out.len(), plain.len()) {
+        return Ok((plain.to_vec(), None));
+    }
     let listed = Stored {
         size: out.len() as u64,
         blake3: blake3::hash(&out).to_hex().to_string(),
     };
-    Ok((out, listed))
+    Ok((out, Some(listed)))
 }
 
 fn matches(bytes: &[u8], (size, sum): (u64, &str)) -> bool {
@@ -113,12 +117,20 @@ mod tests {
 
     #[test]
     fn a_stored_file_reads_back_and_every_lie_is_named() {
-        let plain: Vec<u8> = (0..50_000u32)
-            .flat_map(|i| (i % 251).to_le_bytes())
-            .collect();
+        // As compressible as a zebin: runs of zeros between bytes of little variety.
+        let mut x = 12345u32;
+        let mut plain: Vec<u8> = Vec::new();
+        for i in 0..100_000u32 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            plain.push(if i % 4 == 0 {
+                0
+            } else {
+                (x >> 24) as u8 & 0x0f
+            });
+        }
         let sum = blake3::hash(&plain).to_hex().to_string();
         let (on_disk, stored) = store(&plain).unwrap();
-        assert!(on_disk.len() * 3 < plain.len());
+        assert!(on_disk.len() * 2 < plain.len() && on_disk.len() * 64 > plain.len());
         let (_dir, path) = file(&on_disk);
         let listed = |size, blake3, stored| Listed {
             size,
@@ -126,6 +138,7 @@ mod tests {
             stored,
         };
         let read_as = |l: &Listed<'_>| read(&path, l).map(Member::into_plain);
+        let stored = stored.unwrap();
         let good = listed(plain.len() as u64, &sum, Some(&stored));
         assert_eq!(read_as(&good).unwrap(), plain);
         // What it holds lies: another checksum, or another length.
@@ -149,6 +162,18 @@ mod tests {
         };
         let said = read_as(&listed(plain.len() as u64, &sum, Some(&forged)));
         assert!(said.unwrap_err().contains("does not match its checksum"));
+        // What inflates more than a reader takes is stored as it is.
+        assert!(store(&vec![7u8; 100_000]).unwrap().1.is_none());
+        // A skippable frame holds nothing of ours, even where nothing is listed.
+        let skippable = [0x50, 0x2a, 0x4d, 0x18, 0, 0, 0, 0];
+        let (_dir, empty) = file(&skippable);
+        let nothing = Stored {
+            size: 8,
+            blake3: blake3::hash(&skippable).to_hex().to_string(),
+        };
+        let empty_sum = blake3::hash(b"").to_hex().to_string();
+        let said = read(&empty, &listed(0, &empty_sum, Some(&nothing))).err();
+        assert!(said.unwrap().contains("not zstd"));
         // Listed as stored as it is (format 1): the compressed bytes are not its zebin.
         let said = read_as(&listed(on_disk.len() as u64, &sum, None));
         assert!(said.unwrap_err().contains("does not match its checksum"));

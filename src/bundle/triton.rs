@@ -289,7 +289,7 @@ pub(super) fn write_entry(
             name: name.clone(),
             size: bytes.len() as u64,
             blake3: blake3::hash(bytes).to_hex().to_string(),
-            stored: Some(listed),
+            stored: listed,
         });
         stored.push(on_disk);
     }

@@ -36,6 +36,9 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(plain as u64).to_le_bytes());
     crate::compressed::compress_into(&mut out, &[binary, &meta, &meta_len.to_le_bytes()])?;
+    if !crate::compressed::within_ratio(out.len() - MAGIC.len() - 8, plain) {
+        return Ok(plain_entry(key, (&meta, meta_len), binary));
+    }
     let sum = checksum(key, &out);
     out.extend_from_slice(sum.as_bytes());
     Ok(out)
@@ -45,14 +48,20 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
 /// never kept (a bundle's hit, as the levels see it), so nothing is compressed for it.
 pub fn encode_plain<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Result<Vec<u8>> {
     let (meta, meta_len) = meta_json(meta)?;
+    Ok(plain_entry(key, (&meta, meta_len), binary))
+}
+
+/// An entry of the last format, uncompressed: `encode_plain`'s, and `encode`'s for what
+/// would inflate more than a reader takes (`compressed::within_ratio`).
+fn plain_entry(key: &str, (meta, meta_len): (&[u8], u32), binary: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(MAGIC_PLAIN.len() + 4 + meta.len() + binary.len() + 32);
     out.extend_from_slice(MAGIC_PLAIN);
     out.extend_from_slice(&meta_len.to_le_bytes());
-    out.extend_from_slice(&meta);
+    out.extend_from_slice(meta);
     out.extend_from_slice(binary);
     let sum = checksum(key, &out);
     out.extend_from_slice(sum.as_bytes());
-    Ok(out)
+    out
 }
 
 /// An entry's metadata as JSON, and its length as both formats write it.

@@ -545,17 +545,26 @@ impl Levels {
         let Some(raw) = local.get(key, target, &mut notes)? else {
             return Ok(false);
         };
-        match cache::decode::<Record>(key, &raw) {
-            Ok((record, binary)) => {
-                if fits.check(&binary, record.spill).is_err() {
-                    return Ok(false);
-                }
-            }
+        let (record, binary) = match cache::decode::<Record>(key, &raw) {
+            Ok(entry) => entry,
             Err(why) => {
                 local.refuse(key, raw.len(), &why, &mut notes);
                 return Ok(false);
             }
+        };
+        if fits.check(&binary, record.spill).is_err() {
+            return Ok(false);
         }
+        // What this node kept as built (`COMPRESS_ENV`) goes out compressed, as every
+        // node's does.
+        let as_built = cache::uncompressed_len(&raw) == Some(raw.len() as u64);
+        let raw = match as_built {
+            true => match cache::encode(key, &record, &binary) {
+                Ok(entry) => entry,
+                Err(_) => return Ok(false),
+            },
+            false => raw,
+        };
         let mut wrote = false;
         for level in slower {
             wrote |= matches!(level.put(key, target, &raw, true)?, Put::Yes);

@@ -5,7 +5,8 @@
 //! only regular files at the paths a bundle has (`manifest.json`, `native/<key>.zebin`,
 //! `triton/<target>/<hash>/<file>`) that its manifest lists, each bounded, none twice, no
 //! link of any kind, streamed into a new directory; members and bytes are bounded in all.
-//! Memory stays flat whatever the bundle's size: no file is ever held whole.
+//! Memory stays flat whatever the bundle's size: a file is streamed, or (stored compressed,
+//! when packed) checked whole, one at a time, within its bounds.
 //!
 //! This file owns the bounds on an archive, for both directions. The rest, by concern:
 //! - `layout.rs`: what an archive holds: a bundle's own paths (each with its size bound),

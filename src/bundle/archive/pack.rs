@@ -91,7 +91,8 @@ fn members<'a>(dir: &Path, manifest: &'a Manifest) -> Result<Vec<Member<'a>>> {
 
 /// Write the bundle at `dir` as the archive `out`: only the files its manifest lists, each
 /// streamed from disk and checked as it goes (size, checksum, a zebin holding its kernel,
-/// a Triton binary as `triton_files` wants it), into a temporary file beside `out`
+/// a Triton binary as `triton_files` wants it; a compressed file is checked whole first,
+/// `check`), into a temporary file beside `out`
 /// renamed into place last (a failure leaves `out` as it was). Returns how many files it
 /// holds.
 pub fn pack(dir: &Path, out: &Path) -> Result<usize> {
