@@ -116,12 +116,12 @@ def test_a_signed_bomb_in_the_store_is_refused(server, keys, add_spirv, system_o
 
 
 def test_a_node_keeping_entries_as_built_shares_them_compressed(
-    server,
-    keys,
+    server,  # noqa: F811
+    keys,  # noqa: F811
     add_spirv,
     system_ocloc,
     tmp_path,
-    monkeypatch,  # noqa: F811
+    monkeypatch,
 ):
     _node(monkeypatch, tmp_path, "a", server.url(), "read-only", keys["farm"])
     monkeypatch.setenv("XPU_ZEBIN_CACHE_COMPRESS", "0")
