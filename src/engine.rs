@@ -354,8 +354,10 @@ fn answer(
     let answered = match (found, &slot.missing) {
         (Some(hit), _) => Ok((hit.entry, Some(hit.counter), None)),
         (None, Some(missing)) => Err(missing.in_context("no bundle gave it, and ").into()),
-        // A failure that repeats is kept for its key, as an entry is (`keep`, below).
-        (None, None) => build(req, slot, cancel, room)
+        // Validated in full before a compiler sees it; a failure that repeats is kept for
+        // its key, as an entry is (`keep`, below).
+        (None, None) => (spirv::validate(&req.spirv).map_err(Box::<Failure>::from))
+            .and_then(|_| build(req, slot, cancel, room))
             .inspect_err(|f| {
                 let refusal = Refusal::of(&f.error, &f.attempts);
                 notes.extend(levels.remember((key, target), &refusal))
@@ -408,16 +410,14 @@ fn answer(
     outcome
 }
 
-/// Build `req` here with its GRF ladder, its SPIR-V validated in full first (before a
-/// compiler sees it): the entry, whether it is worth keeping (`Settled::repeatable`), and
-/// what the ladder says.
+/// Build `req` (its SPIR-V validated) here with its GRF ladder: the entry, whether it is
+/// worth keeping (`Settled::repeatable`), and what the ladder says.
 fn build(
     req: &CompileRequest,
     slot: &Slot,
     cancel: &AtomicBool,
     room: &Room<'_>,
 ) -> Result<(Entry, bool, Vec<String>), Box<Failure>> {
-    spirv::validate(&req.spirv)?;
     let plan = Plan {
         ladder: &slot.ladder,
         own_grf: slot.own_grf,
