@@ -49,10 +49,14 @@ def test_entries_are_compressed_and_old_ones_still_answer(add_spirv, system_oclo
     assert binary == built.binary and json.loads(meta)["build_flags"] == built.build_flags
     c = xpu_zebin.stats(private_cache)["counters"]
     assert c["written_bytes"] == len(entry) < c["written_uncompressed_bytes"] / 2, c
-    # The last release's entry of the same kernel: still a hit, the same answer.
+    # The last release's entry of the same kernel: still a hit, the same answer, and kept
+    # compressed from then on.
     path.write_bytes(entries.sealed_plain(key, meta, binary))
     again = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
     assert again.source == "cache" and again.binary == built.binary
+    assert path.read_bytes().startswith(b"XZCACHE3")
+    third = xpu_zebin.compile(add_spirv, device="pvc", ocloc=system_ocloc)
+    assert third.source == "cache" and third.binary == built.binary
 
 
 HOSTILE = {

@@ -3,9 +3,10 @@
 //! entries). What each holds, gives, refuses and keeps; their order is `Levels`'s.
 
 use crate::attempt::{Attempt, Record};
-use crate::bundle::search::{Missed, Wanted as BundleWanted};
+use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
 use crate::error::Result;
+use crate::options::Options;
 use crate::store::format;
 use crate::store::remote::{self, Config, Wanted};
 
@@ -100,6 +101,28 @@ impl Level for Local {
             None => Put::Yes,
             Some(note) => Put::Failed(note),
         })
+    }
+}
+
+/// What a request looks for in the bundles: the caller's query, and what the bundles' own
+/// keys are made of (the input, its kernel, the options).
+pub struct BundleAsk<'a> {
+    pub query: &'a Query,
+    pub input: &'a [u8],
+    pub kernel: &'a str,
+    pub options: &'a Options,
+}
+
+impl BundleAsk<'_> {
+    /// The bundles' keys for this kernel, one per target profile; None (why, at debug)
+    /// when there is nothing to look for.
+    pub(super) fn wanted(self) -> Option<BundleWanted> {
+        BundleWanted::new(self.input, self.kernel, self.options, self.query)
+            .map_err(|why| {
+                let kernel = self.kernel;
+                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
+            })
+            .ok()
     }
 }
 

@@ -18,17 +18,15 @@ pub use accounts::Answered;
 mod level;
 
 use crate::attempt::Record;
-use crate::bundle::search::{Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
 use crate::error::Result;
-use crate::options::Options;
 use crate::store::remote;
 pub use crate::zebin::Fits;
 pub use claims::Wait;
 use claims::{Claim, Claims, Waited};
 use fleet_claim::{FleetClaim, FleetTurn};
-pub use level::Target;
 use level::{Bundle, Level, Local, Put, Store};
+pub use level::{BundleAsk, Target};
 pub use refusal::Refusal;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -73,28 +71,6 @@ pub fn said(level: Counter) -> &'static str {
         Counter::BundleHits => "a bundle",
         Counter::StoreHits => "the fleet's store",
         _ => "the local cache",
-    }
-}
-
-/// What a request looks for in the bundles: the caller's query, and what the bundles' own
-/// keys are made of (the input, its kernel, the options).
-pub struct BundleAsk<'a> {
-    pub query: &'a Query,
-    pub input: &'a [u8],
-    pub kernel: &'a str,
-    pub options: &'a Options,
-}
-
-impl BundleAsk<'_> {
-    /// The bundles' keys for this kernel, one per target profile; None (why, at debug)
-    /// when there is nothing to look for.
-    fn wanted(self) -> Option<BundleWanted> {
-        BundleWanted::new(self.input, self.kernel, self.options, self.query)
-            .map_err(|why| {
-                let kernel = self.kernel;
-                crate::diag::detail("bundle", format!("kernel {kernel:?}: compiled: {why}"));
-            })
-            .ok()
     }
 }
 
@@ -476,6 +452,7 @@ impl Levels {
             for faster in &self.levels[..at] {
                 notes.extend(faster.put(key, target, &raw, false)?.note());
             }
+            self.compress_kept(level.as_ref(), (key, target), &raw, &entry);
             return Ok(Some(Hit {
                 entry,
                 counter: level.hits(),
@@ -483,6 +460,26 @@ impl Levels {
             }));
         }
         Ok(None)
+    }
+
+    /// An entry of this user's own level kept as built (by the last format, or with
+    /// `COMPRESS_ENV` off), now kept compressed: once, when a hit has it in hand (nothing
+    /// is rebuilt or lost, and a rewrite that fails leaves it as it was).
+    fn compress_kept(
+        &self,
+        level: &dyn Level,
+        (key, target): (&str, Target<'_>),
+        raw: &[u8],
+        entry: &Entry,
+    ) {
+        let as_built = cache::uncompressed_len(raw) == Some(raw.len() as u64);
+        if !(level.own() && self.compress_own && as_built) {
+            return;
+        }
+        let lean = cache::encode(key, &entry.record, &entry.binary).ok();
+        if let Some(lean) = lean.filter(|lean| lean.len() < raw.len()) {
+            let _ = level.put(key, target, &lean, false);
+        }
     }
 
     /// A fresh build of `key` into the levels this node may write: nowhere unless it is
