@@ -114,13 +114,18 @@ def hit_cost(ocloc: str, k: Dict[str, Any], root: Path, budget: float) -> pairs.
 
         return pairs.median_of(one, HITS_PER_SIDE)
 
-    baseline, lean = hit(plain, "0"), hit(k["cache"], "1")
-    baseline()  # both in the page cache
-    lean()
-    measured = pairs.measure(baseline, lean, floor=6, budget_s=budget)
-    assert twin.read_bytes().startswith(b"XZCACHE2")  # the baseline was the last format's
-    os.environ.pop("XPU_ZEBIN_CACHE_COMPRESS")
-    return measured
+    before = os.environ.get("XPU_ZEBIN_CACHE_COMPRESS")
+    try:
+        baseline, lean = hit(plain, "0"), hit(k["cache"], "1")
+        baseline()  # both in the page cache
+        lean()
+        measured = pairs.measure(baseline, lean, floor=6, budget_s=budget)
+        assert twin.read_bytes().startswith(b"XZCACHE2")  # the baseline: the last format's
+        return measured
+    finally:
+        os.environ.pop("XPU_ZEBIN_CACHE_COMPRESS", None)
+        if before is not None:
+            os.environ["XPU_ZEBIN_CACHE_COMPRESS"] = before
 
 
 def bundle_sizes(made: List[Dict[str, Any]], root: Path) -> Dict[str, Any]:

@@ -51,7 +51,8 @@ pub struct Entry {
     pub file: String,
     pub blake3: String,
     pub size: u64,
-    /// The file's own bytes, compressed (None: the zebin as it is, a bundle of format 1).
+    /// The file's own bytes, compressed (None: the zebin as it is: a bundle of format 1,
+    /// or a zebin that would inflate more than a reader takes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored: Option<Stored>,
 }

@@ -42,7 +42,8 @@ pub struct TritonFile {
     pub size: u64,
     #[serde(default)]
     pub blake3: String,
-    /// The file's own bytes, compressed (None: as it is, a bundle of format 1).
+    /// The file's own bytes, compressed (None: as it is: a bundle of format 1, or a file
+    /// that would inflate more than a reader takes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored: Option<Stored>,
 }

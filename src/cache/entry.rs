@@ -90,6 +90,17 @@ pub fn decode_within<M: DeserializeOwned>(
     }
 }
 
+/// Whether `bytes` are an entry kept as built (the last format's layout: an old entry, one
+/// written with compression off, or one that would inflate more than a reader takes).
+pub fn is_plain(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC_PLAIN)
+}
+
+/// Whether `bytes` are an entry kept compressed.
+pub fn is_compressed(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
 /// How many bytes an entry holds uncompressed (its stated length; the stored length for
 /// one of the last format); None when it is no entry.
 pub fn uncompressed_len(bytes: &[u8]) -> Option<u64> {

@@ -23,7 +23,9 @@ mod migrate;
 pub mod stats;
 mod upkeep;
 
-pub use entry::{decode, decode_within, encode, encode_plain, uncompressed_len};
+pub use entry::{
+    decode, decode_within, encode, encode_plain, is_compressed, is_plain, uncompressed_len,
+};
 use ledger::Round;
 pub use ledger::{Counter, Ledger};
 

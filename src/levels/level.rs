@@ -104,6 +104,38 @@ impl Level for Local {
     }
 }
 
+/// An entry of this user's own level kept as built (by the last format, or with
+/// `XPU_ZEBIN_CACHE_COMPRESS` off), now kept compressed: when a hit has it in hand, synced as a
+/// fresh build is (nothing is rebuilt or lost, and a rewrite that fails leaves it as it
+/// was). Tried once per key in a process, whatever came of it: an entry that stays as
+/// built (it would inflate more than a reader takes, or the cache cannot be written)
+/// never costs a compression on every hit.
+pub(super) fn compress_kept(
+    level: &dyn Level,
+    compress_own: bool,
+    (key, target): (&str, Target<'_>),
+    (raw, entry): (&[u8], &super::Entry),
+) {
+    static TRIED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    /// Past this many, no more are tried in this process (the set stays small).
+    const MOST_TRIED: usize = 1 << 16;
+    if !(level.own() && compress_own && cache::is_plain(raw)) {
+        return;
+    }
+    {
+        let mut tried = crate::sync::lock(&TRIED);
+        let tried = tried.get_or_insert_with(Default::default);
+        if tried.len() >= MOST_TRIED || !tried.insert(key.to_string()) {
+            return;
+        }
+    }
+    let lean = cache::encode(key, &entry.record, &entry.binary).ok();
+    if let Some(lean) = lean.filter(|lean| cache::is_compressed(lean)) {
+        let _ = level.put(key, target, &lean, true);
+    }
+}
+
 /// What a request looks for in the bundles: the caller's query, and what the bundles' own
 /// keys are made of (the input, its kernel, the options).
 pub struct BundleAsk<'a> {

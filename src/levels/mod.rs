@@ -452,7 +452,12 @@ impl Levels {
             for faster in &self.levels[..at] {
                 notes.extend(faster.put(key, target, &raw, false)?.note());
             }
-            self.compress_kept(level.as_ref(), (key, target), &raw, &entry);
+            level::compress_kept(
+                level.as_ref(),
+                self.compress_own,
+                (key, target),
+                (&raw, &entry),
+            );
             return Ok(Some(Hit {
                 entry,
                 counter: level.hits(),
@@ -460,26 +465,6 @@ impl Levels {
             }));
         }
         Ok(None)
-    }
-
-    /// An entry of this user's own level kept as built (by the last format, or with
-    /// `COMPRESS_ENV` off), now kept compressed: once, when a hit has it in hand (nothing
-    /// is rebuilt or lost, and a rewrite that fails leaves it as it was).
-    fn compress_kept(
-        &self,
-        level: &dyn Level,
-        (key, target): (&str, Target<'_>),
-        raw: &[u8],
-        entry: &Entry,
-    ) {
-        let as_built = cache::uncompressed_len(raw) == Some(raw.len() as u64);
-        if !(level.own() && self.compress_own && as_built) {
-            return;
-        }
-        let lean = cache::encode(key, &entry.record, &entry.binary).ok();
-        if let Some(lean) = lean.filter(|lean| lean.len() < raw.len()) {
-            let _ = level.put(key, target, &lean, false);
-        }
     }
 
     /// A fresh build of `key` into the levels this node may write: nowhere unless it is
@@ -554,8 +539,7 @@ impl Levels {
         }
         // What this node kept as built (`COMPRESS_ENV`) goes out compressed, as every
         // node's does.
-        let as_built = cache::uncompressed_len(&raw) == Some(raw.len() as u64);
-        let raw = match as_built {
+        let raw = match cache::is_plain(&raw) {
             true => match cache::encode(key, &record, &binary) {
                 Ok(entry) => entry,
                 Err(_) => return Ok(false),
