@@ -190,10 +190,9 @@ mod tests {
             |_| false,
         );
         assert_eq!(may, vec![cores > 1, cores > 1, true]);
-        // More jobs than half the cores: a twin each would not fit, so queued jobs keep
-        // the cores (the case below, every core a job, is one).
-        // As many jobs as cores, one more queued: the jobs started first keep their cores
-        // for it (each looks once every job has started, and none ends before all looked).
+        // As many jobs as cores (more than half: a twin each would not fit), one more
+        // queued: the jobs started first keep their cores for it (each looks once every
+        // job has started, and none ends before all looked).
         let items: Vec<usize> = (0..=cores).collect();
         let (started, looked) = (
             std::sync::Barrier::new(cores),

@@ -25,8 +25,8 @@ const WINDOW_LOG: u32 = 22;
 pub const MOST_RATIO: u64 = 64;
 /// Whether `plain` bytes kept as `stored` bytes of frame inflate within `MOST_RATIO`: what
 /// inflates more is kept as it is instead, so no reader refuses what a writer kept.
-pub fn within_ratio(stored: usize, plain: usize) -> bool {
-    (plain as u64) <= (stored as u64).saturating_mul(MOST_RATIO)
+pub fn within_ratio(stored: usize, plain: u64) -> bool {
+    plain <= (stored as u64).saturating_mul(MOST_RATIO)
 }
 
 /// How every zstd frame starts (a skippable frame, or anything else, is not one of ours).
@@ -46,27 +46,23 @@ pub fn compress_into(out: &mut Vec<u8>, parts: &[&[u8]]) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Whether `stated` bytes may come of `stored` bytes of frame, at most `most`: the bounds
-/// checked before anything is allocated.
-pub fn check_stated(stated: u64, stored: usize, most: u64) -> Result<(), String> {
-    if stated > most {
+/// `frame` inflated to the `len` bytes it is said to hold: refused before anything is
+/// allocated when that is more than `most` or than `MOST_RATIO` times the frame; then it
+/// must be one whole zstd frame, nothing after it, stating `len` bytes and inflating to
+/// exactly that, at once into a buffer of that length (a frame holding more does not fit
+/// it: zstd stops there).
+pub fn inflate(frame: &[u8], len: u64, most: u64) -> Result<Vec<u8>, String> {
+    if len > most {
         return Err(format!(
-            "states {stated} bytes uncompressed: more than it may hold here ({most})"
+            "states {len} bytes uncompressed: more than it may hold here ({most})"
         ));
     }
-    if stated > (stored as u64).saturating_mul(MOST_RATIO) {
+    if !within_ratio(frame.len(), len) {
         return Err(format!(
-            "states {stated} bytes from {stored} compressed: more than ours inflate \
-             ({MOST_RATIO}x)"
+            "states {len} bytes from {} compressed: more than ours inflate ({MOST_RATIO}x)",
+            frame.len()
         ));
     }
-    Ok(())
-}
-
-/// `frame` inflated: one whole zstd frame, nothing after it, stating `len` bytes and
-/// inflating to exactly that, at once into a buffer of that length (a frame holding more
-/// does not fit it: zstd stops there). The caller has bounded `len` (`check_stated`).
-pub fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
     let cut = || "the compressed body is cut short or not zstd".to_string();
     if !frame.starts_with(&FRAME_MAGIC) {
         return Err(cut());
@@ -82,13 +78,15 @@ pub fn inflate(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
         Err(_) => return Err(cut()),
     }
     match zstd::zstd_safe::get_frame_content_size(frame) {
-        Ok(Some(n)) if n == len as u64 => {}
+        Ok(Some(n)) if n == len => {}
         Ok(Some(n)) => return Err(format!("its frame states {n} bytes, not {len}")),
         Ok(None) => return Err("its frame does not state its length: not one of ours".into()),
         Err(_) => return Err(cut()),
     }
     let inflating = |e: std::io::Error| format!("the compressed body does not inflate: {e}");
     let mut at_once = zstd::bulk::Decompressor::new().map_err(inflating)?;
+    // Bounded above: `most` and the ratio (the callers' `most` fit in memory).
+    let len = usize::try_from(len).map_err(|_| cut())?;
     let mut plain = Vec::with_capacity(len);
     at_once
         .decompress_to_buffer(frame, &mut plain)

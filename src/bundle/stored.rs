@@ -54,7 +54,7 @@ impl Member {
 pub fn store(plain: &[u8]) -> std::io::Result<(Vec<u8>, Option<Stored>)> {
     let mut out = Vec::with_capacity(plain.len() / 3 + 64);
     crate::compressed::compress_into(&mut out, &[plain])?;
-    if !crate::compressed::within_ratio(out.len(), plain.len()) {
+    if !crate::compressed::within_ratio(out.len(), plain.len() as u64) {
         return Ok((plain.to_vec(), None));
     }
     let listed = Stored {
@@ -89,8 +89,7 @@ pub fn read(path: &Path, listed: &Listed<'_>) -> Result<Member, String> {
             inflated: None,
         });
     }
-    crate::compressed::check_stated(listed.size, stored.len(), MAX_ENTRY_BYTES)
-        .and_then(|()| crate::compressed::inflate(&stored, listed.size as usize))
+    crate::compressed::inflate(&stored, listed.size, MAX_ENTRY_BYTES)
         .and_then(
             |plain| match matches(&plain, (listed.size, listed.blake3)) {
                 true => Ok(plain),

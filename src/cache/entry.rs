@@ -36,7 +36,7 @@ pub fn encode<M: Serialize>(key: &str, meta: &M, binary: &[u8]) -> std::io::Resu
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(plain as u64).to_le_bytes());
     crate::compressed::compress_into(&mut out, &[binary, &meta, &meta_len.to_le_bytes()])?;
-    if !crate::compressed::within_ratio(out.len() - MAGIC.len() - 8, plain) {
+    if !crate::compressed::within_ratio(out.len() - MAGIC.len() - 8, plain as u64) {
         return Ok(plain_entry(key, (&meta, meta_len), binary));
     }
     let sum = checksum(key, &out);
@@ -148,8 +148,7 @@ fn decode_compressed<M: DeserializeOwned>(
             "states {stated} bytes uncompressed: too few for an entry"
         ));
     }
-    crate::compressed::check_stated(stated, frame.len(), most)?;
-    let mut plain = crate::compressed::inflate(frame, stated as usize)?;
+    let mut plain = crate::compressed::inflate(frame, stated, most)?;
     let end = plain.len() - 4;
     let meta_len = u32::from_le_bytes([plain[end], plain[end + 1], plain[end + 2], plain[end + 3]]);
     let Some(split) = end.checked_sub(meta_len as usize) else {

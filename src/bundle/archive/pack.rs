@@ -195,43 +195,42 @@ fn append_member(
 /// file stored compressed is read whole (one at a time, within `MAX_ENTRY_BYTES`),
 /// inflated and checked as every reader of a bundle checks it, then as a plain one is.
 fn check(file: &mut File, m: &Member, natives: &Natives) -> std::result::Result<(), String> {
-    if m.listed.stored.is_some() {
-        let member = stored::read(&m.file, &m.listed).map_err(|why| format!("{} {why}", m.path))?;
-        let holds_kernel = |kernel: &str| {
-            crate::zebin::parse(member.plain())
-                .and_then(|info| info.kernel_spill(kernel))
-                .map(|_| ())
-                .map_err(|e| format!("{}: {}", m.path, e.message))
-        };
-        return match m.check {
-            Check::Zebin(kernel) => holds_kernel(kernel),
-            Check::TritonBinary(entry) => {
-                let zebin = || holds_kernel(&entry.kernel).is_ok();
-                match triton::binary_allowed(natives, entry, member.plain(), m.listed.blake3, zebin)
-                {
-                    true => Ok(()),
-                    false => Err(triton::not_allowed(&m.path, entry)),
-                }
-            }
-            Check::Nothing => Ok(()),
-        };
+    match m.listed.stored {
+        Some(_) => {
+            let member =
+                stored::read(&m.file, &m.listed).map_err(|why| format!("{} {why}", m.path))?;
+            check_held(&mut std::io::Cursor::new(member.plain()), m, natives)
+        }
+        None => check_held(file, m, natives),
     }
-    let holds_kernel = |file: &mut File, kernel: &str| {
-        crate::zebin::parse_reader(BufReader::new(file))
+}
+
+/// `check`'s own checks, of what the file holds (`held`, from its start).
+fn check_held(
+    held: &mut (impl Read + Seek),
+    m: &Member,
+    natives: &Natives,
+) -> std::result::Result<(), String> {
+    fn holds_kernel(
+        held: impl Read + Seek,
+        kernel: &str,
+        path: &str,
+    ) -> std::result::Result<(), String> {
+        crate::zebin::parse_reader(BufReader::new(held))
             .and_then(|info| info.kernel_spill(kernel))
             .map(|_| ())
-            .map_err(|e| format!("{}: {}", m.path, e.message))
-    };
+            .map_err(|e| format!("{path}: {}", e.message))
+    }
     match m.check {
-        Check::Zebin(kernel) => holds_kernel(file, kernel),
+        Check::Zebin(kernel) => holds_kernel(held, kernel, &m.path),
         Check::TritonBinary(entry) => {
             let mut head = Vec::with_capacity(4);
-            let read = file
+            let read = (&mut *held)
                 .take(4)
                 .read_to_end(&mut head)
-                .and_then(|_| file.rewind());
+                .and_then(|_| held.rewind());
             read.map_err(|e| format!("{} cannot be read: {e}", m.path))?;
-            let zebin = || holds_kernel(file, &entry.kernel).is_ok();
+            let zebin = || holds_kernel(held, &entry.kernel, &m.path).is_ok();
             match triton::binary_allowed(natives, entry, &head, m.listed.blake3, zebin) {
                 true => Ok(()),
                 false => Err(triton::not_allowed(&m.path, entry)),
