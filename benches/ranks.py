@@ -11,8 +11,10 @@ Three shapes of a rank's first step:
   ranks share the host's cores);
 - ``autotune``: the first call of an ``@triton.autotune`` kernel through the Triton
   drop-in at full width (``XPU_ZEBIN_TRITON=1``; ``benches/autotune.py``'s child, its
-  ``--autotune-size`` configs, Triton's cache each rank's own), timed from the ranks'
-  start (their imports alike on both sides).
+  ``--autotune-size`` configs), timed from the ranks' start (their imports alike on both
+  sides). The ranks share Triton's cache directory, as every process of a user shares
+  ``~/.triton/cache`` by default: shared, each config's front end runs once
+  (``xpu_zebin.triton.front_ends``); off, every rank runs every one, as Triton does.
 
 Reported per shape and N: ``builds`` (the cache's ``compiles``, from ``xpu-zebin stats``:
 shared, exactly the distinct kernels), ``ranks_speedup`` (wall time off / on: the first
@@ -142,7 +144,7 @@ def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
             # What a rank says goes to a file: a pipe read one rank at a time could fill.
             with open(here / "stderr", "w") as err:
                 command = [sys.executable, str(script), str(autotune.TESTS),
-                           str(here / "triton-cache"), size]  # fmt: skip
+                           str(Path(work) / "triton-cache"), size]  # fmt: skip
                 procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
                                               env=env))  # fmt: skip
         for i, p in enumerate(procs):

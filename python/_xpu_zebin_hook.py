@@ -8,7 +8,9 @@ without it nothing is imported, patched or slowed. :func:`activate` reads the va
 off). :func:`arm` then waits, with an import hook, for Triton's
 backend registry (``triton.backends``, imported by ``import triton``): once it holds the
 Intel backend, its zebin stage goes through :func:`xpu_zebin.triton.make_zebin`, and every
-``XPUUtils`` its driver creates loads kernels through the package's ``load_binary``.
+``XPUUtils`` its driver creates loads kernels through the package's ``load_binary``;
+its autotuner compiles configs at once, and its compile shares front ends between
+processes (:mod:`xpu_zebin.triton.front_ends`).
 Subprocesses that inherit the environment (Inductor's compile workers, serving stacks) get
 the same. The package itself is imported only then.
 
@@ -39,6 +41,8 @@ FALSE_VALUES = ("", "0", "false", "no", "off")
 BACKENDS = "triton.backends"
 # Triton's autotuner (imported by ``import triton`` too).
 AUTOTUNER = "triton.runtime.autotuner"
+# Triton's compile, whose cache manager the ranks of a job share front ends through.
+COMPILER = "triton.compiler.compiler"
 
 
 def parse_setting(value: Optional[str]) -> Optional[bool]:
@@ -122,9 +126,17 @@ def _patch_autotuner(module: Any) -> None:
         autotune.install(module.Autotuner)
 
 
+def _patch_compiler(module: Any) -> None:
+    """Every compile's cache manager shares its front end between processes."""
+    front_ends = _package("triton.front_ends") if hasattr(module, "get_cache_manager") else None
+    if front_ends is not None:
+        front_ends.install(module)
+
+
 _PATCHES: Dict[str, Callable[[Any], None]] = {
     BACKENDS: _patch_backends,
     AUTOTUNER: _patch_autotuner,
+    COMPILER: _patch_compiler,
 }
 
 

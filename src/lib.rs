@@ -70,6 +70,8 @@ mod _core {
         trusted_keys_set, verify, CacheSlot,
     };
     #[pymodule_export]
+    use crate::bindings::triton::{claim_triton_group, FrontEndClaim};
+    #[pymodule_export]
     use crate::bindings::workers::{
         bool_knob, broken_workers, cache_stats, compiler_refusals, compiler_refused,
         configure_workers, count_triton_cache_hit, doctor, forget_compiler_refusals,

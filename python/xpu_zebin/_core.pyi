@@ -320,3 +320,17 @@ def cache_stats(
     cache_dir: Optional[str] = None, zero: bool = False, recount: bool = False
 ) -> Dict[str, Any]: ...
 def count_triton_cache_hit(cache_dir: Optional[str] = None) -> None: ...
+
+class FrontEndClaim:
+    """The claim on one of Triton's cache groups, held while this process runs its front end."""
+
+    def release(self) -> None: ...
+    def held(self) -> bool: ...
+
+def claim_triton_group(
+    key: str,
+    filename: str,
+    found: Callable[[], bool],
+    bound_s: Optional[float] = None,
+    cache_dir: Optional[str] = None,
+) -> Tuple[Optional[FrontEndClaim], str]: ...

@@ -13,6 +13,7 @@ pub mod level_zero;
 pub mod offline;
 pub mod options;
 pub mod remote;
+pub mod triton;
 pub mod workers;
 
 /// Why an attempt failed: the error's kind, message and, for a PTSS overflow, the

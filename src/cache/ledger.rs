@@ -153,10 +153,11 @@ pub enum Counter {
     StorePublished,
     WrittenBytes,
     WrittenUncompressedBytes,
+    TritonWaits,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 24] = [
+    pub const ALL: [Counter; 25] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -181,6 +182,7 @@ impl Counter {
         Counter::StorePublished,
         Counter::WrittenBytes,
         Counter::WrittenUncompressedBytes,
+        Counter::TritonWaits,
     ];
 
     pub fn name(self) -> &'static str {
@@ -209,6 +211,7 @@ impl Counter {
             Counter::StorePublished => "published_store",
             Counter::WrittenBytes => "written_bytes",
             Counter::WrittenUncompressedBytes => "written_uncompressed_bytes",
+            Counter::TritonWaits => "waits_triton_front_end",
         }
     }
 }

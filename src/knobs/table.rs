@@ -105,9 +105,10 @@ pub const KNOBS: &[Knob] = &[
         "true",
         "true: one build per kernel for every thread, process and host using one cache \
          directory (a request that misses a kernel another is building waits for it and is \
-         answered from its entry), and a failure that repeats (PTSS in both GRF modes, a \
-         kernel the compiler refuses) is remembered for its kernel and compiler; false: \
-         each request builds for itself",
+         answered from its entry), and so is Triton's front end under the drop-in (one \
+         run per kernel for processes sharing Triton's cache directory); a failure that \
+         repeats (PTSS in both GRF modes, a kernel the compiler refuses) is remembered for \
+         its kernel and compiler; false: each request builds for itself",
     ),
     engine(
         "XPU_ZEBIN_CACHE_COMPRESS",

@@ -12,6 +12,7 @@
 pub mod accounts;
 pub mod claims;
 mod fleet_claim;
+pub mod front_ends;
 mod refusal;
 pub use accounts::Answered;
 

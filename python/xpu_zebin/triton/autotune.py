@@ -20,8 +20,7 @@ seen again are Triton's cache hits: nothing is compiled.
 ``1`` off. Upstream's ``TRITON_AUTOTUNING_COMPILE_WORKERS`` (triton-lang/triton #9612,
 #11847, not merged) is honoured where ours is unset.
 
-Triton versions: triton-xpu 3.3's ``Autotuner.prune_configs(kwargs)`` (positional
-arguments in ``self.nargs``) and upstream main's ``prune_configs(kwargs, nargs)``.
+Triton versions: triton-xpu 3.3's ``prune_configs(kwargs)`` and main's ``(kwargs, nargs)``.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ import xpu_zebin
 from .. import bundle
 from ..build_options import load_binary_options
 from ..errors import BuildError
+from . import front_ends
 from .frontend import warm_triton
 from .host import gpu_target_arch, ocloc_arch, offline_usable
 
@@ -170,17 +170,17 @@ def _bound_pending() -> None:
 
 
 def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any) -> Any:
-    """Triton's own compile of one config, as its benchmark's first launch makes it (the
-    same specialization, options and cache entries), without launching. None when it
-    fails: the benchmark meets the same failure and Triton skips the config."""
+    """Triton's own compile of one config, as its benchmark's first launch makes it, not
+    launched. None when it fails: the benchmark fails the same way, and Triton skips it."""
     try:
-        # The call's own arguments (Triton passes grid and warmup among them), the config's
-        # meta-parameters, and no launch.
+        # The call's own arguments (grid and warmup among them), the config's, no launch.
         current = {"grid": None, **kwargs, **config.all_kwargs(), "warmup": True}
         return tuner.fn.run(*(_as_argument(a) for a in args), **current)
     except Exception as e:  # the benchmark raises it again, in Triton's own handling
         logger.debug("config %s: front end failed (%s); its benchmark will say", config, e)
         return None
+    finally:
+        front_ends.let_go()  # a failed front end's claim: others need not wait for it
 
 
 def _as_argument(arg: Any) -> Any:

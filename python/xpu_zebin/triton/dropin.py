@@ -23,7 +23,7 @@ from ..build_options import (
     seventh_argument,
 )
 from ..errors import BuildError
-from . import autotune
+from . import autotune, front_ends
 from .errors import triton_error
 from .fallback import load_spirv, native_the_driver_takes, note_kept_default, trial_load
 from .host import gpu_target_arch
@@ -386,6 +386,7 @@ def install(utils: Any = None, *, backend: bool = True) -> Any:
     if backend:
         install_backend()
         autotune.install()
+        front_ends.install()
     _debug_logging()
     return utils
 
@@ -399,3 +400,4 @@ def uninstall() -> None:
         cls, original_add_stages = _installed_backend.pop()
         cls.add_stages = original_add_stages
     autotune.uninstall()
+    front_ends.uninstall()

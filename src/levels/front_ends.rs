@@ -1,0 +1,130 @@
+//! One Triton front end per kernel, however many processes ask: Triton's compile of a
+//! kernel (its IRs, SPIR-V and metadata, one group of Triton's cache) claimed as a native
+//! build is (`claims.rs`), so that the ranks of a job sharing Triton's cache directory run
+//! each kernel's front end once and the others take its group from Triton's cache.
+//!
+//! The claim lives in this user's cache directory, keyed apart from native builds (a hash
+//! of Triton's cache key and the group's file name); `found` is Triton's cache asked
+//! again (the caller's). Nothing here fails a compile: a claim that cannot be taken, a
+//! holder killed, stopped or slower than `FRONT_END_BOUND`, leaves the caller to run its
+//! own front end, as Triton does.
+
+use super::claims::{Claim, Claims, Waited};
+use super::SHARE_BUILDS_ENV;
+use crate::cache::{Cache, Counter};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// The longest a request waits for another process's front end of a kernel (Triton's
+/// front end has no time limit of its own): beyond, it runs its own. Large kernels take
+/// tens of seconds; a holder stopped is seen after `claims::STALLED` anyway.
+pub const FRONT_END_BOUND: Duration = Duration::from_secs(300);
+
+/// How a request for one of Triton's cache groups went.
+pub enum Flight {
+    /// This request runs the front end, holding the group's claim until it is dropped.
+    Mine(Claim),
+    /// Another's front end put the group meanwhile: Triton's cache answers (after this
+    /// long a wait).
+    Answered(Duration),
+    /// It runs its front end without a claim (why).
+    Alone(String),
+    /// Its wait was cancelled (the caller's interrupt).
+    Cancelled,
+}
+
+/// The claim key of Triton's cache group `filename` under Triton's cache key `key`:
+/// hex, never a native build's (another domain of the hash).
+pub fn group_key(key: &str, filename: &str) -> String {
+    let mut hash = blake3::Hasher::new();
+    hash.update(b"a Triton cache group\0");
+    hash.update(key.as_bytes());
+    hash.update(b"\0");
+    hash.update(filename.as_bytes());
+    hash.finalize().to_hex().to_string()
+}
+
+/// Claim Triton's cache group `filename` of `key` in the cache of `cache_dir` (default:
+/// the user's), or wait for the process that holds it: `found()` asks Triton's cache. A
+/// wait answered is counted in that cache's ledger (`TritonWaits`). `Err`: a bad
+/// `XPU_ZEBIN_SHARE_BUILDS` (no value is ignored).
+pub fn claim_group(
+    cache_dir: Option<&std::path::Path>,
+    (key, filename): (&str, &str),
+    bound: Option<Duration>,
+    cancel: &AtomicBool,
+    found: impl FnMut() -> bool,
+) -> crate::error::Result<Flight> {
+    if !crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)? {
+        return Ok(Flight::Alone(format!("{SHARE_BUILDS_ENV} is off")));
+    }
+    let cache = Cache::open(cache_dir);
+    if !cache.in_service() {
+        return Ok(Flight::Alone("the cache directory is not used".into()));
+    }
+    let mut found = found;
+    if found() {
+        return Ok(Flight::Answered(Duration::ZERO)); // put before this request asked
+    }
+    let claims = Claims::of(cache.dir());
+    let waited = claims.wait(
+        &group_key(key, filename),
+        (Some(bound.unwrap_or(FRONT_END_BOUND)), cancel),
+        &|| false,
+        || found().then_some(()),
+    );
+    Ok(match waited {
+        Waited::Mine(claim) => Flight::Mine(claim),
+        Waited::Answered((), took) => {
+            if let Some(ledger) = cache.ledger_to_count() {
+                ledger.count(Counter::TritonWaits, 1);
+            }
+            Flight::Answered(took)
+        }
+        Waited::Alone(why) => Flight::Alone(why),
+        Waited::Cancelled => Flight::Cancelled,
+        Waited::SteppedAside => Flight::Alone("stepped aside".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    #[test]
+    fn one_front_end_per_group_the_other_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let never = AtomicBool::new(false);
+        let group = ("KEY", "kernel.json");
+        let Flight::Mine(claim) =
+            claim_group(Some(dir.path()), group, None, &never, || false).unwrap()
+        else {
+            panic!("a free group is not claimed")
+        };
+        let put = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (path, put) = (dir.path().to_path_buf(), put.clone());
+            std::thread::spawn(move || {
+                let never = AtomicBool::new(false);
+                let flight = claim_group(Some(&path), group, None, &never, || {
+                    put.load(Ordering::SeqCst)
+                });
+                matches!(flight, Ok(Flight::Answered(_)))
+            })
+        };
+        put.store(true, Ordering::SeqCst);
+        drop(claim);
+        assert!(waiter.join().unwrap(), "the waiter ran its own front end");
+    }
+
+    #[test]
+    fn groups_are_apart_from_builds_and_from_each_other() {
+        let a = group_key("K", "a.json");
+        assert_ne!(a, group_key("K", "b.json"));
+        assert_ne!(a, group_key("Ka", ".json"));
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+}

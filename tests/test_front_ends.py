@@ -1,0 +1,170 @@
+"""One Triton front end per kernel, however many processes ask (issue 64, the autotune
+shape): processes sharing Triton's cache directory claim a kernel's cache group before
+Triton's front end runs; another waits for it and takes the group from Triton's cache. A
+holder killed lets its waiter run its own. Real Triton front ends (triton-xpu on the CPU),
+real processes; each step waits on what the other process says, never on a sleep."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import xpu_zebin
+from xpu_zebin import _core
+from xpu_zebin.triton import front_ends
+
+TESTS = Path(__file__).resolve().parent
+
+#: A rank compiling triton_helpers' add kernel with front ends shared. `hold`: it says
+#: "holding" inside its front end (the group claimed) and goes on once `go` exists. Every
+#: look in Triton's cache is said ("looked"), and the front end's stages it ran are counted.
+RANK = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+triton_cache, role, go = sys.argv[2:5]
+from triton.backends import backends
+from triton.runtime.cache import FileCacheManager
+import xpu_zebin
+from xpu_zebin.triton import front_ends
+from triton_helpers import ADD_SIG, add_kernel, compile_triton, triton_on_cpu
+
+front_ends.install()
+ran = []
+intel = backends["intel"].compiler
+add_stages = intel.add_stages
+
+def counted(self, stages, options, *args, **kwargs):
+    add_stages(self, stages, options, *args, **kwargs)
+    ttir = stages["ttir"]
+
+    def stage(src, metadata):
+        ran.append("ttir")
+        if role == "hold":
+            print("holding", flush=True)
+            deadline = time.monotonic() + 300
+            while not os.path.exists(go) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return ttir(src, metadata)
+
+    stages["ttir"] = stage
+
+intel.add_stages = counted
+get_group = FileCacheManager.get_group
+
+def looked(self, filename):
+    print("looked", flush=True)
+    return get_group(self, filename)
+
+FileCacheManager.get_group = looked
+with triton_on_cpu(triton_cache):
+    compiled = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 64})
+waits = xpu_zebin.stats()["counters"]["waits_triton_front_end"]
+print(json.dumps({"ran": len(ran), "hash": compiled.hash, "waits": waits}), flush=True)
+"""
+
+
+def _rank(tmp_path: Path, role: str) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    command = [sys.executable, str(script), str(TESTS), str(tmp_path / "triton-cache"), role,
+               str(tmp_path / "go")]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def _until(rank: subprocess.Popen, line: str, times: int = 1) -> None:
+    """Read the rank's lines until it has said `line` `times` times (it ends: fails)."""
+    seen = 0
+    while seen < times:
+        said = rank.stdout.readline()
+        assert said, f"the rank ended before saying {line!r} {times} times"
+        seen += said.strip() == line
+
+
+def _result(rank: subprocess.Popen) -> dict:
+    out, _ = rank.communicate(timeout=300)
+    assert rank.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_second_process_waits_for_the_first_front_end(tmp_path):
+    holder = _rank(tmp_path, "hold")
+    _until(holder, "holding")
+    waiter = _rank(tmp_path, "wait")
+    # Its own look, the claim's first look and at least one look while it waits.
+    _until(waiter, "looked", 3)
+    (tmp_path / "go").touch()
+    held, waited = _result(holder), _result(waiter)
+    assert held["ran"] == 1
+    assert waited["ran"] == 0, "the waiter ran its own front end"
+    assert waited["hash"] == held["hash"]
+    assert waited["waits"] == 1
+
+
+def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
+    holder = _rank(tmp_path, "hold")
+    _until(holder, "holding")
+    waiter = _rank(tmp_path, "wait")
+    _until(waiter, "looked", 3)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=60)
+    waited = _result(waiter)
+    assert waited["ran"] == 1
+    assert waited["waits"] == 0
+
+
+def test_sharing_off_runs_every_front_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("XPU_ZEBIN_SHARE_BUILDS", "0")
+    holder = _rank(tmp_path, "hold")
+    _until(holder, "holding")
+    # Not waiting: it runs its own while the other still holds its front end.
+    alone = _result(_rank(tmp_path, "alone"))
+    (tmp_path / "go").touch()
+    assert _result(holder)["ran"] == 1
+    assert alone["ran"] == 1
+
+
+def test_a_bad_bound_or_a_look_that_fails_is_the_callers_error(tmp_path):
+    with pytest.raises(ValueError, match="bound_s"):
+        _core.claim_triton_group("K", "k.json", lambda: False, bound_s=-1.0)
+    with pytest.raises(ValueError, match="bound_s"):
+        _core.claim_triton_group("K", "k.json", lambda: False, bound_s=float("nan"))
+
+    def broken() -> bool:
+        raise OSError("Triton's cache cannot be read")
+
+    claim, _ = _core.claim_triton_group("K", "k.json", lambda: False)
+    assert claim is not None and claim.held()
+    try:
+        with pytest.raises(OSError, match="cannot be read"):
+            _core.claim_triton_group("K", "k.json", broken)
+    finally:
+        claim.release()
+    assert not claim.held()
+    claim.release()  # a second release does nothing
+
+
+def test_a_bad_share_setting_is_an_error(monkeypatch):
+    monkeypatch.setenv("XPU_ZEBIN_SHARE_BUILDS", "sometimes")
+    with pytest.raises(xpu_zebin.InvalidArgumentError, match="XPU_ZEBIN_SHARE_BUILDS"):
+        _core.claim_triton_group("K", "k.json", lambda: False)
+
+
+def test_a_failed_front_end_lets_go_at_once_in_this_thread():
+    manager = front_ends.OneFrontEnd(_Empty(), "K")
+    assert manager.get_group("k.json") is None  # claimed: this thread runs it
+    assert manager._claim is not None and manager._claim.held()
+    claim = manager._claim
+    front_ends.let_go()  # what the autotuner does after a front end that raised
+    assert not claim.held()
+
+
+class _Empty:
+    """A Triton cache manager that holds nothing."""
+
+    def get_group(self, filename: str):
+        return None
