@@ -6,10 +6,13 @@ real processes; each step waits on what the other process says, never on a sleep
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -44,11 +47,13 @@ def counted(self, stages, options, *args, **kwargs):
 
     def stage(src, metadata):
         ran.append("ttir")
-        if role == "hold":
+        if role in ("hold", "fail"):
             print("holding", flush=True)
             deadline = time.monotonic() + 300
             while not os.path.exists(go) and time.monotonic() < deadline:
                 time.sleep(0.01)
+        if role == "fail":
+            raise RuntimeError("this front end fails")
         return ttir(src, metadata)
 
     stages["ttir"] = stage
@@ -62,18 +67,42 @@ def looked(self, filename):
 
 FileCacheManager.get_group = looked
 with triton_on_cpu(triton_cache):
-    compiled = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 64})
+    try:
+        compiled = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 64})
+    except RuntimeError as e:
+        kept = sys.exc_info()  # its traceback, and the compile's cache manager, kept alive
+        print("failed", flush=True)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(go + ".end") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sys.exit(0)
 waits = xpu_zebin.stats()["counters"]["waits_triton_front_end"]
 print(json.dumps({"ran": len(ran), "hash": compiled.hash, "waits": waits}), flush=True)
 """
 
 
-def _rank(tmp_path: Path, role: str) -> subprocess.Popen:
+def _rank(tmp_path: Path, role: str, cache: str = "triton-cache", **env: str) -> subprocess.Popen:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    command = [sys.executable, str(script), str(TESTS), str(tmp_path / "triton-cache"), role,
+    command = [sys.executable, str(script), str(TESTS), str(tmp_path / cache), role,
                str(tmp_path / "go")]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    rank = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
+    _started.append(rank)
+    return rank
+
+
+_started: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_left():
+    """Every rank a test started ends with it, whatever the test found."""
+    yield
+    while _started:
+        rank = _started.pop()
+        if rank.poll() is None:
+            rank.kill()
+        rank.communicate(timeout=60)
 
 
 def _until(rank: subprocess.Popen, line: str, times: int = 1) -> None:
@@ -95,8 +124,8 @@ def test_a_second_process_waits_for_the_first_front_end(tmp_path):
     holder = _rank(tmp_path, "hold")
     _until(holder, "holding")
     waiter = _rank(tmp_path, "wait")
-    # Its own look, the claim's first look and at least one look while it waits.
-    _until(waiter, "looked", 3)
+    # Its own look and at least one look while it waits.
+    _until(waiter, "looked", 2)
     (tmp_path / "go").touch()
     held, waited = _result(holder), _result(waiter)
     assert held["ran"] == 1
@@ -109,7 +138,7 @@ def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
     holder = _rank(tmp_path, "hold")
     _until(holder, "holding")
     waiter = _rank(tmp_path, "wait")
-    _until(waiter, "looked", 3)
+    _until(waiter, "looked", 2)
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)
     waited = _result(waiter)
@@ -117,15 +146,38 @@ def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
     assert waited["waits"] == 0
 
 
-def test_sharing_off_runs_every_front_end(tmp_path, monkeypatch):
-    monkeypatch.setenv("XPU_ZEBIN_SHARE_BUILDS", "0")
+@pytest.mark.parametrize(
+    "cache, env",
+    [
+        ("triton-cache", {"XPU_ZEBIN_SHARE_BUILDS": "0"}),
+        ("triton-cache", {"TRITON_ALWAYS_COMPILE": "1"}),
+        ("triton-cache", {"TRITON_KERNEL_DUMP": "1"}),
+        ("another-triton-cache", {}),  # Inductor's: a Triton cache per device
+    ],
+    ids=["sharing-off", "always-compile", "kernel-dump", "another-cache"],
+)
+def test_a_compile_of_its_own_never_waits(tmp_path, cache, env):
     holder = _rank(tmp_path, "hold")
     _until(holder, "holding")
     # Not waiting: it runs its own while the other still holds its front end.
-    alone = _result(_rank(tmp_path, "alone"))
+    alone = _result(_rank(tmp_path, "alone", cache, TRITON_DUMP_DIR=str(tmp_path / "dump"), **env))
     (tmp_path / "go").touch()
     assert _result(holder)["ran"] == 1
     assert alone["ran"] == 1
+
+
+def test_a_failed_front_end_lets_its_waiter_run_its_own(tmp_path):
+    holder = _rank(tmp_path, "fail")
+    _until(holder, "holding")
+    waiter = _rank(tmp_path, "wait")
+    _until(waiter, "looked", 2)
+    (tmp_path / "go").touch()
+    _until(holder, "failed")  # alive, the failure's traceback kept
+    waited = _result(waiter)
+    assert waited["ran"] == 1
+    assert waited["waits"] == 0
+    (tmp_path / "go.end").touch()
+    assert holder.wait(timeout=60) == 0
 
 
 def test_a_bad_bound_or_a_look_that_fails_is_the_callers_error(tmp_path):
@@ -142,10 +194,25 @@ def test_a_bad_bound_or_a_look_that_fails_is_the_callers_error(tmp_path):
     try:
         with pytest.raises(OSError, match="cannot be read"):
             _core.claim_triton_group("K", "k.json", broken)
+        # Another thread's wait ends at cancel_running (what Ctrl-C does to a batch).
+        ended: list = []
+        waiter = threading.Thread(target=lambda: ended.append(_wait_for("K")))
+        waiter.start()
+        while waiter.is_alive():
+            _core.cancel_running()
+            waiter.join(timeout=0.05)
+        assert ended and isinstance(ended[0], xpu_zebin.CancelledError)
     finally:
         claim.release()
     assert not claim.held()
     claim.release()  # a second release does nothing
+
+
+def _wait_for(key: str):
+    try:
+        return _core.claim_triton_group(key, "k.json", lambda: False)
+    except BaseException as e:
+        return e
 
 
 def test_a_bad_share_setting_is_an_error(monkeypatch):
@@ -154,17 +221,22 @@ def test_a_bad_share_setting_is_an_error(monkeypatch):
         _core.claim_triton_group("K", "k.json", lambda: False)
 
 
-def test_a_failed_front_end_lets_go_at_once_in_this_thread():
-    manager = front_ends.OneFrontEnd(_Empty(), "K")
+def test_a_failed_front_end_lets_go_at_once_in_this_thread(tmp_path):
+    manager = front_ends.OneFrontEnd(_Empty(str(tmp_path)), "K")
     assert manager.get_group("k.json") is None  # claimed: this thread runs it
     assert manager._claim is not None and manager._claim.held()
     claim = manager._claim
+    assert manager.get_group("k.json") is None  # asked again: no wait on itself
     front_ends.let_go()  # what the autotuner does after a front end that raised
     assert not claim.held()
+    copy.copy(manager)  # a copy made without __init__ is still an object
 
 
 class _Empty:
     """A Triton cache manager that holds nothing."""
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
 
     def get_group(self, filename: str):
         return None

@@ -262,7 +262,8 @@ pub(crate) fn interruptible<T: Send>(
 }
 
 /// Bumped by `cancel_running`: every call running when it changed is cancelled.
-static CANCEL_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static CANCEL_GENERATION: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 /// Cancel every compile or load running now in this process, on any thread (their
 /// compilers killed; each raises `CancelledError`): what Ctrl-C does to the main thread's

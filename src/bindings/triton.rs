@@ -35,7 +35,8 @@ impl FrontEndClaim {
 /// wait for the process whose front end holds it: `found()` asks Triton's cache (true: the
 /// group is there). Returns the claim (None: Triton's cache answers, or the front end runs
 /// without a claim) and what happened, in words. The wait ends at `bound_s` (default
-/// 300 s), when the holder stalls, or at Ctrl-C (raised); `found()`'s own error is raised.
+/// 300 s), when the holder stalls, or at Ctrl-C and `cancel_running()` (raised:
+/// `KeyboardInterrupt`, `CancelledError`); `found()`'s own error is raised.
 #[pyfunction]
 #[pyo3(signature = (key, filename, found, bound_s=None, cache_dir=None))]
 pub fn claim_triton_group(
@@ -55,6 +56,8 @@ pub fn claim_triton_group(
         }
     };
     let cancel = AtomicBool::new(false);
+    // Another thread's Ctrl-C (only the main thread sees signals): `cancel_running`.
+    let generation = super::CANCEL_GENERATION.load(Ordering::Relaxed);
     let mut raised: Option<PyErr> = None;
     let flight = py.detach(|| {
         claim_group(
@@ -63,6 +66,10 @@ pub fn claim_triton_group(
             bound,
             &cancel,
             || {
+                if super::CANCEL_GENERATION.load(Ordering::Relaxed) != generation {
+                    cancel.store(true, Ordering::Relaxed);
+                    return false;
+                }
                 Python::attach(|py| {
                     let asked = py.check_signals().and_then(|()| found.call0(py));
                     match asked.and_then(|v| v.is_truthy(py)) {
@@ -88,7 +95,6 @@ pub fn claim_triton_group(
             }),
             "claimed: this process runs the front end".into(),
         )),
-        Flight::Answered(took) if took.is_zero() => Ok((None, "in Triton's cache".into())),
         Flight::Answered(took) => Ok((
             None,
             format!(
@@ -97,8 +103,13 @@ pub fn claim_triton_group(
             ),
         )),
         Flight::Alone(why) => Ok((None, why)),
-        Flight::Cancelled => Err(pyo3::exceptions::PyKeyboardInterrupt::new_err(
-            "the wait for another process's front end was cancelled",
+        Flight::Cancelled => Err(super::to_pyerr(
+            py,
+            crate::error::BuildError::new(
+                crate::error::ErrorKind::Cancelled,
+                "the wait for another process's front end of this kernel was cancelled",
+            )
+            .into(),
         )),
     }
 }

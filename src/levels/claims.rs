@@ -106,11 +106,17 @@ pub struct Claim {
     hold: Option<Hold>,
     /// Dropped to stop the renewing thread.
     renewing: Option<std::sync::mpsc::Sender<()>>,
+    /// The process that took it: a forked child dropping its copy removes nothing.
+    pid: u32,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
         drop(self.renewing.take());
+        if self.pid != std::process::id() {
+            std::mem::forget(self.hold.take()); // the parent's lock and file, not ours
+            return;
+        }
         match self.hold.take() {
             Some(Hold::Record(file)) => {
                 // Removed only while it is still the file locked (a waiter that opened the
@@ -377,6 +383,7 @@ impl Claim {
             entry,
             hold: Some(hold),
             renewing: renewing("xpu-zebin-claim", renew),
+            pid: std::process::id(),
         }
     }
 }

@@ -44,7 +44,9 @@ pub fn group_key(key: &str, filename: &str) -> String {
     hash.finalize().to_hex().to_string()
 }
 
-/// Claim Triton's cache group `filename` of `key` in the cache of `cache_dir` (default:
+/// Claim Triton's cache group `filename` of `key` (Triton's cache key and the directory of
+/// Triton's cache it is in: processes with caches of their own never wait for each other)
+/// in the cache of `cache_dir` (default:
 /// the user's), or wait for the process that holds it: `found()` asks Triton's cache. A
 /// wait answered is counted in that cache's ledger (`TritonWaits`). `Err`: a bad
 /// `XPU_ZEBIN_SHARE_BUILDS` (no value is ignored).
@@ -62,12 +64,9 @@ pub fn claim_group(
     if !cache.in_service() {
         return Ok(Flight::Alone("the cache directory is not used".into()));
     }
+    // The caller has just looked: the wait's first look is the next.
     let mut found = found;
-    if found() {
-        return Ok(Flight::Answered(Duration::ZERO)); // put before this request asked
-    }
-    let claims = Claims::of(cache.dir());
-    let waited = claims.wait(
+    let waited = Claims::of(cache.dir()).wait(
         &group_key(key, filename),
         (Some(bound.unwrap_or(FRONT_END_BOUND)), cancel),
         &|| false,
@@ -103,17 +102,25 @@ mod tests {
         else {
             panic!("a free group is not claimed")
         };
-        let put = Arc::new(AtomicBool::new(false));
+        let (put, looked) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let waiter = {
-            let (path, put) = (dir.path().to_path_buf(), put.clone());
+            let (path, put, looked) = (dir.path().to_path_buf(), put.clone(), looked.clone());
             std::thread::spawn(move || {
                 let never = AtomicBool::new(false);
                 let flight = claim_group(Some(&path), group, None, &never, || {
+                    looked.store(true, Ordering::SeqCst);
                     put.load(Ordering::SeqCst)
                 });
                 matches!(flight, Ok(Flight::Answered(_)))
             })
         };
+        // The group is put (and the claim let go) only once the waiter has looked.
+        while !looked.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
         put.store(true, Ordering::SeqCst);
         drop(claim);
         assert!(waiter.join().unwrap(), "the waiter ran its own front end");

@@ -6,20 +6,24 @@ end (its IRs, SPIR-V, metadata) for every kernel and config, and they race on th
 of the same files (triton-lang/triton #4295). With the drop-in active, Triton's compile
 asks for a kernel's cache group through :class:`OneFrontEnd`, around the cache manager
 Triton would use (its file cache, or the one ``TRITON_CACHE_MANAGER`` names): on a miss it
-takes the group's claim (in xpu-zebin's cache directory, as a native build does:
-``_core.claim_triton_group``) and runs the front end; a process that misses the same group
-meanwhile waits for it and takes the group from Triton's cache, counted in ``xpu-zebin
-stats`` as ``waits_triton_front_end``.
+takes the group's claim (in xpu-zebin's cache directory, as a native build does, keyed by
+Triton's key, the group and Triton's cache directory: ``_core.claim_triton_group``) and
+runs the front end; a process that misses the same group in the same directory meanwhile
+waits for it and takes the group from Triton's cache, counted in ``xpu-zebin stats`` as
+``waits_triton_front_end``.
 
 Never worse than Triton alone: a holder killed lets go at once, one stopped is seen after
-ten seconds, no wait lasts more than five minutes, and a claim that cannot be taken runs
-the front end as Triton does. A front end that fails lets go when its compile's cache
-manager goes, at this thread's next compile, or (the autotuner's) at once. Off with
-``XPU_ZEBIN_SHARE_BUILDS=0``, and for ``TRITON_ALWAYS_COMPILE=1`` (which compiles anyway).
+ten seconds, no wait lasts more than five minutes, Ctrl-C and ``cancel_running`` end a
+wait, and a claim that cannot be taken runs the front end as Triton does. A compile lets
+go when it ends, whether it put its group or failed. Off with ``XPU_ZEBIN_SHARE_BUILDS=0``,
+and never waited for where Triton compiles whatever its cache holds or writes what another
+process's compile would not (``TRITON_ALWAYS_COMPILE``, ``TRITON_KERNEL_OVERRIDE``,
+``TRITON_KERNEL_DUMP``, as the environment or Triton's knobs set them).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -29,22 +33,41 @@ from .. import _core
 
 logger = logging.getLogger("xpu_zebin.triton")
 
-#: Triton's knob to compile whatever its cache holds: nothing to wait for then.
-ALWAYS_COMPILE_ENV = "TRITON_ALWAYS_COMPILE"
+#: Triton's settings under which a compile is its own (environment, then knob): compiled
+#: whatever the cache holds, overridden or dumped (neither is in Triton's cache key).
+OWN_COMPILE = (
+    ("TRITON_ALWAYS_COMPILE", "always_compile"),
+    ("TRITON_KERNEL_OVERRIDE", "override"),
+    ("TRITON_KERNEL_DUMP", "dump_ir"),
+)
 
 #: The claim this thread holds for a front end under way.
 _held = threading.local()
-#: (module, Triton's own get_cache_manager) for every module patched.
+#: (module, name, Triton's own function) for every function wrapped.
 _installed: list = []
 
 
 def let_go() -> None:
-    """Let go of the claim this thread holds, if any: its front end ended without its group
-    (a compile that failed); waiters look in Triton's cache again and run their own."""
+    """Let go of the claim this thread holds, if any: its front end ended (a compile that
+    failed, or put its group); waiters look in Triton's cache again and run their own."""
     claim = getattr(_held, "claim", None)
     _held.claim = None
     if claim is not None:
         claim.release()
+
+
+def _compiles_on_its_own() -> bool:
+    """Whether Triton's settings make this compile its own (``OWN_COMPILE``)."""
+    for env, _ in OWN_COMPILE:
+        if os.environ.get(env, "0").strip().lower() in ("1", "true", "yes", "on"):
+            return True
+    try:  # Triton with knobs (3.4 on) may set them in code
+        from triton import knobs
+
+        compilation = knobs.compilation
+        return any(bool(getattr(compilation, knob, False)) for _, knob in OWN_COMPILE)
+    except Exception:
+        return False
 
 
 class OneFrontEnd:
@@ -57,25 +80,36 @@ class OneFrontEnd:
         self._claim: Any = None
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_inner" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
-    def _found(self, filename: str) -> Optional[Dict[str, str]]:
-        group = self._inner.get_group(filename)
-        return group if group is not None and filename in group else None
+    def _local_found(self, filename: str) -> bool:
+        """Whether Triton's file level holds the group (a store behind it is not asked at
+        every look of a wait: the holder's group reaches this host's files)."""
+        files = getattr(self._inner, "_local", self._inner)
+        try:
+            group = files.get_group(filename)
+        except Exception:  # a group half cleaned away: not there yet
+            return False
+        return group is not None and filename in group
 
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
         group = self._inner.get_group(filename)
         if group is not None and filename in group:
             return group
-        if os.environ.get(ALWAYS_COMPILE_ENV, "0") == "1":
+        where = getattr(self._inner, "cache_dir", None)
+        if self._claim is not None or not where or _compiles_on_its_own():
             return group
         claim, how = _core.claim_triton_group(
-            self._key, filename, lambda: self._found(filename) is not None
+            f"{self._key}\0{os.path.realpath(where)}",
+            filename,
+            functools.partial(self._local_found, filename),
         )
         logger.debug("Triton's front end of %s (%s): %s", filename, self._key[:12], how)
         if claim is None:
-            found = self._found(filename)
-            return found if found is not None else group
+            found = self._inner.get_group(filename)
+            return found if found is not None and filename in found else group
         let_go()
         self._claim = _held.claim = claim
         return group
@@ -87,7 +121,7 @@ class OneFrontEnd:
             self._let_go()
 
     def _let_go(self) -> None:
-        claim, self._claim = self._claim, None
+        claim, self.__dict__["_claim"] = self.__dict__.get("_claim"), None
         if claim is not None:
             if getattr(_held, "claim", None) is claim:
                 _held.claim = None
@@ -97,32 +131,55 @@ class OneFrontEnd:
         self._let_go()
 
 
-def sharing(original: Callable[[str], Any]) -> Callable[[str], Any]:
+def _sharing(original: Callable[[str], Any]) -> Callable[[str], Any]:
     """Triton's ``get_cache_manager``, its managers wrapped in :class:`OneFrontEnd`."""
 
     def get_cache_manager(key: str) -> Any:
         let_go()  # this thread's last front end ended (a compile runs one at a time)
         return OneFrontEnd(original(key), key)
 
-    get_cache_manager.__xpu_zebin__ = True  # type: ignore[attr-defined]
-    get_cache_manager.__wrapped__ = original  # type: ignore[attr-defined]
     return get_cache_manager
+
+
+def _letting_go(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Triton's ``compile``, letting go of its claim when it ends, however it ends (a
+    failure's traceback may keep its cache manager alive long after)."""
+
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            let_go()
+
+    return compile
 
 
 def install(compiler_module: Any = None) -> None:
     """Share front ends for every compile of Triton's ``triton.compiler.compiler`` module
-    (``compiler_module``; by default the one imported). Idempotent."""
+    (``compiler_module``; by default the one imported), its ``compile`` wrapped wherever
+    Triton's packages re-export it. Idempotent."""
+    import sys
+
     if compiler_module is None:
         import triton.compiler.compiler as compiler_module
-    original = getattr(compiler_module, "get_cache_manager", None)
-    if original is None or getattr(original, "__xpu_zebin__", False):
+    manager = getattr(compiler_module, "get_cache_manager", None)
+    original = getattr(compiler_module, "compile", None)
+    if manager is None or original is None or getattr(manager, "__xpu_zebin__", False):
         return
-    compiler_module.get_cache_manager = sharing(original)
-    _installed.append((compiler_module, original))
+    wrapped = {"get_cache_manager": _sharing(manager), "compile": _letting_go(original)}
+    for function in wrapped.values():
+        function.__xpu_zebin__ = True  # type: ignore[attr-defined]
+    package = compiler_module.__name__.rpartition(".")[0]
+    for module in (compiler_module, sys.modules.get(package), sys.modules.get("triton")):
+        for name, function in wrapped.items():
+            if module is not None and getattr(module, name, None) in (manager, original):
+                _installed.append((module, name, getattr(module, name)))
+                setattr(module, name, function)
 
 
 def uninstall() -> None:
-    """Triton's own ``get_cache_manager`` back where :func:`install` wrapped it."""
+    """Triton's own functions back where :func:`install` wrapped them."""
     while _installed:
-        module, original = _installed.pop()
-        module.get_cache_manager = original
+        module, name, original = _installed.pop()
+        setattr(module, name, original)
