@@ -66,6 +66,21 @@ def looked(self, filename):
     return get_group(self, filename)
 
 FileCacheManager.get_group = looked
+if role == "batch":  # 64 (another's) and 128: 128 first, then 64 from the other's front end
+    events = []
+
+    def task(block):
+        if events:
+            open(go, "w").close()  # the second round: the holder may finish now
+        before = len(ran)
+        with triton_on_cpu(triton_cache):
+            compile_triton(add_kernel, ADD_SIG, {"BLOCK": block})
+        events.append([block, len(ran) - before])
+        return block
+
+    results = front_ends.unclaimed_first(task, [64, 128], lambda t, items: [t(i) for i in items])
+    print(json.dumps({"events": events, "results": results}), flush=True)
+    sys.exit(0)
 with triton_on_cpu(triton_cache):
     try:
         compiled = compile_triton(add_kernel, ADD_SIG, {"BLOCK": 64})
@@ -134,6 +149,16 @@ def test_a_second_process_waits_for_the_first_front_end(tmp_path):
     assert waited["waits"] == 1
 
 
+def test_a_batch_runs_the_front_ends_nobody_runs_first(tmp_path):
+    holder = _rank(tmp_path, "hold")
+    _until(holder, "holding")
+    batch = _result(_rank(tmp_path, "batch"))
+    # 64 stepped aside (the holder's), 128 ran here; then 64 came from the holder's.
+    assert batch["events"] == [[128, 1], [64, 0]]
+    assert batch["results"] == [64, 128]
+    assert _result(holder)["ran"] == 1
+
+
 def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
     holder = _rank(tmp_path, "hold")
     _until(holder, "holding")
@@ -189,7 +214,8 @@ def test_a_bad_bound_or_a_look_that_fails_is_the_callers_error(tmp_path):
     def broken() -> bool:
         raise OSError("Triton's cache cannot be read")
 
-    claim, _ = _core.claim_triton_group("K", "k.json", lambda: False)
+    claim, later, _ = _core.claim_triton_group("K", "k.json", lambda: False)
+    assert not later
     assert claim is not None and claim.held()
     try:
         with pytest.raises(OSError, match="cannot be read"):

@@ -333,4 +333,5 @@ def claim_triton_group(
     found: Callable[[], bool],
     bound_s: Optional[float] = None,
     cache_dir: Optional[str] = None,
-) -> Tuple[Optional[FrontEndClaim], str]: ...
+    step_aside: bool = False,
+) -> Tuple[Optional[FrontEndClaim], bool, str]: ...

@@ -34,11 +34,12 @@ impl FrontEndClaim {
 /// Claim Triton's cache group `filename` of the kernel whose Triton cache key is `key`, or
 /// wait for the process whose front end holds it: `found()` asks Triton's cache (true: the
 /// group is there). Returns the claim (None: Triton's cache answers, or the front end runs
-/// without a claim) and what happened, in words. The wait ends at `bound_s` (default
+/// without a claim), whether it stepped aside (`step_aside`: held by another at the first
+/// look, and the caller has other front ends to run first) and what happened, in words. The wait ends at `bound_s` (default
 /// 300 s), when the holder stalls, or at Ctrl-C and `cancel_running()` (raised:
 /// `KeyboardInterrupt`, `CancelledError`); `found()`'s own error is raised.
 #[pyfunction]
-#[pyo3(signature = (key, filename, found, bound_s=None, cache_dir=None))]
+#[pyo3(signature = (key, filename, found, bound_s=None, cache_dir=None, step_aside=false))]
 pub fn claim_triton_group(
     py: Python<'_>,
     key: &str,
@@ -46,7 +47,8 @@ pub fn claim_triton_group(
     found: Py<PyAny>,
     bound_s: Option<f64>,
     cache_dir: Option<PathBuf>,
-) -> PyResult<(Option<FrontEndClaim>, String)> {
+    step_aside: bool,
+) -> PyResult<(Option<FrontEndClaim>, bool, String)> {
     let bound = match bound_s.map(Duration::try_from_secs_f64).transpose() {
         Ok(bound) => bound,
         Err(_) => {
@@ -63,8 +65,7 @@ pub fn claim_triton_group(
         claim_group(
             cache_dir.as_deref(),
             (key, filename),
-            bound,
-            &cancel,
+            (bound, &cancel, step_aside),
             || {
                 if super::CANCEL_GENERATION.load(Ordering::Relaxed) != generation {
                     cancel.store(true, Ordering::Relaxed);
@@ -93,16 +94,23 @@ pub fn claim_triton_group(
             Some(FrontEndClaim {
                 claim: Mutex::new(Some(claim)),
             }),
+            false,
             "claimed: this process runs the front end".into(),
         )),
         Flight::Answered(took) => Ok((
             None,
+            false,
             format!(
                 "waited {:.2} s for another process's front end of this kernel",
                 took.as_secs_f64()
             ),
         )),
-        Flight::Alone(why) => Ok((None, why)),
+        Flight::Alone(why) => Ok((None, false, why)),
+        Flight::Later => Ok((
+            None,
+            true,
+            "another process runs this front end: later".into(),
+        )),
         Flight::Cancelled => Err(super::to_pyerr(
             py,
             crate::error::BuildError::new(

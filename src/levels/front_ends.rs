@@ -31,6 +31,9 @@ pub enum Flight {
     Alone(String),
     /// Its wait was cancelled (the caller's interrupt).
     Cancelled,
+    /// Another process holds it, and the caller, with other front ends to run first,
+    /// comes back for it later.
+    Later,
 }
 
 /// The claim key of Triton's cache group `filename` under Triton's cache key `key`:
@@ -48,13 +51,14 @@ pub fn group_key(key: &str, filename: &str) -> String {
 /// Triton's cache it is in: processes with caches of their own never wait for each other)
 /// in the cache of `cache_dir` (default:
 /// the user's), or wait for the process that holds it: `found()` asks Triton's cache. A
-/// wait answered is counted in that cache's ledger (`TritonWaits`). `Err`: a bad
+/// wait answered is counted in that cache's ledger (`TritonWaits`). Held by another at
+/// the first look, it steps aside (`Later`) when the caller says so (`step_aside`): it
+/// has other front ends to run first. `Err`: a bad
 /// `XPU_ZEBIN_SHARE_BUILDS` (no value is ignored).
 pub fn claim_group(
     cache_dir: Option<&std::path::Path>,
     (key, filename): (&str, &str),
-    bound: Option<Duration>,
-    cancel: &AtomicBool,
+    (bound, cancel, step_aside): (Option<Duration>, &AtomicBool, bool),
     found: impl FnMut() -> bool,
 ) -> crate::error::Result<Flight> {
     if !crate::knobs::bool_knob(SHARE_BUILDS_ENV, true)? {
@@ -69,7 +73,7 @@ pub fn claim_group(
     let waited = Claims::of(cache.dir()).wait(
         &group_key(key, filename),
         (Some(bound.unwrap_or(FRONT_END_BOUND)), cancel),
-        &|| false,
+        &|| step_aside,
         || found().then_some(()),
     );
     Ok(match waited {
@@ -82,7 +86,7 @@ pub fn claim_group(
         }
         Waited::Alone(why) => Flight::Alone(why),
         Waited::Cancelled => Flight::Cancelled,
-        Waited::SteppedAside => Flight::Alone("stepped aside".into()),
+        Waited::SteppedAside => Flight::Later,
     })
 }
 
@@ -98,7 +102,7 @@ mod tests {
         let never = AtomicBool::new(false);
         let group = ("KEY", "kernel.json");
         let Flight::Mine(claim) =
-            claim_group(Some(dir.path()), group, None, &never, || false).unwrap()
+            claim_group(Some(dir.path()), group, (None, &never, false), || false).unwrap()
         else {
             panic!("a free group is not claimed")
         };
@@ -110,7 +114,7 @@ mod tests {
             let (path, put, looked) = (dir.path().to_path_buf(), put.clone(), looked.clone());
             std::thread::spawn(move || {
                 let never = AtomicBool::new(false);
-                let flight = claim_group(Some(&path), group, None, &never, || {
+                let flight = claim_group(Some(&path), group, (None, &never, false), || {
                     looked.store(true, Ordering::SeqCst);
                     put.load(Ordering::SeqCst)
                 });
@@ -124,6 +128,19 @@ mod tests {
         put.store(true, Ordering::SeqCst);
         drop(claim);
         assert!(waiter.join().unwrap(), "the waiter ran its own front end");
+    }
+
+    #[test]
+    fn a_caller_with_other_work_steps_aside_from_a_held_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let never = AtomicBool::new(false);
+        let group = ("KEY", "kernel.json");
+        let claimed = claim_group(Some(dir.path()), group, (None, &never, true), || false);
+        let Ok(Flight::Mine(_claim)) = claimed else {
+            panic!("a free group is not claimed, stepping aside or not")
+        };
+        let later = claim_group(Some(dir.path()), group, (None, &never, true), || false);
+        assert!(matches!(later, Ok(Flight::Later)));
     }
 
     #[test]

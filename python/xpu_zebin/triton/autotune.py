@@ -1,7 +1,6 @@
 """Autotuning at full width: every config of a ``@triton.autotune`` kernel compiled at once.
 
-Triton's autotuner compiles its candidates lazily, one by one, inside its benchmarking loop
-(each config's first launch pays Triton's front end and IGC in turn). With the drop-in
+Triton's autotuner compiles its candidates one by one as it benchmarks them. With the drop-in
 active (``XPU_ZEBIN_TRITON=1`` or :func:`xpu_zebin.triton.install`), the first call of an
 ``Autotuner`` for a key compiles all its pruned configs before benchmarking them: Triton's
 front end through Triton's own ``JITFunction.run(warmup=True)`` (the same compile, options
@@ -10,11 +9,10 @@ through the package (``compile_many``: the GRF ladder, the binary cache, host-wi
 slots). The benchmark then runs in Triton's order, exactly as before, and each launch finds
 its kernel compiled: the drop-in ``load_binary`` gets its native binary from the cache.
 
-Same answer as sequential: the same configs are benchmarked (this only runs where Triton
-prunes them, and Triton's own code benchmarks them), a config whose compile fails fails
-the same way in its benchmark (a failed native build is handed to that benchmark once, so
-it is not paid twice) and is skipped as Triton skips it, and the choice is Triton's. Keys
-seen again are Triton's cache hits: nothing is compiled.
+Same answer as sequential: the same configs are benchmarked (by Triton's own code), a
+config whose compile fails fails the same way in its benchmark (a failed native build is
+handed to it, not paid twice) and is skipped as Triton skips it, and the choice is
+Triton's. Keys seen again are Triton's cache hits: nothing is compiled.
 
 ``XPU_ZEBIN_AUTOTUNE_JOBS``: parallel native builds, ``0`` (default) as many as cores,
 ``1`` off. Upstream's ``TRITON_AUTOTUNING_COMPILE_WORKERS`` (triton-lang/triton #9612,
@@ -26,6 +24,7 @@ Triton versions: triton-xpu 3.3's ``prune_configs(kwargs)`` and main's ``(kwargs
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -176,6 +175,8 @@ def _front_end(tuner: Any, args: List[Any], kwargs: Dict[str, Any], config: Any)
         # The call's own arguments (grid and warmup among them), the config's, no launch.
         current = {"grid": None, **kwargs, **config.all_kwargs(), "warmup": True}
         return tuner.fn.run(*(_as_argument(a) for a in args), **current)
+    except front_ends.SteppedAside:
+        raise  # another process runs it: this one comes back for it (unclaimed_first)
     except Exception as e:  # the benchmark raises it again, in Triton's own handling
         logger.debug("config %s: front end failed (%s); its benchmark will say", config, e)
         return None
@@ -208,10 +209,9 @@ def _in_threads(
     done: Optional[Any] = None,
 ) -> List[Any]:
     """``task(config)`` for every config, ``width`` at once, results in order;
-    ``done(config)`` on this thread as each finishes (the pipelined benchmark). Ctrl-C
-    (which only the main thread sees) stops the tasks that have not started a compile and
-    cancels the compiles running (``cancel_running``: every one in the process, as Ctrl-C
-    would) before it propagates, so no compiler outlives it."""
+    ``done(config)`` here as each finishes (the pipelined benchmark). Ctrl-C stops the
+    tasks not started and cancels the compiles running (``cancel_running``) before it
+    propagates: no compiler outlives it."""
     with ThreadPoolExecutor(max_workers=min(width, len(configs), MAX_THREADS)) as pool:
         futures = {pool.submit(task, c): c for c in configs}
         try:
@@ -301,11 +301,10 @@ def _current_device() -> Tuple[Any, Any]:
 
 
 def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Dict) -> List[str]:
-    """Compile every config of ``tuner`` for these arguments before its benchmark,
-    ``jobs()`` at once: each config's Triton front end, then at once its native build, so
-    one config's front end (which holds the GIL) runs while another's IGC does (outside
-    it). With a Dask cluster, the native builds run there after the front ends. Returns
-    the keys of the builds it left for the benchmark."""
+    """Compile every config of ``tuner`` before its benchmark, ``jobs()`` at once: each
+    config's front end (holding the GIL; those another process runs last), then at once
+    its native build (outside it), or on a Dask cluster after the front ends. Returns the
+    keys of the builds it left for the benchmark."""
     width = jobs()
     configs = [c for c in configs if _precompilable(c, kwargs)]
     if width <= 1 or len(configs) < 2 or not nargs or not offline_usable():
@@ -335,7 +334,8 @@ def precompile(tuner: Any, configs: List[Any], kwargs: Dict[str, Any], nargs: Di
         return native
 
     bench = _early_bench(tuner, args, kwargs) if client is None and pipelined() else None
-    claimed = [r for r in _in_threads(one, configs, width, stop, bench) if r is not None]
+    run = functools.partial(_in_threads, width=width, stop=stop, done=bench)
+    claimed = [r for r in front_ends.unclaimed_first(one, configs, run) if r is not None]
     remote = list(dict(claimed).items())  # one build per key
     if remote:
         results = xpu_zebin.compile_many([r for _, r in remote], client=client)

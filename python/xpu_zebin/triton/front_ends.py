@@ -23,11 +23,12 @@ process's compile would not (``TRITON_ALWAYS_COMPILE``, ``TRITON_KERNEL_OVERRIDE
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from .. import _core
 
@@ -45,6 +46,49 @@ OWN_COMPILE = (
 _held = threading.local()
 #: (module, name, Triton's own function) for every function wrapped.
 _installed: list = []
+
+
+class SteppedAside(Exception):
+    """Raised out of Triton's compile when another process runs this front end and the
+    caller (:func:`stepping_aside`) has other front ends to run first: nothing was done;
+    the caller compiles it again later (then waiting for it)."""
+
+
+@contextlib.contextmanager
+def stepping_aside() -> Iterator[None]:
+    """This thread's compiles step aside (:class:`SteppedAside`) from a front end another
+    process runs: a batch takes the kernels nobody is running first."""
+    _held.step_aside = True
+    try:
+        yield
+    finally:
+        _held.step_aside = False
+
+
+#: Runs a task over items, results in order (the autotuner's thread pool).
+Runner = Callable[[Callable[[Any], Any], List[Any]], List[Any]]
+
+
+def unclaimed_first(task: Callable[[Any], Any], items: List[Any], run: Runner) -> List[Any]:
+    """``run(task, items)`` (results in order) in two rounds: each item's task first steps
+    aside from a front end another process runs (None for it then), and those items come
+    back once the others are done, waiting. N ranks given the same configs thus split
+    their front ends between them, as a batch splits its builds."""
+    later: List[Any] = []
+
+    def first(item: Any) -> Any:
+        try:
+            with stepping_aside():
+                return task(item)
+        except SteppedAside:
+            later.append(item)
+            return None
+
+    results = run(first, items)
+    if later:
+        again = dict(zip(map(id, later), run(task, list(later))))
+        results = [again.get(id(item), r) for item, r in zip(items, results)]
+    return results
 
 
 def let_go() -> None:
@@ -101,12 +145,15 @@ class OneFrontEnd:
         where = getattr(self._inner, "cache_dir", None)
         if self._claim is not None or not where or _compiles_on_its_own():
             return group
-        claim, how = _core.claim_triton_group(
+        claim, later, how = _core.claim_triton_group(
             f"{self._key}\0{os.path.realpath(where)}",
             filename,
             functools.partial(self._local_found, filename),
+            step_aside=getattr(_held, "step_aside", False),
         )
         logger.debug("Triton's front end of %s (%s): %s", filename, self._key[:12], how)
+        if later:
+            raise SteppedAside(how)
         if claim is None:
             found = self._inner.get_group(filename)
             return found if found is not None and filename in found else group
