@@ -285,3 +285,40 @@ def test_ctrl_c_while_configs_compile_leaves_no_compiler(modern_ocloc, tmp_path,
     while marker.processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marker.processes() == []
+
+
+def test_a_config_another_process_runs_is_compiled_last(cpu, monkeypatch):
+    """The first front end asked steps aside (as when another process holds it): it is
+    compiled after the others and benchmarked once (the pipelined benchmark skips it until
+    then), each config built once."""
+    from triton_helpers import add_kernel
+
+    real = xpu_zebin._core.claim_triton_group
+    stepped: list = []
+
+    def held_elsewhere_once(key, filename, found, *args, step_aside=False, **kwargs):
+        if step_aside and not stepped:
+            stepped.append(filename)
+            return None, True, "another process runs this front end: later"
+        return real(key, filename, found, *args, step_aside=step_aside, **kwargs)
+
+    monkeypatch.setattr(xpu_zebin._core, "claim_triton_group", held_elsewhere_once)
+    monkeypatch.setenv("XPU_ZEBIN_AUTOTUNE_JOBS", "2")
+    monkeypatch.setenv("XPU_ZEBIN_AUTOTUNE_PIPELINE", "1")
+    early: list = []
+    real_early_bench = autotune._early_bench
+
+    def counted_early_bench(tuner, args, kwargs):
+        bench = real_early_bench(tuner, args, kwargs)
+        return lambda config: (early.append(config.kwargs["BLOCK"]), bench(config))
+
+    monkeypatch.setattr(autotune, "_early_bench", counted_early_bench)
+    configs = [triton.Config({"BLOCK": b}, num_warps=4) for b in (64, 128)]
+    fresh = triton.jit(add_kernel.fn)
+    tuner = triton.autotune(configs=configs, key=[], do_bench=deterministic_bench(cpu))(fresh)
+    tuner[(1,)](*(HostBuffer("float32") for _ in range(3)), 1024)
+    assert stepped, "no front end was asked to step aside"
+    assert sorted(early) == [64, 128]  # each config benchmarked once, the later one too
+    # One native build per config (the one built after the first load is made in Triton's
+    # own native stage, as 3.3's loader asks once the drop-in turned it on).
+    assert len(cpu.compiles) == 2

@@ -216,8 +216,8 @@ def _in_threads(
         futures = {pool.submit(task, c): c for c in configs}
         try:
             for finished in as_completed(futures) if done else ():
-                if finished.exception() is None:
-                    done(futures[finished])
+                if finished.exception() is None and finished.result() is not front_ends.LATER:
+                    done(futures[finished])  # (a config another process runs: later)
             wait(futures)
         except BaseException:
             stop.set()

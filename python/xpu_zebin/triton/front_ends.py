@@ -58,12 +58,17 @@ class SteppedAside(Exception):
 def stepping_aside() -> Iterator[None]:
     """This thread's compiles step aside (:class:`SteppedAside`) from a front end another
     process runs: a batch takes the kernels nobody is running first."""
+    before = getattr(_held, "step_aside", False)
     _held.step_aside = True
     try:
         yield
     finally:
-        _held.step_aside = False
+        _held.step_aside = before
 
+
+#: A task's result in the first round of :func:`unclaimed_first` when its item stepped
+#: aside: the runner's callback for finished items skips it (it comes back later).
+LATER: Any = object()
 
 #: Runs a task over items, results in order (the autotuner's thread pool).
 Runner = Callable[[Callable[[Any], Any], List[Any]], List[Any]]
@@ -71,23 +76,21 @@ Runner = Callable[[Callable[[Any], Any], List[Any]], List[Any]]
 
 def unclaimed_first(task: Callable[[Any], Any], items: List[Any], run: Runner) -> List[Any]:
     """``run(task, items)`` (results in order) in two rounds: each item's task first steps
-    aside from a front end another process runs (None for it then), and those items come
-    back once the others are done, waiting. N ranks given the same configs thus split
-    their front ends between them, as a batch splits its builds."""
-    later: List[Any] = []
+    aside from a front end another process runs (:data:`LATER` for it then), and those
+    items come back once the others are done, in order, waiting. N ranks given the same
+    configs thus split their front ends between them, as a batch splits its builds."""
 
     def first(item: Any) -> Any:
         try:
             with stepping_aside():
                 return task(item)
         except SteppedAside:
-            later.append(item)
-            return None
+            return LATER
 
     results = run(first, items)
-    if later:
-        again = dict(zip(map(id, later), run(task, list(later))))
-        results = [again.get(id(item), r) for item, r in zip(items, results)]
+    later = [i for i, r in enumerate(results) if r is LATER]
+    for i, again in zip(later, run(task, [items[i] for i in later]) if later else []):
+        results[i] = again
     return results
 
 
