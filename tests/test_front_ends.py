@@ -135,12 +135,18 @@ def _result(rank: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_a_second_process_waits_for_the_first_front_end(tmp_path):
-    holder = _rank(tmp_path, "hold")
+def _holder_and_its_waiter(tmp_path: Path, role: str = "hold") -> tuple:
+    """A rank inside its front end (the group claimed), and one waiting for it: it has
+    looked in Triton's cache itself and at least once while it waits."""
+    holder = _rank(tmp_path, role)
     _until(holder, "holding")
     waiter = _rank(tmp_path, "wait")
-    # Its own look and at least one look while it waits.
     _until(waiter, "looked", 2)
+    return holder, waiter
+
+
+def test_a_second_process_waits_for_the_first_front_end(tmp_path):
+    holder, waiter = _holder_and_its_waiter(tmp_path)
     (tmp_path / "go").touch()
     held, waited = _result(holder), _result(waiter)
     assert held["ran"] == 1
@@ -160,10 +166,7 @@ def test_a_batch_runs_the_front_ends_nobody_runs_first(tmp_path):
 
 
 def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
-    holder = _rank(tmp_path, "hold")
-    _until(holder, "holding")
-    waiter = _rank(tmp_path, "wait")
-    _until(waiter, "looked", 2)
+    holder, waiter = _holder_and_its_waiter(tmp_path)
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)
     waited = _result(waiter)
@@ -192,10 +195,7 @@ def test_a_compile_of_its_own_never_waits(tmp_path, cache, env):
 
 
 def test_a_failed_front_end_lets_its_waiter_run_its_own(tmp_path):
-    holder = _rank(tmp_path, "fail")
-    _until(holder, "holding")
-    waiter = _rank(tmp_path, "wait")
-    _until(waiter, "looked", 2)
+    holder, waiter = _holder_and_its_waiter(tmp_path, "fail")
     (tmp_path / "go").touch()
     _until(holder, "failed")  # alive, the failure's traceback kept
     waited = _result(waiter)

@@ -103,17 +103,27 @@ def let_go() -> None:
         claim.release()
 
 
+@functools.lru_cache(maxsize=1)
+def _compilation_knobs() -> Any:
+    """Triton's compilation knobs (3.4 on: settable in code), or None (looked up once: a
+    failed import is not cached by Python, and every cold compile asks)."""
+    try:
+        from triton import knobs
+
+        return knobs.compilation
+    except Exception:
+        return None
+
+
 def _compiles_on_its_own() -> bool:
     """Whether Triton's settings make this compile its own (``OWN_COMPILE``)."""
     for env, _ in OWN_COMPILE:
         if os.environ.get(env, "0").strip().lower() in ("1", "true", "yes", "on"):
             return True
-    try:  # Triton with knobs (3.4 on) may set them in code
-        from triton import knobs
-
-        compilation = knobs.compilation
-        return any(bool(getattr(compilation, knob, False)) for _, knob in OWN_COMPILE)
-    except Exception:
+    knobs = _compilation_knobs()
+    try:
+        return any(bool(getattr(knobs, knob, False)) for _, knob in OWN_COMPILE)
+    except Exception:  # a knob that cannot be read: Triton's own compile says
         return False
 
 
