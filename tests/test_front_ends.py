@@ -208,8 +208,15 @@ def test_a_failed_front_end_lets_its_waiter_run_its_own(tmp_path):
 def test_a_bad_bound_or_a_look_that_fails_is_the_callers_error(tmp_path):
     with pytest.raises(ValueError, match="bound_s"):
         _core.claim_triton_group("K", "k.json", lambda: False, bound_s=-1.0)
-    with pytest.raises(ValueError, match="bound_s"):
-        _core.claim_triton_group("K", "k.json", lambda: False, bound_s=float("nan"))
+    for silly in (float("nan"), float("inf"), 1e20):
+        with pytest.raises(ValueError, match="bound_s"):
+            _core.claim_triton_group("K", "k.json", lambda: False, bound_s=silly)
+    with pytest.raises(ValueError, match="cache_dir"):
+        _core.claim_triton_group("K", "k.json", lambda: False, cache_dir="")
+    # A directory that cannot hold claims: the front end runs alone, saying why.
+    claim, later, why = _core.claim_triton_group("K", "k.json", lambda: False,
+                                                 cache_dir="/nonexistent/\0bad")  # fmt: skip
+    assert claim is None and not later and "claims are off" in why
 
     def broken() -> bool:
         raise OSError("Triton's cache cannot be read")

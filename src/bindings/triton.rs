@@ -53,10 +53,16 @@ pub fn claim_triton_group(
         Ok(bound) => bound,
         Err(_) => {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "bound_s: a number of seconds from 0, not {bound_s:?}"
+                "bound_s: a number of seconds from 0, not {}",
+                bound_s.unwrap_or_default()
             )))
         }
     };
+    if cache_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "cache_dir: a directory, not an empty path (None: the user's cache)",
+        ));
+    }
     let cancel = AtomicBool::new(false);
     // Another thread's Ctrl-C (only the main thread sees signals): `cancel_running`.
     let generation = super::CANCEL_GENERATION.load(Ordering::Relaxed);
