@@ -35,9 +35,10 @@ impl FrontEndClaim {
 /// wait for the process whose front end holds it: `found()` asks Triton's cache (true: the
 /// group is there). Returns the claim (None: Triton's cache answers, or the front end runs
 /// without a claim), whether it stepped aside (`step_aside`: held by another at the first
-/// look, and the caller has other front ends to run first) and what happened, in words. The wait ends at `bound_s` (default
-/// 300 s), when the holder stalls, or at Ctrl-C and `cancel_running()` (raised:
-/// `KeyboardInterrupt`, `CancelledError`); `found()`'s own error is raised.
+/// look, and the caller has other front ends to run first) and what happened, in words.
+/// The wait ends at `bound_s` (default 300 s), when the holder stalls, or at Ctrl-C and
+/// `cancel_running()` (raised: `KeyboardInterrupt`, `CancelledError`); `found()`'s own
+/// error is raised.
 #[pyfunction]
 #[pyo3(signature = (key, filename, found, bound_s=None, cache_dir=None, step_aside=false))]
 pub fn claim_triton_group(
@@ -117,13 +118,10 @@ pub fn claim_triton_group(
             true,
             "another process runs this front end: later".into(),
         )),
+        // The same error as a cancelled wait for another's native build.
         Flight::Cancelled => Err(super::to_pyerr(
             py,
-            crate::error::BuildError::new(
-                crate::error::ErrorKind::Cancelled,
-                "the wait for another process's front end of this kernel was cancelled",
-            )
-            .into(),
+            crate::levels::Refusal::cancelled().error.into(),
         )),
     }
 }

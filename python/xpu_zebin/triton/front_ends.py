@@ -127,6 +127,12 @@ def _compiles_on_its_own() -> bool:
         return False
 
 
+def _whole(group: Optional[Dict[str, str]], filename: str) -> bool:
+    """Whether Triton's cache answered with the group: its metadata file among its files
+    (what Triton's compile takes for a hit)."""
+    return group is not None and filename in group
+
+
 class OneFrontEnd:
     """Triton's cache manager for one kernel (``inner``, under Triton's key ``key``) whose
     group lookups are claimed: one front end per group across processes."""
@@ -149,11 +155,11 @@ class OneFrontEnd:
             group = files.get_group(filename)
         except Exception:  # a group half cleaned away: not there yet
             return False
-        return group is not None and filename in group
+        return _whole(group, filename)
 
     def get_group(self, filename: str) -> Optional[Dict[str, str]]:
         group = self._inner.get_group(filename)
-        if group is not None and filename in group:
+        if _whole(group, filename):
             return group
         where = getattr(self._inner, "cache_dir", None)
         if self._claim is not None or not where or _compiles_on_its_own():
@@ -169,7 +175,7 @@ class OneFrontEnd:
             raise SteppedAside(how)
         if claim is None:
             found = self._inner.get_group(filename)
-            return found if found is not None and filename in found else group
+            return found if _whole(found, filename) else group
         let_go()
         self._claim = _held.claim = claim
         return group
