@@ -1,9 +1,9 @@
 //! What each request did, counted in its cache directory's ledger (`cache::Ledger`), for
 //! `xpu-zebin stats`: one atomic add per counter, never a failure of the compile. Called
-//! once per request, by `levels::Levels::count`.
+//! once per request (`count_in`).
 
 use crate::attempt::Attempt;
-use crate::cache::{Counter, Ledger};
+use crate::cache::{Cache, Counter, Ledger};
 use crate::error::ErrorKind;
 
 /// A request's answer, as it is counted.
@@ -26,6 +26,17 @@ pub enum Answered<'a> {
 fn micros(attempts: &[Attempt]) -> u64 {
     let seconds: f64 = attempts.iter().map(|a| a.seconds.max(0.0)).sum();
     (seconds * 1e6).min(u64::MAX as f64) as u64
+}
+
+/// Count one request's answer in the ledger of its directory (`cache`), and publish the
+/// counts for the other hosts sharing it (at once after a compile).
+pub fn count_in(cache: Option<&Cache>, answered: Answered<'_>) {
+    let Some((cache, ledger)) = cache.and_then(|c| Some((c, c.ledger_to_count()?))) else {
+        return;
+    };
+    let urgent = matches!(answered, Answered::Built(_) | Answered::Failed(_));
+    count(&ledger, answered);
+    cache.publish_counts(&ledger, urgent);
 }
 
 /// Count one request's answer: from a level, a compile (and its retry), or refused.

@@ -2,6 +2,7 @@
 //! entries), bundles (built ahead of time, read only) and the fleet's store (signed
 //! entries). What each holds, gives, refuses and keeps; their order is `Levels`'s.
 
+use super::Entry;
 use crate::attempt::{Attempt, Record};
 use crate::bundle::search::{Missed, Query, Wanted as BundleWanted};
 use crate::cache::{self, Cache, Counter};
@@ -9,6 +10,7 @@ use crate::error::Result;
 use crate::options::Options;
 use crate::store::format;
 use crate::store::remote::{self, Config, Wanted};
+use crate::zebin::Fits;
 
 /// What an entry is built for, as the fleet's store signs it: the device and the
 /// compiler's identity (the offline path: the ocloc device and IGC; Level Zero: no
@@ -45,6 +47,13 @@ pub(super) trait Level: Send + Sync {
         target: Target<'_>,
         notes: &mut Vec<String>,
     ) -> Result<Option<Vec<u8>>>;
+    /// Whether `entry` (what `get` gave, decoded under its key) may answer: one this node
+    /// did not build must fit the request (`fits`; None: the caller checks it by loading
+    /// it). Why not is the error.
+    fn check(&self, entry: &Entry, fits: Option<Fits<'_>>) -> std::result::Result<(), String> {
+        let fits = fits.map(|fits| fits.check(&entry.binary, entry.record.spill));
+        fits.unwrap_or(Ok(())).map_err(|e| e.message)
+    }
     /// What `get` gave (`len` bytes) is not `key`'s entry (`why`): dropped and counted.
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>);
     /// Keep `entry` (the bytes of `key`'s entry); `fresh`: built here now, else a copy of
@@ -92,6 +101,12 @@ impl Level for Local {
         }))
     }
 
+    /// Checksummed, not parsed (a hit's cost): a zebin lacking a section is refused
+    /// (removed), then rebuilt, never a hit.
+    fn check(&self, entry: &Entry, _: Option<Fits<'_>>) -> std::result::Result<(), String> {
+        crate::zebin::has_zebin_sections(&entry.binary).map_err(|e| e.message)
+    }
+
     fn refuse(&self, key: &str, len: usize, why: &str, notes: &mut Vec<String>) {
         notes.push(self.0.refuse(key, len as u64, why));
     }
@@ -101,38 +116,6 @@ impl Level for Local {
             None => Put::Yes,
             Some(note) => Put::Failed(note),
         })
-    }
-}
-
-/// An entry of this user's own level kept as built (by the last format, or with
-/// `XPU_ZEBIN_CACHE_COMPRESS` off), now kept compressed: when a hit has it in hand, synced as a
-/// fresh build is (nothing is rebuilt or lost, and a rewrite that fails leaves it as it
-/// was). Tried once per key in a process, whatever came of it: an entry that stays as
-/// built (it would inflate more than a reader takes, or the cache cannot be written)
-/// never costs a compression on every hit.
-pub(super) fn compress_kept(
-    level: &dyn Level,
-    compress_own: bool,
-    (key, target): (&str, Target<'_>),
-    (raw, entry): (&[u8], &super::Entry),
-) {
-    static TRIED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
-        std::sync::Mutex::new(None);
-    /// Past this many, no more are tried in this process (the set stays small).
-    const MOST_TRIED: usize = 1 << 16;
-    if !(level.own() && compress_own && cache::is_plain(raw)) {
-        return;
-    }
-    {
-        let mut tried = crate::sync::lock(&TRIED);
-        let tried = tried.get_or_insert_with(Default::default);
-        if tried.len() >= MOST_TRIED || !tried.insert(key.to_string()) {
-            return;
-        }
-    }
-    let lean = cache::encode(key, &entry.record, &entry.binary).ok();
-    if let Some(lean) = lean.filter(|lean| cache::is_compressed(lean)) {
-        let _ = level.put(key, target, &lean, true);
     }
 }
 

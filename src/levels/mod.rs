@@ -406,16 +406,15 @@ impl Levels {
         })();
         // Counted once the lookup is over, whichever step refused it.
         if looked.is_err() && counted {
-            Levels::count_refused(cache.as_ref());
+            accounts::count_in(cache.as_ref(), Answered::Refused);
         }
         looked
     }
 
     /// The first level's entry of `key` that is whole and `key`'s, from the level at
-    /// `from` on: one of this user's own cache must have a zebin's sections, one of
-    /// another level must fit (`fits`: what the caller needs of a binary it did not build;
-    /// None: the caller checks it by loading it), and is then copied into the faster
-    /// levels.
+    /// `from` on, as its level checks it (`Level::check`: against `fits`, what the caller
+    /// needs of a binary it did not build; None: the caller checks it by loading it); it
+    /// is then copied into the faster levels.
     /// None on a miss everywhere; why an entry was not used goes into `notes`.
     pub fn find(
         &self,
@@ -431,18 +430,7 @@ impl Levels {
             };
             let checked = cache::decode_within::<Record>(key, &raw, level.most_inflated())
                 .map(|(record, binary)| Entry { record, binary })
-                .and_then(|entry| match (level.own(), fits) {
-                    (false, Some(fits)) => fits
-                        .check(&entry.binary, entry.record.spill)
-                        .map(|()| entry)
-                        .map_err(|e| e.message),
-                    // Own entries are checksummed, not parsed (a hit's cost): a zebin
-                    // lacking a section is refused (removed), then rebuilt, never a hit.
-                    (true, _) => crate::zebin::has_zebin_sections(&entry.binary)
-                        .map(|()| entry)
-                        .map_err(|e| e.message),
-                    (false, None) => Ok(entry),
-                });
+                .and_then(|entry| level.check(&entry, fits).map(|()| entry));
             let entry = match checked {
                 Ok(entry) => entry,
                 Err(why) => {
@@ -453,12 +441,7 @@ impl Levels {
             for faster in &self.levels[..at] {
                 notes.extend(faster.put(key, target, &raw, false)?.note());
             }
-            level::compress_kept(
-                level.as_ref(),
-                self.compress_own,
-                (key, target),
-                (&raw, &entry),
-            );
+            self.compress_kept(level.as_ref(), (key, target), (&raw, &entry));
             return Ok(Some(Hit {
                 entry,
                 counter: level.hits(),
@@ -466,6 +449,38 @@ impl Levels {
             }));
         }
         Ok(None)
+    }
+
+    /// An entry of this user's own level kept as built (by the last format, or with
+    /// `XPU_ZEBIN_CACHE_COMPRESS` off), now kept compressed: when a hit has it in hand,
+    /// synced as a fresh build is (nothing is rebuilt or lost, and a rewrite that fails
+    /// leaves it as it was). Tried once per key in a process, whatever came of it: an
+    /// entry that stays as built (it would inflate more than a reader takes, or the cache
+    /// cannot be written) never costs a compression on every hit.
+    fn compress_kept(
+        &self,
+        level: &dyn Level,
+        (key, target): (&str, Target<'_>),
+        (raw, entry): (&[u8], &Entry),
+    ) {
+        static TRIED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+            std::sync::Mutex::new(None);
+        /// Past this many, no more are tried in this process (the set stays small).
+        const MOST_TRIED: usize = 1 << 16;
+        if !(level.own() && self.compress_own && cache::is_plain(raw)) {
+            return;
+        }
+        {
+            let mut tried = crate::sync::lock(&TRIED);
+            let tried = tried.get_or_insert_with(Default::default);
+            if tried.len() >= MOST_TRIED || !tried.insert(key.to_string()) {
+                return;
+            }
+        }
+        let lean = cache::encode(key, &entry.record, &entry.binary).ok();
+        if let Some(lean) = lean.filter(|lean| cache::is_compressed(lean)) {
+            let _ = level.put(key, target, &lean, true);
+        }
     }
 
     /// A fresh build of `key` into the levels this node may write: nowhere unless it is
@@ -554,25 +569,8 @@ impl Levels {
         Ok(wrote)
     }
 
-    /// Count a request refused before any level was asked (a bad setting), in the ledger
-    /// of its cache (`cache`).
-    fn count_refused(cache: Option<&Cache>) {
-        if let Some(cache) = cache {
-            if let Some(l) = cache.ledger_to_count() {
-                accounts::count(&l, Answered::Refused);
-                cache.publish_counts(&l, false);
-            }
-        }
-    }
-
     /// Count the request's answer once, in its directory's ledger.
     pub fn count(&self, answered: Answered<'_>) {
-        if let Some(cache) = self.cache.as_ref() {
-            if let Some(l) = cache.ledger_to_count() {
-                let urgent = matches!(answered, Answered::Built(_) | Answered::Failed(_));
-                accounts::count(&l, answered);
-                cache.publish_counts(&l, urgent);
-            }
-        }
+        accounts::count_in(self.cache.as_ref(), answered);
     }
 }
