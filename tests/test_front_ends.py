@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,10 @@ with triton_on_cpu(triton_cache):
         while not os.path.exists(go + ".end") and time.monotonic() < deadline:
             time.sleep(0.01)
         sys.exit(0)
-waits = xpu_zebin.stats()["counters"]["waits_triton_front_end"]
-print(json.dumps({"ran": len(ran), "hash": compiled.hash, "waits": waits}), flush=True)
+c = xpu_zebin.stats()["counters"]
+waits, saved = c["waits_triton_front_end"], c["wait_saved_triton_front_end_microseconds"]
+said = {"ran": len(ran), "hash": compiled.hash, "waits": waits, "saved": saved}
+print(json.dumps(said), flush=True)
 """
 
 
@@ -137,22 +140,28 @@ def _result(rank: subprocess.Popen) -> dict:
 
 def _holder_and_its_waiter(tmp_path: Path, role: str = "hold") -> tuple:
     """A rank inside its front end (the group claimed), and one waiting for it: it has
-    looked in Triton's cache itself and at least once while it waits."""
+    looked in Triton's cache itself and at least once while it waits; and the wall time
+    at which the holder was known to be inside its front end."""
     holder = _rank(tmp_path, role)
     _until(holder, "holding")
+    holding = time.time()
     waiter = _rank(tmp_path, "wait")
     _until(waiter, "looked", 2)
-    return holder, waiter
+    return holder, waiter, holding
 
 
 def test_a_second_process_waits_for_the_first_front_end(tmp_path):
-    holder, waiter = _holder_and_its_waiter(tmp_path)
+    holder, waiter, holding = _holder_and_its_waiter(tmp_path)
+    go = time.time()
     (tmp_path / "go").touch()
     held, waited = _result(holder), _result(waiter)
     assert held["ran"] == 1
     assert waited["ran"] == 0, "the waiter ran its own front end"
     assert waited["hash"] == held["hash"]
     assert waited["waits"] == 1
+    # Saved: the holder's front end (claimed before it said "holding", its group found
+    # after "go"), not only the wait, which began after the waiter's own start-up.
+    assert waited["saved"] >= (go - holding) * 1e6
 
 
 def test_a_batch_runs_the_front_ends_nobody_runs_first(tmp_path):
@@ -166,7 +175,7 @@ def test_a_batch_runs_the_front_ends_nobody_runs_first(tmp_path):
 
 
 def test_a_holder_killed_lets_its_waiter_run_its_own(tmp_path):
-    holder, waiter = _holder_and_its_waiter(tmp_path)
+    holder, waiter, _ = _holder_and_its_waiter(tmp_path)
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)
     waited = _result(waiter)
@@ -195,7 +204,7 @@ def test_a_compile_of_its_own_never_waits(tmp_path, cache, env):
 
 
 def test_a_failed_front_end_lets_its_waiter_run_its_own(tmp_path):
-    holder, waiter = _holder_and_its_waiter(tmp_path, "fail")
+    holder, waiter, _ = _holder_and_its_waiter(tmp_path, "fail")
     (tmp_path / "go").touch()
     _until(holder, "failed")  # alive, the failure's traceback kept
     waited = _result(waiter)

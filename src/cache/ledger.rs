@@ -154,10 +154,11 @@ pub enum Counter {
     WrittenBytes,
     WrittenUncompressedBytes,
     TritonWaits,
+    TritonWaitSavedMicros,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 25] = [
+    pub const ALL: [Counter; 26] = [
         Counter::Requests,
         Counter::LocalHits,
         Counter::StoreHits,
@@ -183,6 +184,7 @@ impl Counter {
         Counter::WrittenBytes,
         Counter::WrittenUncompressedBytes,
         Counter::TritonWaits,
+        Counter::TritonWaitSavedMicros,
     ];
 
     pub fn name(self) -> &'static str {
@@ -212,6 +214,7 @@ impl Counter {
             Counter::WrittenBytes => "written_bytes",
             Counter::WrittenUncompressedBytes => "written_uncompressed_bytes",
             Counter::TritonWaits => "waits_triton_front_end",
+            Counter::TritonWaitSavedMicros => "wait_saved_triton_front_end_microseconds",
         }
     }
 }

@@ -144,16 +144,19 @@ pub enum Taken {
     Mine(Claim),
     /// A thread of this process holds it.
     HeldHere,
-    /// Another process holds it: its file as last seen (device, inode, last change).
-    HeldThere(Option<(u64, u64, SystemTime)>),
+    /// Another process holds it: its file as last seen (device, inode, last change), and
+    /// when its holder took it, as the file says (`stamp`).
+    HeldThere(Option<(u64, u64, SystemTime)>, Option<SystemTime>),
     /// No claim can be taken here (why): the request builds alone.
     Unavailable(String),
 }
 
 /// How a wait for another's build ended.
 pub enum Waited<T> {
-    /// The levels answered (`found`), after waiting this long.
-    Answered(T, Duration),
+    /// The levels answered (`found`), after waiting this long; and how long the build
+    /// waited for had run by then, as its claim said when it was taken (None: it said
+    /// nothing, a thread of this process or a lease held it).
+    Answered(T, Duration, Option<Duration>),
     /// This request took the claim (its holder let go with nothing kept, or died): it
     /// builds, holding it.
     Mine(Claim),
@@ -227,7 +230,7 @@ impl Claims {
             };
             match keeper::lock_now(dir, file.clone()) {
                 Ok(true) => {}
-                Ok(false) => return Taken::HeldThere(seen(path)),
+                Ok(false) => return Taken::HeldThere(seen(path), taken_at(&file)),
                 // Refused now, not at the probe: leases from here on; the file is left
                 // (a lock call that did not answer may hold it, and its removal with it).
                 Err(refused) => {
@@ -241,6 +244,7 @@ impl Claims {
                 .zip(held)
                 .is_some_and(|(a, b)| (a.dev(), a.ino()) == (b.dev(), b.ino()));
             if same {
+                stamp(&file);
                 return Taken::Mine(Claim::renewed(path, entry, Hold::Record(file)));
             }
         }
@@ -289,7 +293,7 @@ impl Claims {
         match lease::take_at(&at, LEASE_AGE) {
             Some(lease) => Taken::Mine(Claim::renewed(path, entry, Hold::Lease(Arc::new(lease)))),
             None => match seen(&at) {
-                Some(seen) => Taken::HeldThere(Some(seen)),
+                Some(seen) => Taken::HeldThere(Some(seen), None),
                 None => Taken::Unavailable("the lease claim could not be made".into()),
             },
         }
@@ -313,25 +317,32 @@ impl Claims {
         // The holder's file as last seen, and when it last changed (this clock's).
         let mut last: Option<(u64, u64, SystemTime)> = None;
         let mut changed = start;
+        // When the holder last seen took its claim (its file's word).
+        let mut since: Option<SystemTime> = None;
+        let answered = |answer: T, since: Option<SystemTime>| {
+            let ran = since.and_then(|s| SystemTime::now().duration_since(s).ok());
+            Waited::Answered(answer, start.elapsed(), ran)
+        };
         loop {
             if cancel.load(Ordering::Relaxed) {
                 return Waited::Cancelled;
             }
             if let Some(answer) = found() {
-                return Waited::Answered(answer, start.elapsed());
+                return answered(answer, since);
             }
             match self.take(key) {
                 Taken::Mine(claim) => {
                     // Kept just before its holder let go: answered, the claim let go.
                     return match found() {
-                        Some(answer) => Waited::Answered(answer, start.elapsed()),
+                        Some(answer) => answered(answer, since),
                         None => Waited::Mine(claim),
                     };
                 }
                 Taken::Unavailable(why) => return Waited::Alone(why),
                 _ if start == changed && step_aside() => return Waited::SteppedAside,
                 Taken::HeldHere => changed = Instant::now(), // this process is not stalled
-                Taken::HeldThere(now) => {
+                Taken::HeldThere(now, taken) => {
+                    since = taken.or(since);
                     if now != last {
                         (last, changed) = (now, Instant::now());
                     } else if changed.elapsed() >= STALLED {
@@ -408,6 +419,32 @@ pub(super) fn renewing(
     spawned.is_ok().then_some(tx)
 }
 
+/// Say in the claim's `file` when its holder took it (microseconds since 1970, as text),
+/// for its waiters to count the build time a wait saved; a claim that cannot say it
+/// holds all the same.
+fn stamp(file: &File) {
+    use std::os::unix::fs::FileExt;
+    let since = SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let text = format!("{}\n", since.map_or(0, |d| d.as_micros()));
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.write_all_at(text.as_bytes(), 0));
+}
+
+/// When the holder of a claim took it, as its `file` says (`stamp`); None when it says
+/// nothing readable (written by no holder of ours, or not yet).
+fn taken_at(file: &File) -> Option<SystemTime> {
+    use std::os::unix::fs::FileExt;
+    let mut text = [0u8; 24];
+    let read = file.read_at(&mut text, 0).ok()?;
+    let micros: u64 = std::str::from_utf8(text.get(..read)?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    std::time::UNIX_EPOCH.checked_add(Duration::from_micros(micros))
+}
+
 /// The file at `path` as a waiter sees it: device, inode and last change.
 fn seen(path: &Path) -> Option<(u64, u64, SystemTime)> {
     let m = std::fs::symlink_metadata(path).ok()?;
@@ -434,135 +471,4 @@ impl Wait<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KEY: &str = "00ab";
-
-    #[test]
-    fn one_holder_per_key_and_let_go_removes_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        let Taken::Mine(claim) = claims.take(KEY) else {
-            panic!("a free key is not taken")
-        };
-        assert!(matches!(claims.take(KEY), Taken::HeldHere));
-        assert!(matches!(claims.take("00ac"), Taken::Mine(_)));
-        drop(claim);
-        assert!(!dir.path().join("claims").join(KEY).exists());
-        assert!(matches!(claims.take(KEY), Taken::Mine(_)));
-    }
-
-    #[test]
-    fn a_key_that_is_not_hex_is_no_claim() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        for bad in ["", "../x", "a/b", "zz", &"a".repeat(129)] {
-            assert!(matches!(claims.take(bad), Taken::Unavailable(_)), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_waiter_is_answered_when_the_holder_keeps_its_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        let Taken::Mine(claim) = claims.take(KEY) else {
-            panic!()
-        };
-        let kept = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let (claims, kept) = (claims.clone(), kept.clone());
-            std::thread::spawn(move || {
-                let never = AtomicBool::new(false);
-                match claims.wait(KEY, (None, &never), &|| false, || {
-                    kept.load(Ordering::SeqCst).then_some(7)
-                }) {
-                    Waited::Answered(v, _) => v,
-                    _ => panic!("not answered"),
-                }
-            })
-        };
-        kept.store(true, Ordering::SeqCst);
-        drop(claim);
-        assert_eq!(waiter.join().unwrap(), 7);
-    }
-
-    #[test]
-    fn a_waiter_takes_the_claim_when_the_holder_keeps_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        let Taken::Mine(claim) = claims.take(KEY) else {
-            panic!()
-        };
-        let waiter = {
-            let claims = claims.clone();
-            std::thread::spawn(move || {
-                let never = AtomicBool::new(false);
-                matches!(
-                    claims.wait(KEY, (None, &never), &|| false, || None::<()>),
-                    Waited::Mine(_)
-                )
-            })
-        };
-        drop(claim);
-        assert!(waiter.join().unwrap(), "the waiter did not build");
-    }
-
-    #[test]
-    fn a_wait_ends_on_cancel_and_on_its_bound() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        let Taken::Mine(_claim) = claims.take(KEY) else {
-            panic!()
-        };
-        let cancel = AtomicBool::new(true);
-        assert!(matches!(
-            claims.wait(KEY, (None, &cancel), &|| false, || None::<()>),
-            Waited::Cancelled
-        ));
-        let never = AtomicBool::new(false);
-        let bound = Some(Duration::from_millis(50));
-        assert!(matches!(
-            claims.wait(KEY, (bound, &never), &|| false, || None::<()>),
-            Waited::Alone(_)
-        ));
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-
-        /// Any key a caller passes: no panic, a claim only for a key that names a file
-        /// (hex digits), and nothing made outside the claims directory.
-        #[test]
-        fn any_key_is_taken_or_refused_and_stays_inside(key in ".{0,40}|[0-9a-f]{1,140}") {
-            let dir = tempfile::tempdir().unwrap();
-            let claims = Claims::of(dir.path());
-            let plain = !key.is_empty()
-                && key.len() <= 128
-                && key.bytes().all(|b| b.is_ascii_hexdigit());
-            match claims.take(&key) {
-                Taken::Mine(claim) => {
-                    proptest::prop_assert!(plain, "{key:?} was claimed");
-                    drop(claim);
-                }
-                Taken::Unavailable(_) => proptest::prop_assert!(!plain, "{key:?} refused"),
-                Taken::HeldHere | Taken::HeldThere(_) => {
-                    proptest::prop_assert!(false, "{key:?} held by nobody")
-                }
-            }
-            let made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten()
-                .map(|e| e.file_name()).collect();
-            proptest::prop_assert!(made.iter().all(|n| n == "claims"), "{made:?}");
-        }
-    }
-
-    #[test]
-    fn anything_planted_at_a_claims_name_is_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let claims = Claims::of(dir.path());
-        claims.ready().unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("claims").join(KEY)).unwrap();
-        assert!(matches!(claims.take(KEY), Taken::Mine(_)));
-        assert!(std::fs::metadata("/etc/passwd").is_ok());
-    }
-}
+mod tests;

@@ -51,7 +51,8 @@ pub fn group_key(key: &str, filename: &str) -> String {
 /// Triton's cache it is in: processes with caches of their own never wait for each other)
 /// in the cache of `cache_dir` (default:
 /// the user's), or wait for the process that holds it: `found()` asks Triton's cache. A
-/// wait answered is counted in that cache's ledger (`TritonWaits`). Held by another at
+/// wait answered is counted in that cache's ledger (`TritonWaits`, and the front end's
+/// time it saved, `TritonWaitSavedMicros`). Held by another at
 /// the first look, it steps aside (`Later`) when the caller says so (`step_aside`): it
 /// has other front ends to run first. `Err`: a bad
 /// `XPU_ZEBIN_SHARE_BUILDS` (no value is ignored).
@@ -78,9 +79,17 @@ pub fn claim_group(
     );
     Ok(match waited {
         Waited::Mine(claim) => Flight::Mine(claim),
-        Waited::Answered((), took) => {
+        Waited::Answered((), took, ran) => {
+            // What the wait saved: the holder's front end, as long as it had run when its
+            // group was found (its claim's word, kept within the wait and the bound:
+            // another host's clock may differ); at least the wait itself.
+            let saved = ran
+                .unwrap_or(took)
+                .clamp(took, took.saturating_add(FRONT_END_BOUND));
             if let Some(ledger) = cache.ledger_to_count() {
                 ledger.count(Counter::TritonWaits, 1);
+                let micros = u64::try_from(saved.as_micros()).unwrap_or(u64::MAX);
+                ledger.count(Counter::TritonWaitSavedMicros, micros);
             }
             Flight::Answered(took)
         }

@@ -254,7 +254,7 @@ impl Levels {
                 None
             }
             Waited::SteppedAside => return Ok(Turn::Later),
-            Waited::Answered(found, waited) => {
+            Waited::Answered(found, waited, _) => {
                 return self.waited_for(found, waited, notes).or_else(told)
             }
             Waited::Cancelled => return told(Refusal::cancelled()),

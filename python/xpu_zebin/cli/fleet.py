@@ -63,7 +63,8 @@ def stats_lines(s: dict) -> list:
         f"compiler)",
         f"waits for a build    {c['waits']} (another's build of the same kernel: "
         f"{c['wait_saved_microseconds'] / 1e6:.1f} s of compiler saved); Triton front ends "
-        f"{c['waits_triton_front_end']}",
+        f"{c['waits_triton_front_end']} "
+        f"({c['wait_saved_triton_front_end_microseconds'] / 1e6:.1f} s saved)",
         f"remembered failures  {c['remembered_failures']} (failed the same way before: not "
         f"built again)",
         "large-GRF retries    " + ", ".join(f"{k} {v}" for k, v in retries.items()),

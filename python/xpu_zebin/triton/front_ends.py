@@ -10,7 +10,8 @@ takes the group's claim (in xpu-zebin's cache directory, as a native build does,
 Triton's key, the group and Triton's cache directory: ``_core.claim_triton_group``) and
 runs the front end; a process that misses the same group in the same directory meanwhile
 waits for it and takes the group from Triton's cache, counted in ``xpu-zebin stats`` as
-``waits_triton_front_end``.
+``waits_triton_front_end`` (the front end's time it saved:
+``wait_saved_triton_front_end_microseconds``).
 
 Never worse than Triton alone: a holder killed lets go at once, one stopped is seen after
 ten seconds, no wait lasts more than five minutes, Ctrl-C and ``cancel_running`` end a
