@@ -140,13 +140,14 @@ def _result(rank: subprocess.Popen) -> dict:
 
 def _holder_and_its_waiter(tmp_path: Path, role: str = "hold") -> tuple:
     """A rank inside its front end (the group claimed), and one waiting for it: it has
-    looked in Triton's cache itself and at least once while it waits; and the wall time
-    at which the holder was known to be inside its front end."""
+    looked in Triton's cache itself and twice while it waits (the second after it found
+    the claim held); and the wall time at which the holder was known to be inside its
+    front end."""
     holder = _rank(tmp_path, role)
     _until(holder, "holding")
     holding = time.time()
     waiter = _rank(tmp_path, "wait")
-    _until(waiter, "looked", 2)
+    _until(waiter, "looked", 3)
     return holder, waiter, holding
 
 

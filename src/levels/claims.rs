@@ -342,7 +342,9 @@ impl Claims {
                 _ if start == changed && step_aside() => return Waited::SteppedAside,
                 Taken::HeldHere => changed = Instant::now(), // this process is not stalled
                 Taken::HeldThere(now, taken) => {
-                    since = taken.or(since);
+                    // Another holder's file (a new inode) says its own start, or nothing.
+                    let file = |seen: Option<(u64, u64, SystemTime)>| seen.map(|s| (s.0, s.1));
+                    since = taken.or(since.filter(|_| file(now) == file(last)));
                     if now != last {
                         (last, changed) = (now, Instant::now());
                     } else if changed.elapsed() >= STALLED {
@@ -424,11 +426,16 @@ pub(super) fn renewing(
 /// holds all the same.
 fn stamp(file: &File) {
     use std::os::unix::fs::FileExt;
+    // Never a file with another name too (a link planted here is left as it is), nor a
+    // time before 1970 (a clock that cannot say it).
+    let alone = file.metadata().is_ok_and(|m| m.nlink() == 1);
     let since = SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let text = format!("{}\n", since.map_or(0, |d| d.as_micros()));
-    let _ = file
-        .set_len(0)
-        .and_then(|()| file.write_all_at(text.as_bytes(), 0));
+    if let (true, Ok(since)) = (alone, since) {
+        let text = format!("{}\n", since.as_micros());
+        let _ = file
+            .set_len(0)
+            .and_then(|()| file.write_all_at(text.as_bytes(), 0));
+    }
 }
 
 /// When the holder of a claim took it, as its `file` says (`stamp`); None when it says

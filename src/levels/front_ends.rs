@@ -90,6 +90,7 @@ pub fn claim_group(
                 ledger.count(Counter::TritonWaits, 1);
                 let micros = u64::try_from(saved.as_micros()).unwrap_or(u64::MAX);
                 ledger.count(Counter::TritonWaitSavedMicros, micros);
+                cache.publish_counts(&ledger, false);
             }
             Flight::Answered(took)
         }

@@ -159,3 +159,15 @@ fn anything_planted_at_a_claims_name_is_replaced() {
     assert!(matches!(claims.take(KEY), Taken::Mine(_)));
     assert!(std::fs::metadata("/etc/passwd").is_ok());
 }
+
+#[test]
+fn a_file_linked_at_a_claims_name_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::of(dir.path());
+    claims.ready().unwrap();
+    let elsewhere = dir.path().join("kept");
+    std::fs::write(&elsewhere, b"not a claim's").unwrap();
+    std::fs::hard_link(&elsewhere, dir.path().join("claims").join(KEY)).unwrap();
+    let _claim = claims.take(KEY);
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), b"not a claim's");
+}
