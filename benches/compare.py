@@ -470,6 +470,23 @@ def level_zero_cases(bench: Bench, kernels: dict, batch: list) -> None:
             "the driver's JIT of the SPIR-V against a load of the cached native binary (the "
             f"median of {FAST_SIDE_CALLS} loads a pair)",
         )  # fmt: skip
+        with xpu_zebin.compile_and_load(heavy, "matmul_kernel", cache=False) as built:
+            native, flags = built.native_binary, built.build_flags
+
+        def native_load() -> None:
+            with xpu_zebin.compile_and_load(
+                native, "matmul_kernel", is_spv=False, build_flags=flags
+            ):
+                pass
+
+        # What Triton's load_binary hands over (its cached zebin): loaded, nothing kept
+        # (no entry is encoded for it: a level-15 frame cost 2-25 ms a load before).
+        bench.compare(
+            "ze_native_load_speedup", "Level Zero: JIT load / native binary handed over",
+            lambda: ze_load(False), pairs.median_of(native_load, FAST_SIDE_CALLS),
+            "the driver's JIT of the SPIR-V against a load of the native binary Triton hands "
+            f"over (the median of {FAST_SIDE_CALLS} loads a pair)",
+        )  # fmt: skip
 
     def ze_many(spirvs: List[bytes]) -> None:
         reqs = [

@@ -40,8 +40,8 @@ COMPARE_GROUPS = {
     "offline": ("fallback_speedup", "batch_speedup", "small_kernel_speedup",
                 "warm_cache_speedup"),
     "dask": ("dask_batch_speedup", "dask_overhead_percent"),
-    "level-zero": ("ze_warm_load_speedup", "ze_fallback_speedup", "ze_batch_speedup",
-                   "ze_isolation_overhead_percent"),
+    "level-zero": ("ze_warm_load_speedup", "ze_native_load_speedup", "ze_fallback_speedup",
+                   "ze_batch_speedup", "ze_isolation_overhead_percent"),
     "sweep,memory": ("sweep_speedup", "sweep_baseline_split_s", "peak_rss_mb"),
 }  # fmt: skip
 

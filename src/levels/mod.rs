@@ -497,36 +497,44 @@ impl Levels {
         linked: bool,
     ) -> Result<Vec<String>> {
         let (record, binary) = built;
-        let entry = cache::encode(key, record, binary);
-        // This user's own level, when it keeps entries as built.
-        let as_built = match self.compress_own {
-            true => None,
-            false => cache::encode_plain(key, record, binary).ok(),
-        };
         let scope = match (repeatable, linked) {
             (false, _) => Keep::Nowhere,
             (true, false) => Keep::Here,
             (true, true) => Keep::Everywhere,
         };
+        // Only levels that are never written (bundles), or none: nothing is encoded (a
+        // level-15 frame costs milliseconds to tens of them, on every native load too).
+        if self.cache.is_none() {
+            return Ok(Vec::new());
+        }
+        if scope == Keep::Nowhere {
+            return Ok(vec![
+                "not cached: an attempt failed in a way that may not repeat".into(),
+            ]);
+        }
+        // This user's own level, when it keeps entries as built; the compressed entry is
+        // made once, for the first level that takes it.
+        let as_built = match self.compress_own {
+            true => None,
+            false => cache::encode_plain(key, record, binary).ok(),
+        };
+        let mut entry = None;
         let mut notes = Vec::new();
-        match (scope, entry) {
-            // Only levels that are never written (bundles), or none.
-            _ if self.cache.is_none() => {}
-            (Keep::Nowhere, _) => {
-                notes.push("not cached: an attempt failed in a way that may not repeat".into())
+        for level in &self.levels {
+            if !(scope == Keep::Everywhere || level.own()) {
+                continue;
             }
-            (_, Err(e)) => notes.push(format!("not cached: {e}")),
-            (_, Ok(entry)) => {
-                for level in &self.levels {
-                    let bytes = match (level.own(), &as_built) {
-                        (true, Some(plain)) => plain,
-                        _ => &entry,
-                    };
-                    if scope == Keep::Everywhere || level.own() {
-                        notes.extend(level.put(key, target, bytes, true)?.note());
+            let bytes = match (level.own(), &as_built) {
+                (true, Some(plain)) => plain,
+                _ => match entry.get_or_insert_with(|| cache::encode(key, record, binary)) {
+                    Ok(entry) => entry,
+                    Err(e) => {
+                        notes.push(format!("not cached: {e}"));
+                        break;
                     }
-                }
-            }
+                },
+            };
+            notes.extend(level.put(key, target, bytes, true)?.note());
         }
         Ok(notes)
     }
