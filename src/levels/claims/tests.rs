@@ -1,4 +1,4 @@
-//! The claims against real files, locks, threads and processes.
+//! The claims against real files, locks and threads.
 
 use super::*;
 
