@@ -4,13 +4,20 @@ use super::*;
 
 const KEY: &str = "00ab";
 
-#[test]
-fn one_holder_per_key_and_let_go_removes_the_file() {
+/// The claims of a fresh cache directory, with `KEY` taken (the directory lasts while it
+/// is held).
+fn held() -> (tempfile::TempDir, Claims, Claim) {
     let dir = tempfile::tempdir().unwrap();
     let claims = Claims::of(dir.path());
     let Taken::Mine(claim) = claims.take(KEY) else {
         panic!("a free key is not taken")
     };
+    (dir, claims, claim)
+}
+
+#[test]
+fn one_holder_per_key_and_let_go_removes_the_file() {
+    let (dir, claims, claim) = held();
     assert!(matches!(claims.take(KEY), Taken::HeldHere));
     assert!(matches!(claims.take("00ac"), Taken::Mine(_)));
     drop(claim);
@@ -29,11 +36,7 @@ fn a_key_that_is_not_hex_is_no_claim() {
 
 #[test]
 fn a_waiter_is_answered_when_the_holder_keeps_its_entry() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::of(dir.path());
-    let Taken::Mine(claim) = claims.take(KEY) else {
-        panic!()
-    };
+    let (_dir, claims, claim) = held();
     let kept = Arc::new(AtomicBool::new(false));
     let waiter = {
         let (claims, kept) = (claims.clone(), kept.clone());
@@ -54,11 +57,7 @@ fn a_waiter_is_answered_when_the_holder_keeps_its_entry() {
 
 #[test]
 fn a_waiter_takes_the_claim_when_the_holder_keeps_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::of(dir.path());
-    let Taken::Mine(claim) = claims.take(KEY) else {
-        panic!()
-    };
+    let (_dir, claims, claim) = held();
     let waiter = {
         let claims = claims.clone();
         std::thread::spawn(move || {
@@ -75,11 +74,7 @@ fn a_waiter_takes_the_claim_when_the_holder_keeps_nothing() {
 
 #[test]
 fn a_wait_ends_on_cancel_and_on_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::of(dir.path());
-    let Taken::Mine(_claim) = claims.take(KEY) else {
-        panic!()
-    };
+    let (_dir, claims, _claim) = held();
     let cancel = AtomicBool::new(true);
     assert!(matches!(
         claims.wait(KEY, (None, &cancel), &|| false, || None::<()>),
@@ -95,12 +90,8 @@ fn a_wait_ends_on_cancel_and_on_its_bound() {
 
 #[test]
 fn a_claim_says_when_its_holder_took_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = Claims::of(dir.path());
     let before = SystemTime::now();
-    let Taken::Mine(claim) = claims.take(KEY) else {
-        panic!("a free key is not claimed")
-    };
+    let (dir, _claims, claim) = held();
     let file = File::open(dir.path().join("claims").join(KEY)).unwrap();
     let took = taken_at(&file).expect("the claim says nothing");
     // Microseconds: at most one short of the moment before it was taken.
