@@ -132,15 +132,18 @@ def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-") as work:
         cache, script = Path(work) / "cache", Path(work) / "child.py"
         script.write_text(autotune.CHILD)
+        # One TMPDIR for the run's ranks, as a job's ranks on a host share theirs (the
+        # host's core slots and record of safe loads live there), new for each run.
+        (Path(work) / "tmp").mkdir()
         cpu, procs = _children_cpu(), []
         began = time.perf_counter()
         for i in range(ranks):
             here = Path(work) / f"rank-{i}"
-            (here / "tmp").mkdir(parents=True)
+            here.mkdir()
             env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "XPU_ZEBIN_TRITON": "1",
                    "XPU_ZEBIN_SHARE_BUILDS": "1" if shared else "0",
                    "XPU_ZEBIN_SIMULATED_DEVICE": "pvc", "TRITON_INTEL_DEVICE_ARCH": "pvc",
-                   "TMPDIR": str(here / "tmp")}  # fmt: skip
+                   "TMPDIR": str(Path(work) / "tmp")}  # fmt: skip
             # What a rank says goes to a file: a pipe read one rank at a time could fill.
             with open(here / "stderr", "w") as err:
                 command = [sys.executable, str(script), str(autotune.TESTS),

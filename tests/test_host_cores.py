@@ -7,16 +7,14 @@ compilers do not take its cores)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import subprocess
 import sys
-from typing import Iterator
 
 import pytest
 from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
+from worker_helpers import every_core_taken
 
 import xpu_zebin
 from xpu_zebin import samples
@@ -43,21 +41,6 @@ def matmul_path(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("spirv") / "matmul64.spv"
     path.write_bytes(spirv)
     return str(path)
-
-
-@contextlib.contextmanager
-def every_core_taken(slots_dir) -> Iterator[None]:
-    """What compilers running in other processes on every core look like: each slot locked."""
-    held = []
-    try:
-        for i in range(len(os.sched_getaffinity(0))):
-            f = open(slots_dir / f"core-{i}", "a")
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(f)
-        yield
-    finally:
-        for f in held:
-            f.close()
 
 
 def compile_elsewhere(spirv_path, ocloc: str, slots_dir, **env) -> dict:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from worker_helpers import every_core_taken
 
 import xpu_zebin
 from xpu_zebin import samples
@@ -155,6 +156,65 @@ def test_two_ranks_given_one_batch_split_its_builds(system_ocloc, tmp_path):
     assert sum(built) == 4 and min(built) >= 1, built
     c = xpu_zebin.stats(cache)["counters"]
     assert (c["requests"], c["compiles"]) == (8, 4), c
+
+
+#: One compile in a process of its own: says it started, then its answer.
+ONE = """
+import json, sys, xpu_zebin
+ocloc, cache_dir, spv = sys.argv[1:4]
+print("ready", flush=True)
+r = xpu_zebin.compile(open(spv, "rb").read(), device="pvc", ocloc=ocloc, cache_dir=cache_dir)
+print(json.dumps({"source": r.source, "notes": r.notes}), flush=True)
+"""
+
+
+def _children(pid: int) -> list:
+    """The processes `pid` has started and not reaped (its compilers, if any)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
+def test_a_process_with_no_core_waits_for_the_build_it_wants(system_ocloc, tmp_path):
+    """Every core of the host runs another process's compiler: a process with none of its
+    own does not claim its kernel and start one more (each a Python start and IGC's load);
+    it waits, and is answered by the build another process makes. Nobody building what it
+    wants, it builds for itself once it has waited its bound (`CORE_WAIT`, 10 s), and says
+    how long it waited."""
+    spirvs = []
+    for n in range(2):
+        path = tmp_path / f"scale{n}.spv"
+        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
+                                                   ocloc=system_ocloc))  # fmt: skip
+        spirvs.append(path)
+    cache, slots, free = tmp_path / "cache", tmp_path / "slots", tmp_path / "free-slots"
+    slots.mkdir()
+    env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots)}
+    one = [sys.executable, "-c", ONE, system_ocloc, str(cache)]
+    with every_core_taken(slots):
+        cold = subprocess.Popen([*one, str(spirvs[0])], stdout=subprocess.PIPE, text=True,
+                                env=env)  # fmt: skip
+        assert cold.stdout.readline().strip() == "ready"
+        # Its first look for a core makes the claims directory: it is waiting now.
+        _until((cache / "zebin-v3" / "claims").is_dir, "the process never looked for a core")
+        assert _claims(cache) == [] and _children(cold.pid) == [], "it started a build"
+        # Another process, with cores of its own, builds the kernel.
+        other = {**env, "XPU_ZEBIN_CORE_SLOTS_DIR": str(free)}
+        built = subprocess.run([*one, str(spirvs[0])], capture_output=True, text=True,
+                               env=other, timeout=600, check=True)  # fmt: skip
+        assert json.loads(built.stdout.splitlines()[-1])["source"] == "compiled"
+        out, _ = cold.communicate(timeout=600)
+        answer = json.loads(out.splitlines()[-1])
+        assert answer["source"] == "cache", answer
+        assert any("waited" in n and "answered from it" in n for n in answer["notes"]), answer
+        # The second kernel nobody else builds: it waits its bound, then builds.
+        alone = subprocess.run([*one, str(spirvs[1])], capture_output=True, text=True,
+                               env=env, timeout=600, check=True)  # fmt: skip
+    answer = json.loads(alone.stdout.splitlines()[-1])
+    assert answer["source"] == "compiled", answer
+    waited = [n for n in answer["notes"] if "for a core of this host" in n]
+    assert waited and float(waited[0].split()[1]) >= 10, answer
+    c = xpu_zebin.stats(cache)["counters"]
+    assert (c["requests"], c["compiles"], c["waits"]) == (3, 2, 1), c
 
 
 def _ptss_spirv(modern_ocloc: str, tmp_path: Path) -> Path:

@@ -11,7 +11,8 @@ import os
 from typing import Iterator
 
 # triton-xpu is a test dependency (pyproject's `test` extra): missing, these tests fail.
-import pytest
+# No pytest here: the benchmarks' ranks import this module, and pytest's import would be a
+# cost of every rank that no user's process pays.
 import triton
 import triton.language as tl
 from triton.backends import backends
@@ -44,8 +45,8 @@ class _ArchParser:
 @contextlib.contextmanager
 def triton_on_cpu(cache_dir: str) -> Iterator[None]:
     """Triton compiles on the CPU, into a cache of its own."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_CACHE_DIR", cache_dir)
+    saved_dir = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
     init_globals = backends["intel"].compiler.__init__.__globals__
     saved = init_globals["compile_module_from_src"]
     init_globals["compile_module_from_src"] = lambda *args, **kwargs: _ArchParser()
@@ -53,7 +54,10 @@ def triton_on_cpu(cache_dir: str) -> Iterator[None]:
         yield
     finally:
         init_globals["compile_module_from_src"] = saved
-        mp.undo()
+        if saved_dir is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved_dir
 
 
 def compile_triton(fn, signature, constants, num_warps=4):

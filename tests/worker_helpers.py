@@ -1,10 +1,14 @@
-"""Finding a compile worker mid-build, for the tests that kill or stop one."""
+"""Finding a compile worker mid-build, for the tests that kill or stop one; the host's cores
+all taken, for the tests of who may start a compiler."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 
 def compiling(pid: int) -> bool:
@@ -28,3 +32,18 @@ def first_compiling(workers: Callable[[], Iterable[int]], within: float = 60) ->
         # served again by another, and the build succeeds).
         time.sleep(0.05)
     return victim
+
+
+@contextlib.contextmanager
+def every_core_taken(slots_dir) -> Iterator[None]:
+    """What compilers running in other processes on every core look like: each slot locked."""
+    held = []
+    try:
+        for i in range(len(os.sched_getaffinity(0))):
+            f = open(slots_dir / f"core-{i}", "a")
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(f)
+        yield
+    finally:
+        for f in held:
+            f.close()

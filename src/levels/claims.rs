@@ -16,6 +16,11 @@
 //!
 //! A waiter with other work first (a batch's queue) steps aside instead of waiting.
 //!
+//! A turn to build takes a core of the host with its claim (`pool::reserve_core`): when
+//! every core runs a compiler and none is this process's, the request waits for its key
+//! to be kept (or a core) instead of claiming it, so the ranks of a job started together
+//! build on the cores they hold rather than each start compilers on a full host.
+//!
 //! The holder renews its claim (the file's last change) every `RENEW` while it builds; a
 //! waiter that sees no renewal for `STALLED` on its own clock (a holder stopped or hung,
 //! another host's clock does not matter) builds for itself. So does one whose own bound
@@ -24,6 +29,7 @@
 //! the request nothing but the sharing: it builds alone. Nothing here fails a compile.
 
 use crate::cache::{keeper, lease};
+use crate::pool::{CoreTurn, Reserved};
 use crate::sync::{lock, Renewable};
 use std::collections::HashSet;
 use std::fs::File;
@@ -158,8 +164,9 @@ pub enum Waited<T> {
     /// nothing, a thread of this process or a lease held it).
     Answered(T, Duration, Option<Duration>),
     /// This request took the claim (its holder let go with nothing kept, or died): it
-    /// builds, holding it.
-    Mine(Claim),
+    /// builds, holding it, and the core it reserved when one was free; and how long it
+    /// waited for a core, if it did.
+    Mine(Claim, Option<Reserved>, Option<Duration>),
     /// It builds without a claim (why: a stalled holder, its own bound, no claims here).
     Alone(String),
     /// Its cancel was set while it waited.
@@ -192,6 +199,16 @@ impl Claims {
         crate::private::check_dir(&self.dir, 0o002)?;
         let meta = std::fs::metadata(&self.dir).map_err(|e| e.to_string())?;
         Ok((meta.dev(), meta.ino()))
+    }
+
+    /// Whether `key`'s claim file or lease is there (its holder's, or left by one that died
+    /// before letting go): one look at each name, no lock asked.
+    fn may_be_claimed(&self, key: &str) -> bool {
+        self.path(key).is_some_and(|path| {
+            [path.with_extension("lease"), path]
+                .iter()
+                .any(|at| std::fs::symlink_metadata(at).is_ok())
+        })
     }
 
     /// Take `key`'s claim now, or say who holds it; never waits.
@@ -301,15 +318,18 @@ impl Claims {
 
     /// Wait for `key`'s holder: `found()` looks in the levels (an entry or a remembered
     /// failure ends the wait); the claim is taken when its holder lets go with nothing
-    /// kept. Ends alone when the holder stalls (`STALLED`) or `bound` passes (None: no
-    /// bound of its own, the holder's life bounds it), and at once when `cancel` is set.
-    /// Held by another at the first look, it ends at once when `step_aside()` says the
-    /// caller has other work first.
+    /// kept, together with a core of the host when `core` gives one (`pool::reserve_core`:
+    /// on a host whose cores all run others' compilers, a process with none of its own
+    /// waits for its key to be kept rather than start one, at most `CORE_WAIT`). Ends
+    /// alone when the holder stalls (`STALLED`) or `bound` passes (None: no bound of its
+    /// own, the holder's life bounds it), and at once when `cancel` is set. Held by another
+    /// at the first look, it ends at once when `step_aside()` says the caller has other
+    /// work first.
     pub fn wait<T>(
         &self,
         key: &str,
         (bound, cancel): (Option<Duration>, &AtomicBool),
-        step_aside: &dyn Fn() -> bool,
+        (step_aside, core): (&dyn Fn() -> bool, &dyn Fn(Duration) -> CoreTurn),
         mut found: impl FnMut() -> Option<T>,
     ) -> Waited<T> {
         let start = Instant::now();
@@ -319,6 +339,8 @@ impl Claims {
         let mut changed = start;
         // When the holder last seen took its claim (its file's word).
         let mut since: Option<SystemTime> = None;
+        // Since when this request has waited for a core.
+        let mut cold: Option<Instant> = None;
         let answered = |answer: T, since: Option<SystemTime>| {
             let ran = since.and_then(|s| SystemTime::now().duration_since(s).ok());
             Waited::Answered(answer, start.elapsed(), ran)
@@ -330,18 +352,34 @@ impl Claims {
             if let Some(answer) = found() {
                 return answered(answer, since);
             }
-            match self.take(key) {
-                Taken::Mine(claim) => {
+            // A turn to build starts with a core (None: wait for one); without claims here
+            // nobody would be waited for. A key that may be claimed is looked at first:
+            // a holder is waited for as one (a stopped one is seen), and one that let go
+            // with nothing kept leaves its waiter to build as before.
+            let turn = match self.may_be_claimed(key) {
+                true => Some(None),
+                false => match core(cold.map_or(Duration::ZERO, |c| c.elapsed())) {
+                    CoreTurn::Wait if self.ready().is_ok() => {
+                        cold.get_or_insert_with(Instant::now);
+                        None
+                    }
+                    CoreTurn::Reserved(reserved) => Some(Some(reserved)),
+                    CoreTurn::Wait | CoreTurn::Go => Some(None),
+                },
+            };
+            match turn.map(|reserved| (self.take(key), reserved)) {
+                None => {}
+                Some((Taken::Mine(claim), reserved)) => {
                     // Kept just before its holder let go: answered, the claim let go.
                     return match found() {
                         Some(answer) => answered(answer, since),
-                        None => Waited::Mine(claim),
+                        None => Waited::Mine(claim, reserved, cold.map(|c| c.elapsed())),
                     };
                 }
-                Taken::Unavailable(why) => return Waited::Alone(why),
-                _ if start == changed && step_aside() => return Waited::SteppedAside,
-                Taken::HeldHere => changed = Instant::now(), // this process is not stalled
-                Taken::HeldThere(now, taken) => {
+                Some((Taken::Unavailable(why), _)) => return Waited::Alone(why),
+                Some(_) if start == changed && step_aside() => return Waited::SteppedAside,
+                Some((Taken::HeldHere, _)) => changed = Instant::now(), // not stalled
+                Some((Taken::HeldThere(now, taken), _)) => {
                     // Another holder's file (a new inode) says its own start, or nothing.
                     let file = |seen: Option<(u64, u64, SystemTime)>| seen.map(|s| (s.0, s.1));
                     since = taken.or(since.filter(|_| file(now) == file(last)));
@@ -358,9 +396,13 @@ impl Claims {
             }
             if bound.is_some_and(|b| start.elapsed() >= b) {
                 let waited = start.elapsed().as_secs_f64();
+                let what = match last {
+                    None if cold.is_some() => "a core of this host",
+                    _ => "another process's build",
+                };
                 return Waited::Alone(format!(
-                    "waited {waited:.1} s for another process's build, as long as this \
-                     request's own may take: built here"
+                    "waited {waited:.1} s for {what}, as long as this request's own build \
+                     may take: built here"
                 ));
             }
             // Woken early when a thread of this process lets go.
@@ -370,6 +412,15 @@ impl Claims {
             pause = (pause * 3 / 2).min(MOST_PAUSE);
         }
     }
+}
+
+/// What a build that waited `waited` for a core says.
+pub(super) fn waited_for_core(waited: Duration) -> String {
+    format!(
+        "waited {:.1} s for a core of this host (each running another process's compiler) \
+         before building",
+        waited.as_secs_f64()
+    )
 }
 
 impl Claim {

@@ -12,6 +12,7 @@
 use super::claims::{Claim, Claims, Waited};
 use super::SHARE_BUILDS_ENV;
 use crate::cache::{Cache, Counter};
+use crate::pool::CoreTurn;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
@@ -74,11 +75,12 @@ pub fn claim_group(
     let waited = Claims::of(cache.dir()).wait(
         &group_key(key, filename),
         (Some(bound.unwrap_or(FRONT_END_BOUND)), cancel),
-        &|| step_aside,
+        // A front end runs in the caller's own thread: it takes no compiler's core.
+        (&|| step_aside, &|_| CoreTurn::Go),
         || found().then_some(()),
     );
     Ok(match waited {
-        Waited::Mine(claim) => Flight::Mine(claim),
+        Waited::Mine(claim, ..) => Flight::Mine(claim),
         Waited::Answered((), took, ran) => {
             // What the wait saved: the holder's front end, as long as it had run when its
             // group was found (its claim's word, kept within the wait and the bound:

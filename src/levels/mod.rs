@@ -21,6 +21,7 @@ mod level;
 use crate::attempt::Record;
 use crate::cache::{self, Cache, Counter};
 use crate::error::Result;
+use crate::pool::{reserve_core, Reserved};
 use crate::store::remote;
 pub use crate::zebin::Fits;
 pub use claims::Wait;
@@ -105,11 +106,13 @@ pub const SHARE_BUILDS_ENV: &str = "XPU_ZEBIN_SHARE_BUILDS";
 pub const COMPRESS_ENV: &str = "XPU_ZEBIN_CACHE_COMPRESS";
 
 /// A request's hold on its key while it builds: the claim in the cache directory and the
-/// one in the fleet's store (either may be missing: the request builds alone), let go
-/// when dropped, after its answer is kept.
+/// one in the fleet's store (either may be missing: the request builds alone), and the
+/// core of the host it reserved with its claim; let go when dropped, after its answer is
+/// kept.
 pub struct Building {
     _local: Option<Box<Claim>>,
     _fleet: Option<Box<FleetClaim>>,
+    _core: Option<Reserved>,
 }
 
 impl Building {
@@ -118,6 +121,7 @@ impl Building {
         Building {
             _local: None,
             _fleet: None,
+            _core: None,
         }
     }
 }
@@ -245,13 +249,17 @@ impl Levels {
             seen.append(&mut said);
             found
         };
-        let waited = claims.wait(key, (wait.bound(), wait.cancel), wait.step_aside, &mut kept);
+        let turn = (wait.step_aside, &reserve_core as &dyn Fn(_) -> _);
+        let waited = claims.wait(key, (wait.bound(), wait.cancel), turn, &mut kept);
         notes.append(&mut seen);
-        let local = match waited {
-            Waited::Mine(claim) => Some(claim),
+        let (local, core) = match waited {
+            Waited::Mine(claim, core, cold) => {
+                notes.extend(cold.map(claims::waited_for_core));
+                (Some(claim), core)
+            }
             Waited::Alone(why) => {
                 notes.push(format!("built without waiting: {why}"));
-                None
+                (None, None)
             }
             Waited::SteppedAside => return Ok(Turn::Later),
             Waited::Answered(found, waited, _) => {
@@ -269,6 +277,7 @@ impl Levels {
         Ok(Turn::Build(Building {
             _local: local.map(Box::new),
             _fleet: fleet.map(Box::new),
+            _core: core,
         }))
     }
 

@@ -1,7 +1,10 @@
 //! How many compilers this process runs now, and the host's core slots they hold: what
-//! speculation asks before it starts a second GRF mode beside a build.
+//! speculation asks before it starts a second GRF mode beside a build, and what a shared
+//! build asks before it claims its key (`reserve_core`).
 
 use super::*;
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
 
 /// Processes running compilers for this process right now (workers busy with a job and
@@ -156,9 +159,13 @@ pub struct BusyGuard {
 
 impl BusyGuard {
     pub fn new() -> Self {
-        let slot = match crate::cores::try_take() {
-            Taken::Slot(slot) => Some(slot),
-            Taken::Full | Taken::Uncounted => None,
+        // A thread that reserved a core for its build runs its compilers in it.
+        let slot = match RESERVED_HERE.with(Cell::get) {
+            0 => match crate::cores::try_take() {
+                Taken::Slot(slot) => Some(slot),
+                Taken::Full | Taken::Uncounted => None,
+            },
+            _ => None,
         };
         BUSY.fetch_add(1, Ordering::Relaxed);
         notify_busy_changed();
@@ -183,4 +190,77 @@ impl Drop for BusyGuard {
             notify_busy_changed();
         }
     }
+}
+
+/// Cores this process reserved for builds about to start (`reserve_core`), in all and on
+/// this thread.
+pub(super) static RESERVED: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static RESERVED_HERE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// How long a process with no compiler of its own waits for a core of a full host before
+/// it builds anyway, as every build did before cores were reserved.
+pub const CORE_WAIT: Duration = Duration::from_secs(10);
+
+/// A core of the host taken for a build before its key is claimed, held until the build is
+/// kept (it goes with the request's claim). The compilers this thread runs meanwhile count
+/// in it ([`BusyGuard`] takes no other); a twin, on a thread of its own, takes its own.
+/// Not `Send`: it is counted on the thread that took it.
+pub struct Reserved {
+    _slot: Slot,
+    pid: u32,
+    _here: PhantomData<*const ()>,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            RESERVED.fetch_sub(1, Ordering::Relaxed);
+            RESERVED_HERE.with(|n| n.set(n.get().saturating_sub(1)));
+        }
+    }
+}
+
+/// What a build about to start finds of the host's cores (`reserve_core`).
+pub enum CoreTurn {
+    /// A free core, now this build's.
+    Reserved(Reserved),
+    /// Build as before: cores are not counted here, this process runs compilers already,
+    /// or it has waited [`CORE_WAIT`].
+    Go,
+    /// Every core of the host runs a compiler and none is this process's: wait (for the
+    /// build wanted, kept by another, or a core).
+    Wait,
+}
+
+/// The cores' word for a build about to start that has waited `waited` for one. The ranks
+/// of a job, started together, each would start compilers of their own (a Python start
+/// and IGC's load, about 0.15 s of CPU and 200 MB each) on a host whose cores are all
+/// compiling; instead the processes that hold the cores build, and the others wait for
+/// their keys to be kept. A process compiling already (a compiler running or a core
+/// reserved) goes on as before: real work never waits in a process that is building.
+pub fn reserve_core(waited: Duration) -> CoreTurn {
+    match crate::cores::try_take() {
+        Taken::Slot(slot) => {
+            RESERVED.fetch_add(1, Ordering::Relaxed);
+            RESERVED_HERE.with(|n| n.set(n.get() + 1));
+            CoreTurn::Reserved(Reserved {
+                _slot: slot,
+                pid: std::process::id(),
+                _here: PhantomData,
+            })
+        }
+        Taken::Uncounted => CoreTurn::Go,
+        Taken::Full if waited >= CORE_WAIT || compiling_here() => CoreTurn::Go,
+        Taken::Full => CoreTurn::Wait,
+    }
+}
+
+/// Whether this process is compiling: a compiler running, starting, or a core reserved. An
+/// idle worker does not count: the Level Zero one that checks loads holds no compiler yet.
+fn compiling_here() -> bool {
+    [&BUSY, &STARTING, &RESERVED]
+        .iter()
+        .any(|n| n.load(Ordering::Relaxed) > 0)
 }

@@ -1,8 +1,14 @@
 //! The claims against real files, locks and threads.
 
 use super::*;
+use std::sync::atomic::AtomicUsize;
 
 const KEY: &str = "00ab";
+
+/// The cores' word where slots are not counted: build as before.
+fn go(_: Duration) -> CoreTurn {
+    CoreTurn::Go
+}
 
 /// The claims of a fresh cache directory, with `KEY` taken (the directory lasts while it
 /// is held).
@@ -42,7 +48,7 @@ fn a_waiter_is_answered_when_the_holder_keeps_its_entry() {
         let (claims, kept) = (claims.clone(), kept.clone());
         std::thread::spawn(move || {
             let never = AtomicBool::new(false);
-            match claims.wait(KEY, (None, &never), &|| false, || {
+            match claims.wait(KEY, (None, &never), (&|| false, &go), || {
                 kept.load(Ordering::SeqCst).then_some(7)
             }) {
                 Waited::Answered(v, _, _) => v,
@@ -63,8 +69,8 @@ fn a_waiter_takes_the_claim_when_the_holder_keeps_nothing() {
         std::thread::spawn(move || {
             let never = AtomicBool::new(false);
             matches!(
-                claims.wait(KEY, (None, &never), &|| false, || None::<()>),
-                Waited::Mine(_)
+                claims.wait(KEY, (None, &never), (&|| false, &go), || None::<()>),
+                Waited::Mine(_, None, None)
             )
         })
     };
@@ -77,15 +83,63 @@ fn a_wait_ends_on_cancel_and_on_its_bound() {
     let (_dir, claims, _claim) = held();
     let cancel = AtomicBool::new(true);
     assert!(matches!(
-        claims.wait(KEY, (None, &cancel), &|| false, || None::<()>),
+        claims.wait(KEY, (None, &cancel), (&|| false, &go), || None::<()>),
         Waited::Cancelled
     ));
     let never = AtomicBool::new(false);
     let bound = Some(Duration::from_millis(50));
     assert!(matches!(
-        claims.wait(KEY, (bound, &never), &|| false, || None::<()>),
+        claims.wait(KEY, (bound, &never), (&|| false, &go), || None::<()>),
         Waited::Alone(_)
     ));
+}
+
+/// On a host whose cores all run others' compilers a free key is not claimed: the waiter
+/// looks until another keeps it, and claims it once the cores say go.
+#[test]
+fn without_a_core_a_free_key_is_waited_for_not_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Claims::of(dir.path());
+    let never = AtomicBool::new(false);
+    let (looks, file) = (AtomicUsize::new(0), dir.path().join("claims").join(KEY));
+    let full = |_: Duration| CoreTurn::Wait;
+    let kept = || {
+        assert!(!file.exists(), "claimed without a core");
+        (looks.fetch_add(1, Ordering::SeqCst) == 3).then_some(9)
+    };
+    let waited = claims.wait(KEY, (None, &never), (&|| false, &full), kept);
+    assert!(matches!(waited, Waited::Answered(9, _, _)));
+    // Told to go once it has waited (`CORE_WAIT`, here 30 ms): it claims and builds.
+    let after = |waited: Duration| match waited >= Duration::from_millis(30) {
+        true => CoreTurn::Go,
+        false => CoreTurn::Wait,
+    };
+    let waited = claims.wait(KEY, (None, &never), (&|| false, &after), || None::<()>);
+    assert!(matches!(waited, Waited::Mine(_, None, Some(w)) if w >= Duration::from_millis(30)));
+    // Its own bound ends a wait for a core as it ends one for a holder.
+    let bound = Some(Duration::from_millis(30));
+    match claims.wait("00ac", (bound, &never), (&|| false, &full), || None::<()>) {
+        Waited::Alone(why) => assert!(why.contains("a core of this host"), "{why}"),
+        _ => panic!("a full host's wait did not end at its bound"),
+    }
+}
+
+/// A key already claimed is looked at, not waited for as a core: its holder is seen at the
+/// first look (a waiter with other work steps aside at once) and no core is asked.
+#[test]
+fn a_claimed_key_is_waited_for_as_held_whatever_the_cores() {
+    let (_dir, claims, _claim) = held();
+    let (asked, never) = (AtomicBool::new(false), AtomicBool::new(false));
+    let full = |_: Duration| {
+        asked.store(true, Ordering::SeqCst);
+        CoreTurn::Wait
+    };
+    let waited = claims.wait(KEY, (None, &never), (&|| true, &full), || None::<()>);
+    assert!(matches!(waited, Waited::SteppedAside));
+    assert!(
+        !asked.load(Ordering::SeqCst),
+        "a core was asked for a held key"
+    );
 }
 
 #[test]
