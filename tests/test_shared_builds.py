@@ -158,10 +158,13 @@ def test_two_ranks_given_one_batch_split_its_builds(system_ocloc, tmp_path):
     assert (c["requests"], c["compiles"]) == (8, 4), c
 
 
-#: One compile in a process of its own: says it started, then its answer.
+#: One compile in a process of its own (bound to CPU 0 when asked): says it started, then
+#: its answer.
 ONE = """
-import json, sys, xpu_zebin
+import json, os, sys, xpu_zebin
 ocloc, cache_dir, spv = sys.argv[1:4]
+if len(sys.argv) > 4:
+    os.sched_setaffinity(0, {0})
 print("ready", flush=True)
 r = xpu_zebin.compile(open(spv, "rb").read(), device="pvc", ocloc=ocloc, cache_dir=cache_dir)
 print(json.dumps({"source": r.source, "notes": r.notes}), flush=True)
@@ -178,10 +181,11 @@ def test_a_process_with_no_core_waits_for_the_build_it_wants(system_ocloc, tmp_p
     """Every core of the host runs another process's compiler: a process with none of its
     own does not claim its kernel and start one more (each a Python start and IGC's load);
     it waits, and is answered by the build another process makes. Nobody building what it
-    wants, it builds for itself once it has waited its bound (`CORE_WAIT`, 10 s), and says
-    how long it waited."""
+    wants, it builds for itself once it has waited its bound (`XPU_ZEBIN_CORE_WAIT_SECONDS`),
+    and says how long it waited. A process bound to some of the host's CPUs never waits:
+    its compilers run on its own."""
     spirvs = []
-    for n in range(2):
+    for n in range(3):
         path = tmp_path / f"scale{n}.spv"
         path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
                                                    ocloc=system_ocloc))  # fmt: skip
@@ -190,31 +194,35 @@ def test_a_process_with_no_core_waits_for_the_build_it_wants(system_ocloc, tmp_p
     slots.mkdir()
     env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots)}
     one = [sys.executable, "-c", ONE, system_ocloc, str(cache)]
+
+    def run(spirv: Path, *pinned: str, **more: str) -> dict:
+        out = subprocess.run([*one, str(spirv), *pinned], capture_output=True, text=True,
+                             env={**env, **more}, timeout=600, check=True)  # fmt: skip
+        return json.loads(out.stdout.splitlines()[-1])
+
     with every_core_taken(slots):
+        # A bound long enough for the other process's start and build, however loaded.
         cold = subprocess.Popen([*one, str(spirvs[0])], stdout=subprocess.PIPE, text=True,
-                                env=env)  # fmt: skip
+                                env={**env, "XPU_ZEBIN_CORE_WAIT_SECONDS": "300"})  # fmt: skip
         assert cold.stdout.readline().strip() == "ready"
         # Its first look for a core makes the claims directory: it is waiting now.
         _until((cache / "zebin-v3" / "claims").is_dir, "the process never looked for a core")
         assert _claims(cache) == [] and _children(cold.pid) == [], "it started a build"
         # Another process, with cores of its own, builds the kernel.
-        other = {**env, "XPU_ZEBIN_CORE_SLOTS_DIR": str(free)}
-        built = subprocess.run([*one, str(spirvs[0])], capture_output=True, text=True,
-                               env=other, timeout=600, check=True)  # fmt: skip
-        assert json.loads(built.stdout.splitlines()[-1])["source"] == "compiled"
+        assert run(spirvs[0], XPU_ZEBIN_CORE_SLOTS_DIR=str(free))["source"] == "compiled"
         out, _ = cold.communicate(timeout=600)
         answer = json.loads(out.splitlines()[-1])
         assert answer["source"] == "cache", answer
         assert any("waited" in n and "answered from it" in n for n in answer["notes"]), answer
-        # The second kernel nobody else builds: it waits its bound, then builds.
-        alone = subprocess.run([*one, str(spirvs[1])], capture_output=True, text=True,
-                               env=env, timeout=600, check=True)  # fmt: skip
-    answer = json.loads(alone.stdout.splitlines()[-1])
-    assert answer["source"] == "compiled", answer
-    waited = [n for n in answer["notes"] if "for a core of this host" in n]
-    assert waited and float(waited[0].split()[1]) >= 10, answer
+        # A kernel nobody else builds: built once the wait has run out, and said.
+        alone = run(spirvs[1], XPU_ZEBIN_CORE_WAIT_SECONDS="1")
+        pinned = run(spirvs[2], "pinned")
+    assert alone["source"] == "compiled", alone
+    waited = [n for n in alone["notes"] if "for a core of this host" in n]
+    assert waited and float(waited[0].split()[1]) >= 1, alone
+    assert pinned["source"] == "compiled" and pinned["notes"] == [], pinned
     c = xpu_zebin.stats(cache)["counters"]
-    assert (c["requests"], c["compiles"], c["waits"]) == (3, 2, 1), c
+    assert (c["requests"], c["compiles"], c["waits"]) == (4, 3, 1), c
 
 
 def _ptss_spirv(modern_ocloc: str, tmp_path: Path) -> Path:

@@ -111,6 +111,17 @@ pub const KNOBS: &[Knob] = &[
          its kernel and compiler; false: each request builds for itself",
     ),
     engine(
+        "XPU_ZEBIN_CORE_WAIT_SECONDS",
+        Kind::Seconds,
+        "10",
+        "with builds shared, when every core of the host runs another process's compiler \
+         and this process runs none, a build of a kernel nobody has claimed first waits this \
+         long (at most an hour) for another's build of it to be kept, or a core to free, then \
+         builds; once such a wait ran out, the process builds at once from then on (its \
+         kernels are not the others'); 0: never wait for a core. A process pinned to some \
+         of the host's cores never waits",
+    ),
+    engine(
         "XPU_ZEBIN_CACHE_COMPRESS",
         Kind::Bool,
         "true",

@@ -320,7 +320,7 @@ impl Claims {
     /// failure ends the wait); the claim is taken when its holder lets go with nothing
     /// kept, together with a core of the host when `core` gives one (`pool::reserve_core`:
     /// on a host whose cores all run others' compilers, a process with none of its own
-    /// waits for its key to be kept rather than start one, at most `CORE_WAIT`). Ends
+    /// waits for its key to be kept rather than start one, for a bounded time). Ends
     /// alone when the holder stalls (`STALLED`) or `bound` passes (None: no bound of its
     /// own, the holder's life bounds it), and at once when `cancel` is set. Held by another
     /// at the first look, it ends at once when `step_aside()` says the caller has other
@@ -339,8 +339,9 @@ impl Claims {
         let mut changed = start;
         // When the holder last seen took its claim (its file's word).
         let mut since: Option<SystemTime> = None;
-        // Since when this request has waited for a core.
+        // Since when this request has waited for a core; whether it has seen a holder.
         let mut cold: Option<Instant> = None;
+        let mut held_seen = false;
         let answered = |answer: T, since: Option<SystemTime>| {
             let ran = since.and_then(|s| SystemTime::now().duration_since(s).ok());
             Waited::Answered(answer, start.elapsed(), ran)
@@ -353,22 +354,21 @@ impl Claims {
                 return answered(answer, since);
             }
             // A turn to build starts with a core (None: wait for one); without claims here
-            // nobody would be waited for. A key that may be claimed is looked at first:
-            // a holder is waited for as one (a stopped one is seen), and one that let go
-            // with nothing kept leaves its waiter to build as before.
-            let turn = match self.may_be_claimed(key) {
+            // nobody would be waited for. A key that may be claimed, or was, is looked at
+            // first: a holder is waited for as one (a stopped one is seen), and one that
+            // let go with nothing kept leaves its waiter to build as before.
+            let turn = match held_seen || self.may_be_claimed(key) {
                 true => Some(None),
                 false => match core(cold.map_or(Duration::ZERO, |c| c.elapsed())) {
-                    CoreTurn::Wait if self.ready().is_ok() => {
-                        cold.get_or_insert_with(Instant::now);
-                        None
-                    }
+                    CoreTurn::Wait if self.ready().is_ok() => None,
                     CoreTurn::Reserved(reserved) => Some(Some(reserved)),
                     CoreTurn::Wait | CoreTurn::Go => Some(None),
                 },
             };
             match turn.map(|reserved| (self.take(key), reserved)) {
-                None => {}
+                // No core at the first look: other work first, as for a holder.
+                None if cold.is_none() && step_aside() => return Waited::SteppedAside,
+                None => _ = cold.get_or_insert_with(Instant::now),
                 Some((Taken::Mine(claim), reserved)) => {
                     // Kept just before its holder let go: answered, the claim let go.
                     return match found() {
@@ -378,8 +378,11 @@ impl Claims {
                 }
                 Some((Taken::Unavailable(why), _)) => return Waited::Alone(why),
                 Some(_) if start == changed && step_aside() => return Waited::SteppedAside,
-                Some((Taken::HeldHere, _)) => changed = Instant::now(), // not stalled
+                Some((Taken::HeldHere, _)) => {
+                    (changed, held_seen) = (Instant::now(), true); // not stalled
+                }
                 Some((Taken::HeldThere(now, taken), _)) => {
+                    held_seen = true;
                     // Another holder's file (a new inode) says its own start, or nothing.
                     let file = |seen: Option<(u64, u64, SystemTime)>| seen.map(|s| (s.0, s.1));
                     since = taken.or(since.filter(|_| file(now) == file(last)));

@@ -7,7 +7,8 @@
 //! request builds alone: nothing here fails a compile.
 
 use super::claims::STALLED;
-use crate::cache::Ledger;
+use super::{failure_key, Levels, Refusal, Target};
+use crate::cache::{Cache, Ledger};
 use crate::store::remote::{self, Claimed, Config};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +17,38 @@ use std::time::{Duration, Instant};
 /// cut off) is known to every waiter within it, whatever the hosts' clocks say.
 pub const EXPIRY: Duration = STALLED;
 const PAUSE: Duration = Duration::from_millis(200);
+
+impl Levels {
+    /// The store's part of a request's turn: its claim there (Some(None): no claim, build
+    /// alone), or None when the store now holds the key's entry (ask the levels again),
+    /// or the failure it holds.
+    pub(super) fn fleet_turn(
+        &self,
+        (key, target): (&str, Target<'_>),
+        (bound, cancel): (Option<Duration>, &AtomicBool),
+        notes: &mut Vec<String>,
+    ) -> std::result::Result<Option<Option<FleetClaim>>, Refusal> {
+        let Some(cfg) = &self.fleet else {
+            return Ok(Some(None));
+        };
+        let ledger = self.cache.as_ref().and_then(Cache::ledger_to_count);
+        let failed = failure_key(key);
+        match turn(cfg, (key, &failed), (bound, cancel), ledger.as_deref()) {
+            FleetTurn::Mine(claim) => Ok(Some(Some(claim))),
+            FleetTurn::Alone(why) => {
+                notes.extend(why);
+                Ok(Some(None))
+            }
+            FleetTurn::Cancelled => Err(Refusal::cancelled()),
+            FleetTurn::Answered(waited, failed) => {
+                let refusal = failed
+                    .then(|| self.remembered((key, target), true, notes))
+                    .flatten();
+                self.waited_for(refusal, waited, notes).map(|_| None)
+            }
+        }
+    }
+}
 
 /// A key's claim in the store, held: renewed until dropped, then let go.
 pub struct FleetClaim {

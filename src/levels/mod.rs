@@ -21,16 +21,15 @@ mod level;
 use crate::attempt::Record;
 use crate::cache::{self, Cache, Counter};
 use crate::error::Result;
-use crate::pool::{reserve_core, Reserved};
+use crate::pool::{free_core, reserve_core, CoreTurn, Reserved};
 use crate::store::remote;
 pub use crate::zebin::Fits;
 pub use claims::Wait;
 use claims::{Claim, Claims, Waited};
-use fleet_claim::{FleetClaim, FleetTurn};
+use fleet_claim::FleetClaim;
 use level::{Bundle, Level, Local, Put, Store};
 pub use level::{BundleAsk, Target};
 pub use refusal::Refusal;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// An entry as a level answered it: the record and the native binary.
@@ -249,7 +248,13 @@ impl Levels {
             seen.append(&mut said);
             found
         };
-        let turn = (wait.step_aside, &reserve_core as &dyn Fn(_) -> _);
+        // With the fleet's store a build on another node is seen only through the store's
+        // claim, after this one: no wait for a core here (a free core is taken after).
+        let core_turn: &dyn Fn(Duration) -> CoreTurn = match self.fleet {
+            Some(_) => &|_| CoreTurn::Go,
+            None => &reserve_core,
+        };
+        let turn = (wait.step_aside, core_turn);
         let waited = claims.wait(key, (wait.bound(), wait.cancel), turn, &mut kept);
         notes.append(&mut seen);
         let (local, core) = match waited {
@@ -277,7 +282,7 @@ impl Levels {
         Ok(Turn::Build(Building {
             _local: local.map(Box::new),
             _fleet: fleet.map(Box::new),
-            _core: core,
+            _core: core.or_else(|| self.fleet.as_ref().and_then(|_| free_core())),
         }))
     }
 
@@ -302,36 +307,6 @@ impl Levels {
                      built again"
                 ));
                 Err(refusal)
-            }
-        }
-    }
-
-    /// The store's part of a request's turn: its claim there (Some(None): no claim, build
-    /// alone), or None when the store now holds the key's entry (ask the levels again),
-    /// or the failure it holds.
-    fn fleet_turn(
-        &self,
-        (key, target): (&str, Target<'_>),
-        (bound, cancel): (Option<Duration>, &AtomicBool),
-        notes: &mut Vec<String>,
-    ) -> std::result::Result<Option<Option<FleetClaim>>, Refusal> {
-        let Some(cfg) = &self.fleet else {
-            return Ok(Some(None));
-        };
-        let ledger = self.cache.as_ref().and_then(Cache::ledger_to_count);
-        let failed = failure_key(key);
-        match fleet_claim::turn(cfg, (key, &failed), (bound, cancel), ledger.as_deref()) {
-            FleetTurn::Mine(claim) => Ok(Some(Some(claim))),
-            FleetTurn::Alone(why) => {
-                notes.extend(why);
-                Ok(Some(None))
-            }
-            FleetTurn::Cancelled => Err(Refusal::cancelled()),
-            FleetTurn::Answered(waited, failed) => {
-                let refusal = failed
-                    .then(|| self.remembered((key, target), true, notes))
-                    .flatten();
-                self.waited_for(refusal, waited, notes).map(|_| None)
             }
         }
     }

@@ -193,15 +193,27 @@ impl Drop for BusyGuard {
 }
 
 /// Cores this process reserved for builds about to start (`reserve_core`), in all and on
-/// this thread.
+/// this thread (a forked child starts with none: `forget_reserved`).
 pub(super) static RESERVED: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     static RESERVED_HERE: Cell<usize> = const { Cell::new(0) };
 }
 
 /// How long a process with no compiler of its own waits for a core of a full host before
-/// it builds anyway, as every build did before cores were reserved.
-pub const CORE_WAIT: Duration = Duration::from_secs(10);
+/// it builds anyway, as every build did before cores were reserved (at most an hour).
+pub const CORE_WAIT_ENV: &str = "XPU_ZEBIN_CORE_WAIT_SECONDS";
+const DEFAULT_CORE_WAIT: Duration = Duration::from_secs(10);
+const MOST_CORE_WAIT: Duration = Duration::from_secs(3600);
+
+fn core_wait() -> Duration {
+    // A bad value fails the request before it gets here (`knobs::check`).
+    let wait = crate::knobs::seconds_knob(CORE_WAIT_ENV, DEFAULT_CORE_WAIT);
+    wait.unwrap_or(DEFAULT_CORE_WAIT).min(MOST_CORE_WAIT)
+}
+
+/// A wait for a core ran out in this process: nobody else was building what it wanted (the
+/// cores' compilers are other work's), so it builds at once from then on.
+static CORE_WAIT_RAN_OUT: AtomicBool = AtomicBool::new(false);
 
 /// A core of the host taken for a build before its key is claimed, held until the build is
 /// kept (it goes with the request's claim). The compilers this thread runs meanwhile count
@@ -211,6 +223,18 @@ pub struct Reserved {
     _slot: Slot,
     pid: u32,
     _here: PhantomData<*const ()>,
+}
+
+impl Reserved {
+    fn new(slot: Slot) -> Reserved {
+        RESERVED.fetch_add(1, Ordering::Relaxed);
+        RESERVED_HERE.with(|n| n.set(n.get() + 1));
+        Reserved {
+            _slot: slot,
+            pid: std::process::id(),
+            _here: PhantomData,
+        }
+    }
 }
 
 impl Drop for Reserved {
@@ -226,8 +250,8 @@ impl Drop for Reserved {
 pub enum CoreTurn {
     /// A free core, now this build's.
     Reserved(Reserved),
-    /// Build as before: cores are not counted here, this process runs compilers already,
-    /// or it has waited [`CORE_WAIT`].
+    /// Build as before: cores are not counted here, this process runs compilers already
+    /// (or is pinned to CPUs of its own), or it has waited `XPU_ZEBIN_CORE_WAIT_SECONDS`.
     Go,
     /// Every core of the host runs a compiler and none is this process's: wait (for the
     /// build wanted, kept by another, or a core).
@@ -242,19 +266,47 @@ pub enum CoreTurn {
 /// reserved) goes on as before: real work never waits in a process that is building.
 pub fn reserve_core(waited: Duration) -> CoreTurn {
     match crate::cores::try_take() {
-        Taken::Slot(slot) => {
-            RESERVED.fetch_add(1, Ordering::Relaxed);
-            RESERVED_HERE.with(|n| n.set(n.get() + 1));
-            CoreTurn::Reserved(Reserved {
-                _slot: slot,
-                pid: std::process::id(),
-                _here: PhantomData,
-            })
-        }
+        Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
         Taken::Uncounted => CoreTurn::Go,
-        Taken::Full if waited >= CORE_WAIT || compiling_here() => CoreTurn::Go,
+        Taken::Full if compiling_here() || pinned() => CoreTurn::Go,
+        Taken::Full if CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
+        Taken::Full if waited >= core_wait() => {
+            CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
+            CoreTurn::Go
+        }
         Taken::Full => CoreTurn::Wait,
     }
+}
+
+/// A free core of the host for a build about to start, if there is one: never a wait.
+pub fn free_core() -> Option<Reserved> {
+    match crate::cores::try_take() {
+        Taken::Slot(slot) => Some(Reserved::new(slot)),
+        Taken::Full | Taken::Uncounted => None,
+    }
+}
+
+/// Whether this process may run on fewer CPUs than the host has online (`taskset`,
+/// `srun --cpu-bind`, a launcher binding each rank to its cores): its compilers run on
+/// its own CPUs, whatever the others' do, so it never waits for the host's.
+fn pinned() -> bool {
+    static PINNED: OnceLock<bool> = OnceLock::new();
+    *PINNED.get_or_init(|| {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: sysconf reads a system setting; sched_getaffinity writes into the set
+        // given, of the size given, which CPU_COUNT then reads.
+        let (online, ours) = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            match libc::sched_getaffinity(0, size, &mut set) {
+                0 => (
+                    libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
+                    libc::CPU_COUNT(&set),
+                ),
+                _ => return false,
+            }
+        };
+        online > 0 && i64::from(ours) < online
+    })
 }
 
 /// Whether this process is compiling: a compiler running, starting, or a core reserved. An
@@ -263,4 +315,10 @@ fn compiling_here() -> bool {
     [&BUSY, &STARTING, &RESERVED]
         .iter()
         .any(|n| n.load(Ordering::Relaxed) > 0)
+}
+
+/// In a forked child: the parent's reservations are not the child's.
+pub(super) fn forget_reserved() {
+    RESERVED.store(0, Ordering::Relaxed);
+    RESERVED_HERE.with(|n| n.set(0));
 }

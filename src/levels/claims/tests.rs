@@ -107,9 +107,12 @@ fn without_a_core_a_free_key_is_waited_for_not_claimed() {
         assert!(!file.exists(), "claimed without a core");
         (looks.fetch_add(1, Ordering::SeqCst) == 3).then_some(9)
     };
+    // With other work first (a batch's queue), it steps aside at the first look.
+    let aside = claims.wait(KEY, (None, &never), (&|| true, &full), || None::<()>);
+    assert!(matches!(aside, Waited::SteppedAside));
     let waited = claims.wait(KEY, (None, &never), (&|| false, &full), kept);
     assert!(matches!(waited, Waited::Answered(9, _, _)));
-    // Told to go once it has waited (`CORE_WAIT`, here 30 ms): it claims and builds.
+    // Told to go once it has waited (`XPU_ZEBIN_CORE_WAIT_SECONDS`, here 30 ms): it claims and builds.
     let after = |waited: Duration| match waited >= Duration::from_millis(30) {
         true => CoreTurn::Go,
         false => CoreTurn::Wait,
