@@ -7,14 +7,16 @@ compilers do not take its cores)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from triton_helpers import MM_SIG, compile_triton, matmul_kernel, triton_on_cpu
-from worker_helpers import every_core_taken
+from worker_helpers import every_core_taken, first_compiling
 
 import xpu_zebin
 from xpu_zebin import samples
@@ -120,6 +122,38 @@ def test_a_twin_waits_for_a_core_no_process_uses(matmul_path, modern_ocloc, slot
     assert busy_host["flags"] == idle_host["flags"] == "-cl-intel-256-GRF-per-thread"
     assert not any(TWIN_NOTE in n for n in busy_host["notes"]), busy_host["notes"]
     assert any(TWIN_NOTE in n for n in idle_host["notes"]), idle_host["notes"]
+
+
+def test_a_shared_build_holds_one_core_while_it_compiles(ptss_path, modern_ocloc, slots, tmp_path):
+    """A build that shares its kernel (the cache on) takes a core of the host with its
+    claim, and its compiler runs in that core: one slot held while IGC compiles, not two
+    (no twin here: the hedge is off)."""
+    env = {
+        **os.environ,
+        "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots),
+        "XPU_ZEBIN_CACHE_DIR": str(tmp_path / "cache"),
+        "XPU_ZEBIN_SPECULATE_AFTER": "off",
+    }
+    script = "import sys, xpu_zebin; xpu_zebin.compile(open(sys.argv[2], 'rb').read(), " \
+             "device='pvc', ocloc=sys.argv[1])"  # fmt: skip
+    build = subprocess.Popen([sys.executable, "-c", script, modern_ocloc, ptss_path], env=env)
+    try:
+        tasks = Path(f"/proc/{build.pid}/task")  # a worker is the child of a thread
+
+        def workers() -> list:
+            return [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
+
+        assert first_compiling(workers) is not None, "no compiler started"
+        held = 0
+        for i in range(len(os.sched_getaffinity(0))):
+            with open(slots / f"core-{i}", "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held += 1
+        assert held == 1, f"{held} cores held by one build"
+    finally:
+        assert build.wait(timeout=600) == 0
 
 
 def test_doctor_counts_the_cores_other_processes_use(tmp_path):
