@@ -42,6 +42,7 @@ def test_a_bad_timeout_variable_is_an_error_naming_it(add_spirv, system_ocloc, m
         ("XPU_ZEBIN_CACHE_MAX_BYTES", "1GB"),
         ("XPU_ZEBIN_WORKER_IDLE_SECONDS", "inf"),
         ("XPU_ZEBIN_WORKER_RETRY_SECONDS", "-1"),
+        ("XPU_ZEBIN_CORE_WAIT_SECONDS", "ten"),
         ("XPU_ZEBIN_ISOLATED", "2"),
         ("XPU_ZEBIN_SHARE_BUILDS", "nan"),
         ("XPU_ZEBIN_SHARE_BUILDS", "2"),

@@ -358,10 +358,12 @@ impl Claims {
             // nobody would be waited for. A key that may be claimed, or was, is looked at
             // first: a holder is waited for as one (a stopped one is seen), and one that
             // let go with nothing kept leaves its waiter to build as before.
+            // Its own bound passed, it builds, claiming the key as it would with a core.
+            let bound_passed = bound.is_some_and(|b| start.elapsed() >= b);
             let turn = match held_seen || self.may_be_claimed(key) {
                 true => Some(None),
                 false => match core(cold.map_or(Duration::ZERO, |c| c.elapsed())) {
-                    CoreTurn::Wait if self.ready().is_ok() => None,
+                    CoreTurn::Wait if !bound_passed && self.ready().is_ok() => None,
                     CoreTurn::Reserved(reserved) => Some(Some(reserved)),
                     CoreTurn::Wait | CoreTurn::Go => Some(None),
                 },
@@ -400,13 +402,9 @@ impl Claims {
             }
             if bound.is_some_and(|b| start.elapsed() >= b) {
                 let waited = start.elapsed().as_secs_f64();
-                let what = match last {
-                    None if cold.is_some() => "a core of this host",
-                    _ => "another process's build",
-                };
                 return Waited::Alone(format!(
-                    "waited {waited:.1} s for {what}, as long as this request's own build \
-                     may take: built here"
+                    "waited {waited:.1} s for another process's build, as long as this \
+                     request's own may take: built here"
                 ));
             }
             // Woken early when a thread of this process lets go.

@@ -286,27 +286,63 @@ pub fn free_core() -> Option<Reserved> {
     }
 }
 
-/// Whether this process may run on fewer CPUs than the host has online (`taskset`,
-/// `srun --cpu-bind`, a launcher binding each rank to its cores): its compilers run on
-/// its own CPUs, whatever the others' do, so it never waits for the host's.
+/// Whether this process may run on fewer CPUs than its cgroup's (`taskset`, `srun
+/// --cpu-bind`, a launcher binding each rank to its cores): its compilers run on its own
+/// CPUs, whatever the others' do, so it never waits for the host's. Without a cgroup that
+/// says (cgroup v2's `cpuset.cpus.effective`, v1's `cpuset.effective_cpus`), the CPUs
+/// online are the host's.
 fn pinned() -> bool {
-    static PINNED: OnceLock<bool> = OnceLock::new();
-    *PINNED.get_or_init(|| {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: sysconf reads a system setting; sched_getaffinity writes into the set
-        // given, of the size given, which CPU_COUNT then reads.
-        let (online, ours) = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            match libc::sched_getaffinity(0, size, &mut set) {
-                0 => (
-                    libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
-                    libc::CPU_COUNT(&set),
-                ),
-                _ => return false,
-            }
-        };
-        online > 0 && i64::from(ours) < online
-    })
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: sched_getaffinity writes into the set given, of the size given, which
+    // CPU_COUNT then reads; sysconf reads a system setting.
+    let (ours, online) = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        match libc::sched_getaffinity(0, size, &mut set) {
+            0 => (
+                libc::CPU_COUNT(&set),
+                libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
+            ),
+            _ => return false,
+        }
+    };
+    let allowed = cgroup_cpus().or_else(|| u64::try_from(online).ok());
+    allowed.is_some_and(|all| u64::try_from(ours).is_ok_and(|ours| ours < all))
+}
+
+/// How many CPUs this process's cgroup may use, as its cpuset says.
+fn cgroup_cpus() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let at = |line: &str, prefix: &str| line.strip_prefix(prefix).map(str::to_string);
+    let file = groups.lines().find_map(|line| {
+        at(line, "0::")
+            .map(|path| format!("/sys/fs/cgroup{path}/cpuset.cpus.effective"))
+            .or_else(|| {
+                let (_, rest) = line.split_once(':')?;
+                let (controllers, path) = rest.split_once(':')?;
+                let cpuset = controllers.split(',').any(|c| c == "cpuset");
+                cpuset.then(|| format!("/sys/fs/cgroup/cpuset{path}/cpuset.effective_cpus"))
+            })
+            .filter(|file| std::path::Path::new(file).is_file())
+    })?;
+    count_cpus(std::fs::read_to_string(file).ok()?.trim())
+}
+
+/// The CPUs a kernel CPU list names (`0-3,8,10-11`: 7); None when it does not parse or
+/// names none.
+fn count_cpus(list: &str) -> Option<u64> {
+    let part = |p: &str| match p.split_once('-') {
+        Some((a, b)) => b
+            .parse::<u64>()
+            .ok()?
+            .checked_sub(a.parse().ok()?)?
+            .checked_add(1),
+        None => p.parse::<u64>().ok().map(|_| 1),
+    };
+    let count = list
+        .split(',')
+        .map(part)
+        .try_fold(0u64, |n, c| n.checked_add(c?))?;
+    (count > 0).then_some(count)
 }
 
 /// Whether this process is compiling: a compiler running, starting, or a core reserved. An
@@ -321,4 +357,18 @@ fn compiling_here() -> bool {
 pub(super) fn forget_reserved() {
     RESERVED.store(0, Ordering::Relaxed);
     RESERVED_HERE.with(|n| n.set(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_cpus;
+
+    #[test]
+    fn a_cpu_list_is_counted_or_refused() {
+        assert_eq!(count_cpus("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpus("5"), Some(1));
+        for bad in ["", "3-1", "a", "0-", "-2", "1,,2", "0-18446744073709551615"] {
+            assert_eq!(count_cpus(bad), None, "{bad:?}");
+        }
+    }
 }
