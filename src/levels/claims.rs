@@ -355,10 +355,10 @@ impl Claims {
                 return answered(answer, since);
             }
             // A turn to build starts with a core (None: wait for one); without claims here
-            // nobody would be waited for. A key that may be claimed, or was, is looked at
-            // first: a holder is waited for as one (a stopped one is seen), and one that
-            // let go with nothing kept leaves its waiter to build as before.
-            // Its own bound passed, it builds, claiming the key as it would with a core.
+            // nobody would be waited for, and past its own bound it claims and builds. A
+            // key that may be claimed, or was, is looked at first: a holder is waited for
+            // as one (a stopped one is seen), and one that let go with nothing kept leaves
+            // its waiter to build as before.
             let bound_passed = bound.is_some_and(|b| start.elapsed() >= b);
             let turn = match held_seen || self.may_be_claimed(key) {
                 true => Some(None),
@@ -368,6 +368,7 @@ impl Claims {
                     CoreTurn::Wait | CoreTurn::Go => Some(None),
                 },
             };
+            let looked = turn.is_some();
             match turn.map(|reserved| (self.take(key), reserved)) {
                 // No core at the first look: other work first, as for a holder.
                 None if cold.is_none() && step_aside() => return Waited::SteppedAside,
@@ -400,7 +401,7 @@ impl Claims {
                     }
                 }
             }
-            if bound.is_some_and(|b| start.elapsed() >= b) {
+            if looked && bound.is_some_and(|b| start.elapsed() >= b) {
                 let waited = start.elapsed().as_secs_f64();
                 return Waited::Alone(format!(
                     "waited {waited:.1} s for another process's build, as long as this \
