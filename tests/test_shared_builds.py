@@ -44,6 +44,16 @@ print(json.dumps(answers), flush=True)
 """
 
 
+def _kernels(ocloc: str, into: Path, count: int) -> list:
+    """`count` distinct small kernels' SPIR-V, written to files in `into`."""
+    paths = []
+    for n in range(count):
+        path = into / f"scale{n}.spv"
+        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc", ocloc=ocloc))
+        paths.append(path)
+    return paths
+
+
 def _rank(ocloc: str, cache: Path, start: Path, spirvs: list) -> subprocess.Popen:
     rank = subprocess.Popen(
         [sys.executable, "-c", RANK, ocloc, str(cache), str(start), *map(str, spirvs)],
@@ -98,12 +108,7 @@ def test_four_ranks_build_each_kernel_once(system_ocloc, tmp_path):
     """Four processes started together on a cold cache, each compiling the same three
     kernels: exactly three builds; every other answer waited for one of them (or, for a
     rank that came late, found its entry)."""
-    spirvs = []
-    for n in range(3):
-        path = tmp_path / f"scale{n}.spv"
-        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
-                                                   ocloc=system_ocloc))  # fmt: skip
-        spirvs.append(path)
+    spirvs = _kernels(system_ocloc, tmp_path, 3)
     cache, start = tmp_path / "cache", tmp_path / "start"
     ranks = [_rank(system_ocloc, cache, start, spirvs) for _ in range(4)]
     start.touch()
@@ -138,12 +143,7 @@ def test_two_ranks_given_one_batch_split_its_builds(system_ocloc, tmp_path):
     """Two processes given the same batch of four kernels, one job each, in the same order:
     a rank steps aside from a kernel the other is building and takes the next, so both
     build, and each kernel is built once."""
-    spirvs = []
-    for n in range(4):
-        path = tmp_path / f"scale{n}.spv"
-        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
-                                                   ocloc=system_ocloc))  # fmt: skip
-        spirvs.append(path)
+    spirvs = _kernels(system_ocloc, tmp_path, 4)
     cache, start = tmp_path / "cache", tmp_path / "start"
     ranks = [
         subprocess.Popen([sys.executable, "-c", BATCH_RANK, system_ocloc, str(cache), str(start),
@@ -190,12 +190,7 @@ def test_a_process_with_no_core_waits_for_the_build_it_wants(system_ocloc, tmp_p
     wants, it builds for itself once it has waited its bound (`XPU_ZEBIN_CORE_WAIT_SECONDS`),
     and says how long it waited. A process bound to some of the host's CPUs never waits:
     its compilers run on its own."""
-    spirvs = []
-    for n in range(3):
-        path = tmp_path / f"scale{n}.spv"
-        path.write_bytes(xpu_zebin.opencl_to_spirv(KERNEL.format(n=n), device="pvc",
-                                                   ocloc=system_ocloc))  # fmt: skip
-        spirvs.append(path)
+    spirvs = _kernels(system_ocloc, tmp_path, 3)
     cache, slots, free = tmp_path / "cache", tmp_path / "slots", tmp_path / "free-slots"
     slots.mkdir()
     env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots)}
