@@ -7,8 +7,8 @@ Triton's and Inductor's caches do), in interleaved pairs (``pairs.py``).
 Three shapes of a rank's first step:
 
 - ``sequence``: each kernel in turn (``xpu_zebin.compile``), as a rank's first forward does;
-- ``batch``: the kernels as one batch (``xpu_zebin.compile_many``, one job per rank, so the
-  ranks share the host's cores);
+- ``batch``: the kernels as one batch (``xpu_zebin.compile_many``, as a user calls it: its
+  default jobs, the host's cores, in every rank; ``--batch-jobs 1`` gives each rank one);
 - ``autotune``: the first call of an ``@triton.autotune`` kernel through the Triton
   drop-in at full width (``XPU_ZEBIN_TRITON=1``; ``benches/autotune.py``'s child, its
   ``--autotune-size`` configs), timed from the ranks' start (their imports alike on both
@@ -23,7 +23,7 @@ ranks and their compilers, off / on), and ``vs_alone`` (the shared run's wall ti
 rank's alone, measured in the same run).
 
     python benches/ranks.py --ocloc <ocloc> [--ranks 1,2,4,8] [--kernels N] [--pairs P]
-        [--shapes sequence,batch,autotune] [--autotune-size smallest|quick|full] [--json]
+        [--shapes sequence,batch,autotune] [--batch-jobs J] [--autotune-size SIZE] [--json]
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ if shape == "sequence":
         xpu_zebin.compile(s, device="pvc", ocloc=ocloc)
 else:
     reqs = [dict(spirv=s, device="pvc", ocloc=ocloc) for s in spirvs]
-    for r in xpu_zebin.compile_many(reqs, jobs=1):
+    jobs = int(shape.partition(":")[2]) if ":" in shape else None
+    for r in xpu_zebin.compile_many(reqs, jobs=jobs):
         if isinstance(r, Exception):
             raise r
 """
@@ -204,6 +205,8 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=6)
     parser.add_argument("--pairs", type=int, default=2, help="pairs per row (off-on)")
     parser.add_argument("--shapes", default="sequence,batch,autotune")
+    parser.add_argument("--batch-jobs", type=int, default=0,
+                        help="jobs of each rank's batch (0: compile_many's default)")  # fmt: skip
     parser.add_argument("--autotune-size", default="quick", choices=("smallest", "quick", "full"))
     parser.add_argument("--json", action="store_true")
     record.add_output_argument(parser)
@@ -211,15 +214,18 @@ def main() -> None:
     os.environ.setdefault("XPU_ZEBIN_SIMULATED_DEVICE", "pvc")
     _subreaper()
     counts = [int(n) for n in args.ranks.split(",") if n.strip()]
-    if not counts or min(counts) < 1 or args.kernels < 1:
-        parser.error("--ranks and --kernels: positive numbers")
+    if not counts or min(counts) < 1 or args.kernels < 1 or args.batch_jobs < 0:
+        parser.error("--ranks and --kernels: positive numbers; --batch-jobs: 0 or more")
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-spv-") as spv:
         spirvs = kernels(args.kernels, Path(spv))
         rows = []
         for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
             if shape not in ("sequence", "batch", "autotune"):
                 parser.error(f"--shapes: {shape!r} is not sequence, batch or autotune")
-            shape = f"autotune:{args.autotune_size}" if shape == "autotune" else shape
+            if shape == "autotune":
+                shape = f"autotune:{args.autotune_size}"
+            elif shape == "batch" and args.batch_jobs:
+                shape = f"batch:{args.batch_jobs}"
             alone = one_run(args.ocloc, spirvs, shape, 1, True)["wall_s"]
             for n in counts:
                 rows.append(row(args.ocloc, spirvs, shape, n, args.pairs, alone))

@@ -226,6 +226,36 @@ def test_a_process_with_no_core_waits_for_the_build_it_wants(system_ocloc, tmp_p
     assert (c["requests"], c["compiles"], c["waits"]) == (4, 3, 1), c
 
 
+#: A batch in a process of its own, `jobs` at once: each answer's source and notes.
+BATCH = """
+import json, sys, xpu_zebin
+ocloc, cache_dir, jobs, *spvs = sys.argv[1:]
+reqs = [dict(spirv=open(p, "rb").read(), device="pvc", ocloc=ocloc, cache_dir=cache_dir)
+        for p in spvs]
+answers = xpu_zebin.compile_many(reqs, jobs=int(jobs))
+print(json.dumps([{"source": r.source, "notes": r.notes} for r in answers]), flush=True)
+"""
+
+
+def test_a_batch_builds_in_the_cores_it_holds(system_ocloc, tmp_path):
+    """Every core of the host but one runs another process's compiler: a batch of two jobs
+    takes that core and builds its two kernels in it one after the other, not two compilers
+    (and workers) on one core; the job that found none free waited for the other's to free,
+    and says so."""
+    spirvs = _kernels(system_ocloc, tmp_path, 2)
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    env = {**os.environ, "XPU_ZEBIN_CORE_SLOTS_DIR": str(slots)}
+    batch = [sys.executable, "-c", BATCH, system_ocloc, str(tmp_path / "cache"), "2"]
+    with every_core_taken(slots, leave=1):
+        out = subprocess.run([*batch, *map(str, spirvs)], capture_output=True, text=True,
+                             env=env, timeout=600, check=True)  # fmt: skip
+    answers = json.loads(out.stdout.splitlines()[-1])
+    assert [a["source"] for a in answers] == ["compiled", "compiled"], answers
+    waited = [n for a in answers for n in a["notes"] if "for a core of this host" in n]
+    assert len(waited) == 1, answers
+
+
 def _ptss_spirv(modern_ocloc: str, tmp_path: Path) -> Path:
     path = tmp_path / "pressure.spv"
     source = samples.ptss_overflow_kernel()

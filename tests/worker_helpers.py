@@ -35,11 +35,12 @@ def first_compiling(workers: Callable[[], Iterable[int]], within: float = 60) ->
 
 
 @contextlib.contextmanager
-def every_core_taken(slots_dir) -> Iterator[None]:
-    """What compilers running in other processes on every core look like: each slot locked."""
+def every_core_taken(slots_dir, leave: int = 0) -> Iterator[None]:
+    """What compilers running in other processes on every core (but `leave`) look like:
+    each of those slots locked."""
     held = []
     try:
-        for i in range(len(os.sched_getaffinity(0))):
+        for i in range(len(os.sched_getaffinity(0)) - leave):
             f = open(slots_dir / f"core-{i}", "a")
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             held.append(f)

@@ -114,11 +114,11 @@ pub const KNOBS: &[Knob] = &[
         "XPU_ZEBIN_CORE_WAIT_SECONDS",
         Kind::Seconds,
         "10",
-        "with builds shared, when every core of the host runs another process's compiler \
-         and this process runs none, a build of a kernel nobody has claimed first waits this \
+        "with builds shared, when every core of the host runs a compiler (this process's \
+         or another's), a build of a kernel nobody has claimed first waits this \
          long (at most an hour) for another's build of it to be kept, or a core to free, then \
-         builds; once such a wait ran out, the process builds at once from then on (its \
-         kernels are not the others'); 0: never wait for a core. A process pinned to some \
+         builds; once such a wait ran out, the process builds at once from then on (the \
+         cores are busy with other work); 0: never wait for a core. A process pinned to some \
          of the host's cores never waits",
     ),
     engine(

@@ -420,7 +420,7 @@ impl Claims {
 /// What a build that waited `waited` for a core says.
 pub(super) fn waited_for_core(waited: Duration) -> String {
     format!(
-        "waited {:.1} s for a core of this host (each running another process's compiler) \
+        "waited {:.1} s for a core of this host (each running a compiler) \
          before building",
         waited.as_secs_f64()
     )

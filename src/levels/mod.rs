@@ -107,11 +107,12 @@ pub const COMPRESS_ENV: &str = "XPU_ZEBIN_CACHE_COMPRESS";
 /// A request's hold on its key while it builds: the claim in the cache directory and the
 /// one in the fleet's store (either may be missing: the request builds alone), and the
 /// core of the host it reserved with its claim; let go when dropped, after its answer is
-/// kept.
+/// kept: the core first, so that a waiter of this process woken by the claim's let-go
+/// finds it free.
 pub struct Building {
+    _core: Option<Reserved>,
     _local: Option<Box<Claim>>,
     _fleet: Option<Box<FleetClaim>>,
-    _core: Option<Reserved>,
 }
 
 impl Building {

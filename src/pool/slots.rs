@@ -192,15 +192,14 @@ impl Drop for BusyGuard {
     }
 }
 
-/// Cores this process reserved for builds about to start (`reserve_core`), in all and on
-/// this thread (a forked child starts with none: `forget_reserved`).
-pub(super) static RESERVED: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
+    /// Cores this thread reserved for builds about to start (`reserve_core`; a forked
+    /// child starts with none: `forget_reserved`).
     static RESERVED_HERE: Cell<usize> = const { Cell::new(0) };
 }
 
-/// How long a process with no compiler of its own waits for a core of a full host before
-/// it builds anyway, as every build did before cores were reserved (at most an hour).
+/// How long a build waits for a core of a full host before it builds anyway, as every build
+/// did before cores were reserved (at most an hour).
 pub const CORE_WAIT_ENV: &str = "XPU_ZEBIN_CORE_WAIT_SECONDS";
 const DEFAULT_CORE_WAIT: Duration = Duration::from_secs(10);
 const MOST_CORE_WAIT: Duration = Duration::from_secs(3600);
@@ -211,8 +210,8 @@ fn core_wait() -> Duration {
     wait.unwrap_or(DEFAULT_CORE_WAIT).min(MOST_CORE_WAIT)
 }
 
-/// A wait for a core ran out in this process: nobody else was building what it wanted (the
-/// cores' compilers are other work's), so it builds at once from then on.
+/// A wait for a core ran out in this process: the cores were busy that long with work other
+/// than what it wanted, so it builds at once from then on.
 static CORE_WAIT_RAN_OUT: AtomicBool = AtomicBool::new(false);
 
 /// A core of the host taken for a build before its key is claimed, held until the build is
@@ -227,7 +226,6 @@ pub struct Reserved {
 
 impl Reserved {
     fn new(slot: Slot) -> Reserved {
-        RESERVED.fetch_add(1, Ordering::Relaxed);
         RESERVED_HERE.with(|n| n.set(n.get() + 1));
         Reserved {
             _slot: slot,
@@ -240,7 +238,6 @@ impl Reserved {
 impl Drop for Reserved {
     fn drop(&mut self) {
         if self.pid == std::process::id() {
-            RESERVED.fetch_sub(1, Ordering::Relaxed);
             RESERVED_HERE.with(|n| n.set(n.get().saturating_sub(1)));
         }
     }
@@ -250,25 +247,28 @@ impl Drop for Reserved {
 pub enum CoreTurn {
     /// A free core, now this build's.
     Reserved(Reserved),
-    /// Build as before: cores are not counted here, this process runs compilers already
-    /// (or is pinned to CPUs of its own), or it has waited `XPU_ZEBIN_CORE_WAIT_SECONDS`.
+    /// Build as before: cores are not counted here, this thread holds one already (or
+    /// the process is pinned to CPUs of its own), or it has waited
+    /// `XPU_ZEBIN_CORE_WAIT_SECONDS`.
     Go,
-    /// Every core of the host runs a compiler and none is this process's: wait (for the
-    /// build wanted, kept by another, or a core).
+    /// Every core of the host runs a compiler: wait (for the build wanted, kept by
+    /// another, or a core).
     Wait,
 }
 
 /// The cores' word for a build about to start that has waited `waited` for one. The ranks
 /// of a job, started together, each would start compilers of their own (a Python start
 /// and IGC's load, about 0.15 s of CPU and 200 MB each) on a host whose cores are all
-/// compiling; instead the processes that hold the cores build, and the others wait for
-/// their keys to be kept. A process compiling already (a compiler running or a core
-/// reserved) goes on as before: real work never waits in a process that is building.
+/// compiling; instead the builds that hold the cores go on, and the others wait for their
+/// keys to be kept or a core to free. That holds in a process compiling already too: its
+/// batch's further jobs would be more compilers than cores (and more workers), and the core
+/// its own build frees is its next one's (its waiters are woken as the build lets go).
 pub fn reserve_core(waited: Duration) -> CoreTurn {
     match crate::cores::try_take() {
         Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
         Taken::Uncounted => CoreTurn::Go,
-        Taken::Full if compiling_here() || pinned() => CoreTurn::Go,
+        // A thread holding a core builds in it (never waits on itself).
+        Taken::Full if RESERVED_HERE.with(Cell::get) > 0 || pinned() => CoreTurn::Go,
         Taken::Full if CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
         Taken::Full if waited >= core_wait() => {
             CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
@@ -345,17 +345,8 @@ fn count_cpus(list: &str) -> Option<u64> {
     (count > 0).then_some(count)
 }
 
-/// Whether this process is compiling: a compiler running, starting, or a core reserved. An
-/// idle worker does not count: the Level Zero one that checks loads holds no compiler yet.
-fn compiling_here() -> bool {
-    [&BUSY, &STARTING, &RESERVED]
-        .iter()
-        .any(|n| n.load(Ordering::Relaxed) > 0)
-}
-
 /// In a forked child: the parent's reservations are not the child's.
 pub(super) fn forget_reserved() {
-    RESERVED.store(0, Ordering::Relaxed);
     RESERVED_HERE.with(|n| n.set(0));
 }
 
