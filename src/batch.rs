@@ -87,10 +87,11 @@ pub fn run<T: Sync, R: Send>(
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(cost(&items[i])));
     let next = AtomicUsize::new(0);
-    let queue_empty = || next.load(Ordering::Relaxed) >= items.len();
     // Jobs that stepped aside: run again once the queue is empty (by the worker that put
-    // one here, at the latest: it goes on looking before it stops).
-    let later = Mutex::new(Vec::new());
+    // one here, at the latest: it goes on looking before it stops), largest first as well.
+    let later = Mutex::new(std::collections::VecDeque::new());
+    let queue_empty =
+        || next.load(Ordering::Relaxed) >= items.len() && crate::sync::lock(&later).is_empty();
     let workers = jobs.max(1).min(items.len().max(1));
     let twins_fit = workers.saturating_mul(2) <= default_jobs();
     let may_speculate = || twins_fit || queue_empty();
@@ -100,7 +101,7 @@ pub fn run<T: Sync, R: Send>(
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let (i, last_round) = match order.get(n) {
                     Some(&i) => (i, false),
-                    None => match crate::sync::lock(&later).pop() {
+                    None => match crate::sync::lock(&later).pop_front() {
                         Some(i) => (i, true),
                         None => break,
                     },
@@ -121,7 +122,7 @@ pub fn run<T: Sync, R: Send>(
                         .unwrap_or_else(&failed)
                 };
                 if room.stepped_aside.load(Ordering::Relaxed) {
-                    crate::sync::lock(&later).push(i);
+                    crate::sync::lock(&later).push_back(i);
                     continue;
                 }
                 *crate::sync::lock(&slots[i]) = Some(result);

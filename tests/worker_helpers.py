@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
+
+import xpu_zebin
 
 
 def compiling(pid: int) -> bool:
@@ -40,7 +41,8 @@ def every_core_taken(slots_dir, leave: int = 0) -> Iterator[None]:
     each of those slots locked."""
     held = []
     try:
-        for i in range(len(os.sched_getaffinity(0)) - leave):
+        # As many as the host's slots (the cores this process may use, as the engine counts).
+        for i in range(xpu_zebin._core.default_jobs() - leave):
             f = open(slots_dir / f"core-{i}", "a")
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             held.append(f)

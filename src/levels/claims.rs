@@ -17,9 +17,9 @@
 //! A waiter with other work first (a batch's queue) steps aside instead of waiting.
 //!
 //! A turn to build takes a core of the host with its claim (`pool::reserve_core`): when
-//! every core runs a compiler and none is this process's, the request waits for its key
-//! to be kept (or a core) instead of claiming it, so the ranks of a job started together
-//! build on the cores they hold rather than each start compilers on a full host.
+//! every core runs a compiler, the request waits for its key to be kept (or a core)
+//! instead of claiming it, so the ranks of a job started together build on the cores they
+//! hold rather than each start compilers on a full host.
 //!
 //! The holder renews its claim (the file's last change) every `RENEW` while it builds; a
 //! waiter that sees no renewal for `STALLED` on its own clock (a holder stopped or hung,
@@ -36,7 +36,7 @@ use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How often a holder renews its claim.
@@ -69,19 +69,18 @@ fn forget_modes_after_fork() {
     LOCKLESS.renew();
 }
 
-/// The keys this process holds, by claims directory, and a signal for their waiters. A
-/// forked child starts with none (it holds no POSIX lock of its parent's).
+/// The keys this process holds, by claims directory. A forked child starts with none (it
+/// holds no POSIX lock of its parent's). Their waiters are woken as one is let go
+/// (`pool::notify_busy_changed`, with the cores this process lets go).
 struct Held {
     /// By the claims directory's device and inode (two spellings of one directory are
     /// one), and the key.
     keys: Mutex<HashSet<(u64, u64, String)>>,
-    let_go: Condvar,
 }
 
 static HELD: Renewable<Held> = Renewable::new(
     || Held {
         keys: Mutex::new(HashSet::new()),
-        let_go: Condvar::new(),
     },
     forget_after_fork,
 );
@@ -140,9 +139,8 @@ impl Drop for Claim {
             Some(Hold::Lease(lease)) => drop(lease),
             None => {}
         }
-        let held = HELD.get();
-        lock(&held.keys).remove(&self.entry);
-        held.let_go.notify_all();
+        lock(&HELD.get().keys).remove(&self.entry);
+        crate::pool::notify_busy_changed();
     }
 }
 
@@ -228,8 +226,9 @@ impl Claims {
         }
         let taken = self.take_file(&path, entry.clone());
         if !matches!(taken, Taken::Mine(_)) {
+            // No wake-up: nothing was let go (a thread that saw it held looks again soon,
+            // and a wake here would wake this waiter's own next sleep).
             lock(&held.keys).remove(&entry);
-            held.let_go.notify_all();
         }
         taken
     }
@@ -320,8 +319,8 @@ impl Claims {
     /// Wait for `key`'s holder: `found()` looks in the levels (an entry or a remembered
     /// failure ends the wait); the claim is taken when its holder lets go with nothing
     /// kept, together with a core of the host when `core` gives one (`pool::reserve_core`:
-    /// on a host whose cores all run others' compilers, a process with none of its own
-    /// waits for its key to be kept rather than start one, for a bounded time). Ends
+    /// on a host whose cores all run compilers, a request waits for its key to be kept or
+    /// a core to free rather than start one more, for a bounded time). Ends
     /// alone when the holder stalls (`STALLED`) or `bound` passes (None: no bound of its
     /// own, the holder's life bounds it), and at once when `cancel` is set. Held by another
     /// at the first look, it ends at once when `step_aside()` says the caller has other
@@ -348,6 +347,8 @@ impl Claims {
             Waited::Answered(answer, start.elapsed(), ran)
         };
         loop {
+            // Changes from here on wake the sleep below (none is slept through).
+            let seen = crate::pool::changes();
             if cancel.load(Ordering::Relaxed) {
                 return Waited::Cancelled;
             }
@@ -408,10 +409,8 @@ impl Claims {
                      request's own may take: built here"
                 ));
             }
-            // Woken early when a thread of this process lets go.
-            let held = HELD.get();
-            let keys = lock(&held.keys);
-            let _ = held.let_go.wait_timeout(keys, pause);
+            // Woken early when a thread of this process lets go of a claim or a core.
+            crate::pool::wait_for_change(seen, pause);
             pause = (pause * 3 / 2).min(MOST_PAUSE);
         }
     }

@@ -23,11 +23,31 @@ pub(super) static BUSY_CHANGED: Renewable<Changed> =
     Renewable::new(|| (Mutex::new(()), Condvar::new()), forget_after_fork);
 pub(super) const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
-/// Wake everyone waiting in [`wait_for_idle_core`].
+/// Changes so far (bumped under `BUSY_CHANGED`'s lock): a waiter that looked before a
+/// change never sleeps through it (`wait_for_change`).
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// Wake everyone waiting in [`wait_for_idle_core`] or [`wait_for_change`].
 pub fn notify_busy_changed() {
     let changed = BUSY_CHANGED.get();
     let _lock = lock(&changed.0);
+    CHANGES.fetch_add(1, Ordering::Relaxed);
     changed.1.notify_all();
+}
+
+/// The changes so far, to wait for the next (`wait_for_change`).
+pub fn changes() -> u64 {
+    CHANGES.load(Ordering::Relaxed)
+}
+
+/// Sleep until a change after `seen` (`changes()`): a compiler of this process started or
+/// ended, a core or a claim of this process was let go; or until `timeout`.
+pub fn wait_for_change(seen: u64, timeout: Duration) {
+    let changed = BUSY_CHANGED.get();
+    let guard = lock(&changed.0);
+    if CHANGES.load(Ordering::Relaxed) == seen {
+        drop(wait_timeout(changed, guard, timeout));
+    }
 }
 
 /// Workers this process is starting now, and when the last start ended (nanoseconds after
@@ -128,8 +148,11 @@ pub fn wait_for_idle_core(
             };
             if let Some(slot) = slot {
                 BUSY.fetch_add(1, Ordering::Relaxed); // under the lock: no twin takes it too
+                TWINS.fetch_add(1, Ordering::Relaxed);
+                TWIN_HERE.with(|n| n.set(n.get() + 1));
                 return Some(BusyGuard {
                     slot,
+                    counts: Counts::Twin,
                     pid: std::process::id(),
                 });
             }
@@ -153,12 +176,36 @@ pub(super) fn wait_timeout<'a>(
 /// Counts one running compiler (and holds its host core slot, if one was free) while alive.
 pub struct BusyGuard {
     slot: Option<Slot>,
+    counts: Counts,
     /// The process it counts in: a forked child's copy counts for nothing.
     pid: u32,
 }
 
+/// What a [`BusyGuard`] counts.
+enum Counts {
+    /// A compiler, in `BUSY`.
+    Compiler,
+    /// A speculative build's compiler (`wait_for_idle_core`): in `BUSY`, `TWINS` and on
+    /// its thread, whose compilers it holds the core for.
+    Twin,
+    /// Nothing: a compiler on a twin's thread, counted by the twin's guard.
+    Nothing,
+}
+
+/// Speculative builds of this process holding a core (a real build never waits for one:
+/// `reserve_core`), in all and on this thread.
+static TWINS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static TWIN_HERE: Cell<usize> = const { Cell::new(0) };
+}
+
 impl BusyGuard {
     pub fn new() -> Self {
+        let pid = std::process::id();
+        if TWIN_HERE.with(Cell::get) > 0 {
+            let (slot, counts) = (None, Counts::Nothing);
+            return BusyGuard { slot, counts, pid };
+        }
         // A thread that reserved a core for its build runs its compilers in it.
         let slot = match RESERVED_HERE.with(Cell::get) {
             0 => match crate::cores::try_take() {
@@ -169,10 +216,8 @@ impl BusyGuard {
         };
         BUSY.fetch_add(1, Ordering::Relaxed);
         notify_busy_changed();
-        BusyGuard {
-            slot,
-            pid: std::process::id(),
-        }
+        let counts = Counts::Compiler;
+        BusyGuard { slot, counts, pid }
     }
 }
 
@@ -184,17 +229,46 @@ impl Default for BusyGuard {
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        drop(self.slot.take()); // free before waking anyone who would take it
-        if self.pid == std::process::id() {
-            BUSY.fetch_sub(1, Ordering::Relaxed);
-            notify_busy_changed();
+        let freed = self.slot.take().is_some(); // free before waking anyone who would take it
+        if self.pid != std::process::id() {
+            return;
         }
+        if freed {
+            core_freed();
+        }
+        match self.counts {
+            Counts::Nothing => return,
+            Counts::Compiler => {}
+            Counts::Twin => {
+                TWINS.fetch_sub(1, Ordering::Relaxed);
+                TWIN_HERE.with(|n| n.set(n.get().saturating_sub(1)));
+            }
+        }
+        BUSY.fetch_sub(1, Ordering::Relaxed);
+        notify_busy_changed();
     }
 }
 
+/// When a core of this process was last let go (nanoseconds after `EPOCH`; 0: never).
+static LAST_FREED: AtomicU64 = AtomicU64::new(0);
+
+fn core_freed() {
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let nanos = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    LAST_FREED.fetch_max(nanos.max(1), Ordering::Relaxed);
+}
+
+/// How long since a core of this process was last let go (None: never).
+fn since_own_core_freed() -> Option<Duration> {
+    let nanos = LAST_FREED.load(Ordering::Relaxed);
+    let epoch = EPOCH.get().filter(|_| nanos > 0)?;
+    Some(epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)))
+}
+
+/// Cores this process reserved for builds about to start (`reserve_core`), in all and on
+/// this thread (a forked child starts with none: `forget_reserved`).
+static RESERVED: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
-    /// Cores this thread reserved for builds about to start (`reserve_core`; a forked
-    /// child starts with none: `forget_reserved`).
     static RESERVED_HERE: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -210,8 +284,8 @@ fn core_wait() -> Duration {
     wait.unwrap_or(DEFAULT_CORE_WAIT).min(MOST_CORE_WAIT)
 }
 
-/// A wait for a core ran out in this process: the cores were busy that long with work other
-/// than what it wanted, so it builds at once from then on.
+/// A wait for a core ran out in this process while it ran no compiler: the cores were busy
+/// that long with others' work, not what it wanted, so it builds at once from then on.
 static CORE_WAIT_RAN_OUT: AtomicBool = AtomicBool::new(false);
 
 /// A core of the host taken for a build before its key is claimed, held until the build is
@@ -219,16 +293,17 @@ static CORE_WAIT_RAN_OUT: AtomicBool = AtomicBool::new(false);
 /// in it ([`BusyGuard`] takes no other); a twin, on a thread of its own, takes its own.
 /// Not `Send`: it is counted on the thread that took it.
 pub struct Reserved {
-    _slot: Slot,
+    slot: Option<Slot>,
     pid: u32,
     _here: PhantomData<*const ()>,
 }
 
 impl Reserved {
     fn new(slot: Slot) -> Reserved {
+        RESERVED.fetch_add(1, Ordering::Relaxed);
         RESERVED_HERE.with(|n| n.set(n.get() + 1));
         Reserved {
-            _slot: slot,
+            slot: Some(slot),
             pid: std::process::id(),
             _here: PhantomData,
         }
@@ -237,8 +312,12 @@ impl Reserved {
 
 impl Drop for Reserved {
     fn drop(&mut self) {
+        drop(self.slot.take()); // free before waking this process's waiters for it
         if self.pid == std::process::id() {
+            RESERVED.fetch_sub(1, Ordering::Relaxed);
             RESERVED_HERE.with(|n| n.set(n.get().saturating_sub(1)));
+            core_freed();
+            notify_busy_changed();
         }
     }
 }
@@ -262,15 +341,29 @@ pub enum CoreTurn {
 /// compiling; instead the builds that hold the cores go on, and the others wait for their
 /// keys to be kept or a core to free. That holds in a process compiling already too: its
 /// batch's further jobs would be more compilers than cores (and more workers), and the core
-/// its own build frees is its next one's (its waiters are woken as the build lets go).
+/// its own build frees is its next one's (its waiters are woken as it is let go).
 pub fn reserve_core(waited: Duration) -> CoreTurn {
+    let ran_out = |waited: Duration| waited >= core_wait();
     match crate::cores::try_take() {
         Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
         Taken::Uncounted => CoreTurn::Go,
-        // A thread holding a core builds in it (never waits on itself).
-        Taken::Full if RESERVED_HERE.with(Cell::get) > 0 || pinned() => CoreTurn::Go,
-        Taken::Full if CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
-        Taken::Full if waited >= core_wait() => {
+        // A thread holding a core builds in it (never waits on itself); a speculative build
+        // took an idle core, and real work never waits for one of its own process's.
+        Taken::Full if RESERVED_HERE.with(Cell::get) > 0 || TWINS.load(Ordering::Relaxed) > 0 => {
+            CoreTurn::Go
+        }
+        Taken::Full if pinned() || CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
+        // Cores of its own: a queue, whose next core is its own build's; it goes on only
+        // when none has been let go for the whole wait (one build that long), and learns
+        // nothing of the others' cores.
+        Taken::Full if RESERVED.load(Ordering::Relaxed) + busy() > 0 => {
+            let since = since_own_core_freed().map_or(waited, |since| since.min(waited));
+            match ran_out(since) {
+                true => CoreTurn::Go,
+                false => CoreTurn::Wait,
+            }
+        }
+        Taken::Full if ran_out(waited) => {
             CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
             CoreTurn::Go
         }
@@ -345,8 +438,12 @@ fn count_cpus(list: &str) -> Option<u64> {
     (count > 0).then_some(count)
 }
 
-/// In a forked child: the parent's reservations are not the child's.
+/// In a forked child: the parent's reservations, twins and waits are not the child's.
 pub(super) fn forget_reserved() {
+    RESERVED.store(0, Ordering::Relaxed);
+    TWINS.store(0, Ordering::Relaxed);
+    TWIN_HERE.with(|n| n.set(0));
+    CORE_WAIT_RAN_OUT.store(false, Ordering::Relaxed);
     RESERVED_HERE.with(|n| n.set(0));
 }
 

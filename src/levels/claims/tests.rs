@@ -94,8 +94,8 @@ fn a_wait_ends_on_cancel_and_on_its_bound() {
     ));
 }
 
-/// On a host whose cores all run others' compilers a free key is not claimed: the waiter
-/// looks until another keeps it, and claims it once the cores say go.
+/// On a host whose cores all run compilers a free key is not claimed: the waiter looks
+/// until another keeps it, and claims it once the cores say go.
 #[test]
 fn without_a_core_a_free_key_is_waited_for_not_claimed() {
     let dir = tempfile::tempdir().unwrap();
