@@ -103,7 +103,10 @@ def run(ocloc: str, spirvs: List[Path], shape: str, ranks: int, shared: bool) ->
 
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-") as work:
         cache, start = Path(work) / "cache", Path(work) / "start"
-        env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache),
+        # One TMPDIR for the run's ranks, as a job's ranks on a host share theirs (the
+        # host's core slots live there), new for each run: nothing else's compilers count.
+        (Path(work) / "tmp").mkdir()
+        env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "TMPDIR": str(Path(work) / "tmp"),
                "XPU_ZEBIN_SHARE_BUILDS": "1" if shared else "0"}  # fmt: skip
         cpu = _children_cpu()
         procs = [subprocess.Popen([sys.executable, "-c", RANK, ocloc, shape, str(start),

@@ -115,11 +115,12 @@ pub const KNOBS: &[Knob] = &[
         Kind::Seconds,
         "10",
         "with builds shared, when every core of the host runs a compiler (this process's \
-         or another's), a build of a kernel nobody has claimed first waits this \
-         long (at most an hour) for another's build of it to be kept, or a core to free, then \
-         builds; once such a wait ran out, the process builds at once from then on (the \
-         cores are busy with other work); 0: never wait for a core. A process pinned to some \
-         of the host's cores never waits",
+         or another's), a build of a kernel nobody has claimed first waits this long (at \
+         most an hour) for another's build of it to be kept, or a core to free, then \
+         builds; a process running no compiler whose wait ran out builds at once from then \
+         on; behind its own builds, it goes on once none of its cores has freed for this \
+         long; 0: never wait for a core. A process pinned to some of the host's cores \
+         never waits",
     ),
     engine(
         "XPU_ZEBIN_CACHE_COMPRESS",
