@@ -157,7 +157,7 @@ def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
         for i, p in enumerate(procs):
             if p.wait(timeout=3600) != 0:
                 said = (Path(work) / f"rank-{i}" / "stderr").read_text()[-2000:]
-                raise RuntimeError(f"an autotuning rank failed: {said}")
+                raise RuntimeError(f"an autotuning rank failed ({p.returncode}): {said}")
         wall = time.perf_counter() - began
         _reap(time.monotonic() + 60)
         builds = xpu_zebin.stats(cache)["counters"]["compiles"]
