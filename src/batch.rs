@@ -88,8 +88,9 @@ pub fn run<T: Sync, R: Send>(
     order.sort_by_key(|&i| std::cmp::Reverse(cost(&items[i])));
     let next = AtomicUsize::new(0);
     // Jobs that stepped aside: run again once the queue is empty (by the worker that put
-    // one here, at the latest: it goes on looking before it stops), largest first as well.
-    let later = Mutex::new(std::collections::VecDeque::new());
+    // one here, at the latest: it goes on looking before it stops), by their place in
+    // `order`, largest first as well.
+    let later = Mutex::new(std::collections::BinaryHeap::new());
     let queue_empty =
         || next.load(Ordering::Relaxed) >= items.len() && crate::sync::lock(&later).is_empty();
     let workers = jobs.max(1).min(items.len().max(1));
@@ -99,13 +100,14 @@ pub fn run<T: Sync, R: Send>(
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                let (i, last_round) = match order.get(n) {
-                    Some(&i) => (i, false),
-                    None => match crate::sync::lock(&later).pop_front() {
-                        Some(i) => (i, true),
+                let (n, last_round) = match n < order.len() {
+                    true => (n, false),
+                    false => match crate::sync::lock(&later).pop() {
+                        Some(std::cmp::Reverse(n)) => (n, true),
                         None => break,
                     },
                 };
+                let Some(&i) = order.get(n) else { break };
                 let room = Room {
                     may_speculate: &may_speculate,
                     queue_empty: &queue_empty,
@@ -122,7 +124,7 @@ pub fn run<T: Sync, R: Send>(
                         .unwrap_or_else(&failed)
                 };
                 if room.stepped_aside.load(Ordering::Relaxed) {
-                    crate::sync::lock(&later).push_back(i);
+                    crate::sync::lock(&later).push(std::cmp::Reverse(n));
                     continue;
                 }
                 *crate::sync::lock(&slots[i]) = Some(result);

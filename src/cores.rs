@@ -6,10 +6,11 @@
 //!
 //! A running compiler holds a slot: an exclusive `flock` on one of `cores` files in a
 //! per-user directory. The kernel releases the lock when its holder closes it or dies,
-//! however it dies, so a crash never leaks a slot. A compile that finds every slot taken
-//! runs anyway (the host is already full, and real work never waits on this): it only
-//! means no twin starts. Without a usable directory nothing is counted across processes,
-//! and speculation falls back to this process's own count.
+//! however it dies, so a crash never leaks a slot. A compiler that finds every slot taken
+//! runs anyway (the host is already full): no twin starts. A shared build asks for a core
+//! before it claims its key, and may wait for one (`pool::reserve_core`). Without a usable
+//! directory nothing is counted across processes, and speculation falls back to this
+//! process's own count.
 //!
 //! The directory is private (`private.rs`): one another user made first, world-writable or
 //! holding FIFOs, is refused with a warning, never waited on.

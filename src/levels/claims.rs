@@ -140,7 +140,7 @@ impl Drop for Claim {
             None => {}
         }
         lock(&HELD.get().keys).remove(&self.entry);
-        crate::pool::notify_busy_changed();
+        crate::pool::notify_let_go();
     }
 }
 
@@ -342,6 +342,8 @@ impl Claims {
         // Since when this request has waited for a core; whether it has seen a holder.
         let mut cold: Option<Instant> = None;
         let mut held_seen = false;
+        // Counted while it waits for a core: no twin of this process takes one meanwhile.
+        let mut waiting: Option<crate::pool::WaitingForCore> = None;
         let answered = |answer: T, since: Option<SystemTime>| {
             let ran = since.and_then(|s| SystemTime::now().duration_since(s).ok());
             Waited::Answered(answer, start.elapsed(), ran)
@@ -370,10 +372,16 @@ impl Claims {
                 },
             };
             let looked = turn.is_some();
+            if looked {
+                waiting = None;
+            }
             match turn.map(|reserved| (self.take(key), reserved)) {
                 // No core at the first look: other work first, as for a holder.
                 None if cold.is_none() && step_aside() => return Waited::SteppedAside,
-                None => _ = cold.get_or_insert_with(Instant::now),
+                None => {
+                    cold.get_or_insert_with(Instant::now);
+                    waiting.get_or_insert_with(crate::pool::WaitingForCore::new);
+                }
                 Some((Taken::Mine(claim), reserved)) => {
                     // Kept just before its holder let go: answered, the claim let go.
                     return match found() {

@@ -52,8 +52,9 @@ mod worker;
 pub use frame::{log_tail, read_frame, write_frame, MAX_LOG_BYTES};
 pub use serve::{serve, FAULTED_SAID};
 pub use slots::{
-    busy, changes, free_core, join_multiprocess_batch, notify_busy_changed, reserve_core,
-    wait_for_change, wait_for_idle_core, BusyGuard, CoreTurn, Reserved, CORE_WAIT_ENV, SETTLE,
+    busy, changes, free_core, join_multiprocess_batch, notify_busy_changed, notify_let_go,
+    reserve_core, wait_for_change, wait_for_idle_core, BusyGuard, CoreTurn, Reserved,
+    WaitingForCore, CORE_WAIT_ENV, SETTLE,
 };
 pub use worker::prefer_for_oom_kill;
 // Each part sees the others' items (pub(super)) through these, as in one file.

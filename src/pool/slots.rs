@@ -23,30 +23,77 @@ pub(super) static BUSY_CHANGED: Renewable<Changed> =
     Renewable::new(|| (Mutex::new(()), Condvar::new()), forget_after_fork);
 pub(super) const POLL_OTHER_PROCESSES: Duration = Duration::from_millis(100);
 
-/// Changes so far (bumped under `BUSY_CHANGED`'s lock): a waiter that looked before a
-/// change never sleeps through it (`wait_for_change`).
+/// Let-goes so far (bumped under `BUSY_CHANGED`'s lock): a compiler of this process ended,
+/// a core or a claim of it was let go. A waiter that looked before one never sleeps
+/// through it (`wait_for_change`); a compiler starting is no such change.
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 
-/// Wake everyone waiting in [`wait_for_idle_core`] or [`wait_for_change`].
+/// Wake everyone waiting in [`wait_for_idle_core`] (a compiler of this process started).
 pub fn notify_busy_changed() {
+    let changed = BUSY_CHANGED.get();
+    let _lock = lock(&changed.0);
+    changed.1.notify_all();
+}
+
+/// Wake everyone waiting in [`wait_for_idle_core`] or [`wait_for_change`]: a compiler of
+/// this process ended, or a core or a claim of it was let go.
+pub fn notify_let_go() {
     let changed = BUSY_CHANGED.get();
     let _lock = lock(&changed.0);
     CHANGES.fetch_add(1, Ordering::Relaxed);
     changed.1.notify_all();
 }
 
-/// The changes so far, to wait for the next (`wait_for_change`).
+/// The let-goes so far, to wait for the next (`wait_for_change`).
 pub fn changes() -> u64 {
     CHANGES.load(Ordering::Relaxed)
 }
 
-/// Sleep until a change after `seen` (`changes()`): a compiler of this process started or
-/// ended, a core or a claim of this process was let go; or until `timeout`.
+/// Sleep until a let-go after `seen` (`changes()`), or until `timeout`.
 pub fn wait_for_change(seen: u64, timeout: Duration) {
+    let until = Instant::now() + timeout;
     let changed = BUSY_CHANGED.get();
-    let guard = lock(&changed.0);
-    if CHANGES.load(Ordering::Relaxed) == seen {
-        drop(wait_timeout(changed, guard, timeout));
+    let mut guard = lock(&changed.0);
+    while CHANGES.load(Ordering::Relaxed) == seen {
+        let Some(left) = until
+            .checked_duration_since(Instant::now())
+            .filter(|l| !l.is_zero())
+        else {
+            return;
+        };
+        guard = wait_timeout(changed, guard, left);
+    }
+}
+
+/// Requests of this process waiting for a core (`reserve_core` said `Wait`): no twin takes
+/// a core they wait for.
+static CORE_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// One request waiting for a core, counted while alive (on the thread that waits).
+pub struct WaitingForCore {
+    pid: u32,
+    _here: PhantomData<*const ()>,
+}
+
+impl WaitingForCore {
+    pub fn new() -> WaitingForCore {
+        CORE_WAITERS.fetch_add(1, Ordering::Relaxed);
+        let (pid, _here) = (std::process::id(), PhantomData);
+        WaitingForCore { pid, _here }
+    }
+}
+
+impl Default for WaitingForCore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for WaitingForCore {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            CORE_WAITERS.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -140,7 +187,8 @@ pub fn wait_for_idle_core(
             guard = wait_timeout(changed, guard, not_before - now);
             continue;
         }
-        if busy() < cores && may() {
+        let waited_for = CORE_WAITERS.load(Ordering::Relaxed) > 0;
+        if busy() < cores && may() && !waited_for {
             let slot = match crate::cores::try_take() {
                 Taken::Slot(slot) => Some(Some(slot)),
                 Taken::Uncounted => Some(None),
@@ -154,6 +202,7 @@ pub fn wait_for_idle_core(
                     slot,
                     counts: Counts::Twin,
                     pid: std::process::id(),
+                    _here: PhantomData,
                 });
             }
         }
@@ -179,6 +228,8 @@ pub struct BusyGuard {
     counts: Counts,
     /// The process it counts in: a forked child's copy counts for nothing.
     pid: u32,
+    /// Not `Send`: a twin's is counted on its thread (`TWIN_HERE`).
+    _here: PhantomData<*const ()>,
 }
 
 /// What a [`BusyGuard`] counts.
@@ -203,8 +254,13 @@ impl BusyGuard {
     pub fn new() -> Self {
         let pid = std::process::id();
         if TWIN_HERE.with(Cell::get) > 0 {
-            let (slot, counts) = (None, Counts::Nothing);
-            return BusyGuard { slot, counts, pid };
+            let (slot, counts, _here) = (None, Counts::Nothing, PhantomData);
+            return BusyGuard {
+                slot,
+                counts,
+                pid,
+                _here,
+            };
         }
         // A thread that reserved a core for its build runs its compilers in it.
         let slot = match RESERVED_HERE.with(Cell::get) {
@@ -216,8 +272,13 @@ impl BusyGuard {
         };
         BUSY.fetch_add(1, Ordering::Relaxed);
         notify_busy_changed();
-        let counts = Counts::Compiler;
-        BusyGuard { slot, counts, pid }
+        let (counts, _here) = (Counts::Compiler, PhantomData);
+        BusyGuard {
+            slot,
+            counts,
+            pid,
+            _here,
+        }
     }
 }
 
@@ -245,24 +306,34 @@ impl Drop for BusyGuard {
             }
         }
         BUSY.fetch_sub(1, Ordering::Relaxed);
-        notify_busy_changed();
+        notify_let_go();
     }
 }
 
-/// When a core of this process was last let go (nanoseconds after `EPOCH`; 0: never).
+/// When a core of this process was last let go, and when a request last went on behind
+/// its own builds without one (nanoseconds after `QUEUE_EPOCH`; 0: never).
 static LAST_FREED: AtomicU64 = AtomicU64::new(0);
+static QUEUE_WENT: AtomicU64 = AtomicU64::new(0);
+static QUEUE_EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Now, as `LAST_FREED` and `QUEUE_WENT` count it (never 0).
+fn queue_now() -> u64 {
+    let epoch = *QUEUE_EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
 
 fn core_freed() {
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    let nanos = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    LAST_FREED.fetch_max(nanos.max(1), Ordering::Relaxed);
+    LAST_FREED.fetch_max(queue_now(), Ordering::Relaxed);
 }
 
 /// How long since a core of this process was last let go (None: never).
 fn since_own_core_freed() -> Option<Duration> {
-    let nanos = LAST_FREED.load(Ordering::Relaxed);
-    let epoch = EPOCH.get().filter(|_| nanos > 0)?;
-    Some(epoch.elapsed().saturating_sub(Duration::from_nanos(nanos)))
+    match LAST_FREED.load(Ordering::Relaxed) {
+        0 => None,
+        at => Some(Duration::from_nanos(queue_now().saturating_sub(at))),
+    }
 }
 
 /// Cores this process reserved for builds about to start (`reserve_core`), in all and on
@@ -317,7 +388,7 @@ impl Drop for Reserved {
             RESERVED.fetch_sub(1, Ordering::Relaxed);
             RESERVED_HERE.with(|n| n.set(n.get().saturating_sub(1)));
             core_freed();
-            notify_busy_changed();
+            notify_let_go();
         }
     }
 }
@@ -343,33 +414,43 @@ pub enum CoreTurn {
 /// batch's further jobs would be more compilers than cores (and more workers), and the core
 /// its own build frees is its next one's (its waiters are woken as it is let go).
 pub fn reserve_core(waited: Duration) -> CoreTurn {
-    let ran_out = |waited: Duration| waited >= core_wait();
+    let wait = core_wait();
+    // The wait since this process last let a core go: time behind its own builds is its
+    // queue's, not the others'.
+    let waited_on_others = since_own_core_freed().map_or(waited, |since| since.min(waited));
     match crate::cores::try_take() {
         Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
         Taken::Uncounted => CoreTurn::Go,
         // A thread holding a core builds in it (never waits on itself); a speculative build
-        // took an idle core, and real work never waits for one of its own process's.
+        // took an idle core while nothing here waited, and real work builds beside it.
         Taken::Full if RESERVED_HERE.with(Cell::get) > 0 || TWINS.load(Ordering::Relaxed) > 0 => {
             CoreTurn::Go
         }
         Taken::Full if pinned() || CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
-        // Cores of its own: a queue, whose next core is its own build's; it goes on only
-        // when none has been let go for the whole wait (one build that long), and learns
-        // nothing of the others' cores.
+        // Cores of its own: a queue, whose next core is its own build's. It goes on when
+        // none has been let go for the whole wait (one build that long: then so do the
+        // next, until one is), or after `QUEUE_MOST` waits in all; it learns nothing of the
+        // others' cores.
         Taken::Full if RESERVED.load(Ordering::Relaxed) + busy() > 0 => {
-            let since = since_own_core_freed().map_or(waited, |since| since.min(waited));
-            match ran_out(since) {
-                true => CoreTurn::Go,
-                false => CoreTurn::Wait,
+            let went_since =
+                QUEUE_WENT.load(Ordering::Relaxed) > LAST_FREED.load(Ordering::Relaxed);
+            if went_since || waited_on_others >= wait || waited >= wait * QUEUE_MOST {
+                QUEUE_WENT.fetch_max(queue_now(), Ordering::Relaxed);
+                return CoreTurn::Go;
             }
+            CoreTurn::Wait
         }
-        Taken::Full if ran_out(waited) => {
+        Taken::Full if waited_on_others >= wait => {
             CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
             CoreTurn::Go
         }
         Taken::Full => CoreTurn::Wait,
     }
 }
+
+/// A request behind its own process's builds goes on after this many core waits in all,
+/// whoever took the cores freed meanwhile.
+const QUEUE_MOST: u32 = 4;
 
 /// A free core of the host for a build about to start, if there is one: never a wait.
 pub fn free_core() -> Option<Reserved> {
@@ -443,7 +524,10 @@ pub(super) fn forget_reserved() {
     RESERVED.store(0, Ordering::Relaxed);
     TWINS.store(0, Ordering::Relaxed);
     TWIN_HERE.with(|n| n.set(0));
+    CORE_WAITERS.store(0, Ordering::Relaxed);
     CORE_WAIT_RAN_OUT.store(false, Ordering::Relaxed);
+    LAST_FREED.store(0, Ordering::Relaxed);
+    QUEUE_WENT.store(0, Ordering::Relaxed);
     RESERVED_HERE.with(|n| n.set(0));
 }
 
