@@ -119,8 +119,8 @@ pub const KNOBS: &[Knob] = &[
          most an hour) for another's build of it to be kept, or a core to free, then \
          builds; a process running no compiler whose wait ran out builds at once from then \
          on; behind its own builds, it goes on once none of its cores has freed for this \
-         long, or after four times this in all; 0: never wait for a core. A process pinned to some of the host's cores \
-         never waits",
+         long, or after four times this in all; 0: never wait for a core. A process \
+         pinned to some of the host's cores never waits",
     ),
     engine(
         "XPU_ZEBIN_CACHE_COMPRESS",

@@ -71,7 +71,7 @@ fn forget_modes_after_fork() {
 
 /// The keys this process holds, by claims directory. A forked child starts with none (it
 /// holds no POSIX lock of its parent's). Their waiters are woken as one is let go
-/// (`pool::notify_busy_changed`, with the cores this process lets go).
+/// (`pool::notify_let_go`, as the cores this process lets go).
 struct Held {
     /// By the claims directory's device and inode (two spellings of one directory are
     /// one), and the key.
