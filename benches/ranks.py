@@ -81,6 +81,15 @@ def _reap(deadline: float) -> None:
             time.sleep(0.01)
 
 
+def _ranks_tmpdir(work: str) -> str:
+    """One TMPDIR for a run's ranks, as a job's ranks on a host share theirs (the host's
+    core slots and record of safe loads live there), new for each run: no other process's
+    compilers count."""
+    tmp = Path(work) / "tmp"
+    tmp.mkdir()
+    return str(tmp)
+
+
 def _children_cpu() -> float:
     import resource
 
@@ -103,10 +112,7 @@ def run(ocloc: str, spirvs: List[Path], shape: str, ranks: int, shared: bool) ->
 
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-") as work:
         cache, start = Path(work) / "cache", Path(work) / "start"
-        # One TMPDIR for the run's ranks, as a job's ranks on a host share theirs (the
-        # host's core slots live there), new for each run: nothing else's compilers count.
-        (Path(work) / "tmp").mkdir()
-        env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "TMPDIR": str(Path(work) / "tmp"),
+        env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "TMPDIR": _ranks_tmpdir(work),
                "XPU_ZEBIN_SHARE_BUILDS": "1" if shared else "0"}  # fmt: skip
         cpu = _children_cpu()
         procs = [subprocess.Popen([sys.executable, "-c", RANK, ocloc, shape, str(start),
@@ -136,9 +142,7 @@ def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="xpu-zebin-ranks-") as work:
         cache, script = Path(work) / "cache", Path(work) / "child.py"
         script.write_text(autotune.CHILD)
-        # One TMPDIR for the run's ranks, as a job's ranks on a host share theirs (the
-        # host's core slots and record of safe loads live there), new for each run.
-        (Path(work) / "tmp").mkdir()
+        tmp = _ranks_tmpdir(work)
         cpu, procs = _children_cpu(), []
         began = time.perf_counter()
         for i in range(ranks):
@@ -147,7 +151,7 @@ def autotune_run(size: str, ranks: int, shared: bool) -> Dict[str, float]:
             env = {**os.environ, "XPU_ZEBIN_CACHE_DIR": str(cache), "XPU_ZEBIN_TRITON": "1",
                    "XPU_ZEBIN_SHARE_BUILDS": "1" if shared else "0",
                    "XPU_ZEBIN_SIMULATED_DEVICE": "pvc", "TRITON_INTEL_DEVICE_ARCH": "pvc",
-                   "TMPDIR": str(Path(work) / "tmp")}  # fmt: skip
+                   "TMPDIR": tmp}  # fmt: skip
             # What a rank says goes to a file: a pipe read one rank at a time could fill.
             with open(here / "stderr", "w") as err:
                 command = [sys.executable, str(script), str(autotune.TESTS),

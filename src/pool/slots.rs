@@ -414,38 +414,43 @@ pub enum CoreTurn {
 /// batch's further jobs would be more compilers than cores (and more workers), and the core
 /// its own build frees is its next one's (its waiters are woken as it is let go).
 pub fn reserve_core(waited: Duration) -> CoreTurn {
+    match crate::cores::try_take() {
+        Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
+        Taken::Uncounted => CoreTurn::Go,
+        Taken::Full => full_host_turn(waited),
+    }
+}
+
+/// `reserve_core`'s word when every core of the host runs a compiler.
+fn full_host_turn(waited: Duration) -> CoreTurn {
     let wait = core_wait();
     // The wait since this process last let a core go: time behind its own builds is its
     // queue's, not the others'.
     let waited_on_others = since_own_core_freed().map_or(waited, |since| since.min(waited));
-    match crate::cores::try_take() {
-        Taken::Slot(slot) => CoreTurn::Reserved(Reserved::new(slot)),
-        Taken::Uncounted => CoreTurn::Go,
-        // A thread holding a core builds in it (never waits on itself); a speculative build
-        // took an idle core while nothing here waited, and real work builds beside it.
-        Taken::Full if RESERVED_HERE.with(Cell::get) > 0 || TWINS.load(Ordering::Relaxed) > 0 => {
-            CoreTurn::Go
-        }
-        Taken::Full if pinned() || CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) => CoreTurn::Go,
-        // Cores of its own: a queue, whose next core is its own build's. It goes on when
-        // none has been let go for the whole wait (one build that long: then so do the
-        // next, until one is), or after `QUEUE_MOST` waits in all; it learns nothing of the
-        // others' cores.
-        Taken::Full if RESERVED.load(Ordering::Relaxed) + busy() > 0 => {
-            let went_since =
-                QUEUE_WENT.load(Ordering::Relaxed) > LAST_FREED.load(Ordering::Relaxed);
-            if went_since || waited_on_others >= wait || waited >= wait * QUEUE_MOST {
-                QUEUE_WENT.fetch_max(queue_now(), Ordering::Relaxed);
-                return CoreTurn::Go;
-            }
-            CoreTurn::Wait
-        }
-        Taken::Full if waited_on_others >= wait => {
-            CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
-            CoreTurn::Go
-        }
-        Taken::Full => CoreTurn::Wait,
+    // A thread holding a core builds in it (never waits on itself); a speculative build
+    // took an idle core while nothing here waited, and real work builds beside it.
+    if RESERVED_HERE.with(Cell::get) > 0 || TWINS.load(Ordering::Relaxed) > 0 {
+        return CoreTurn::Go;
     }
+    if pinned() || CORE_WAIT_RAN_OUT.load(Ordering::Relaxed) {
+        return CoreTurn::Go;
+    }
+    // Cores of its own: a queue, whose next core is its own build's. It goes on when none
+    // has been let go for the whole wait (one build that long: then so do the next, until
+    // one is), or after `QUEUE_MOST` waits in all; it learns nothing of the others' cores.
+    if RESERVED.load(Ordering::Relaxed) + busy() > 0 {
+        let went_since = QUEUE_WENT.load(Ordering::Relaxed) > LAST_FREED.load(Ordering::Relaxed);
+        if went_since || waited_on_others >= wait || waited >= wait * QUEUE_MOST {
+            QUEUE_WENT.fetch_max(queue_now(), Ordering::Relaxed);
+            return CoreTurn::Go;
+        }
+        return CoreTurn::Wait;
+    }
+    if waited_on_others >= wait {
+        CORE_WAIT_RAN_OUT.store(true, Ordering::Relaxed);
+        return CoreTurn::Go;
+    }
+    CoreTurn::Wait
 }
 
 /// A request behind its own process's builds goes on after this many core waits in all,
